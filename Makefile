@@ -1,0 +1,47 @@
+# Tidemark: the two entry points are `make run` and `make test`.
+# Both install what is missing (scripts/install-deps.sh), then build with
+# CMake + Ninja. Release builds keep assertions on (no -DNDEBUG).
+
+BUILD      ?= build
+TSAN_BUILD ?= build-tsan
+ASAN_BUILD ?= build-asan
+CMAKE_GEN  := -G Ninja
+JOBS       ?= 2
+
+.PHONY: deps build run test test-tsan test-asan bench clean format
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/build.ninja: | deps
+	cmake $(CMAKE_GEN) -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	bash scripts/demo.sh $(BUILD)/tidemark
+
+# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer.
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	$(MAKE) test-tsan
+
+test-tsan: deps
+	cmake $(CMAKE_GEN) -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDEMARK_SANITIZE=thread
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan_tests
+	cd $(TSAN_BUILD) && ctest --output-on-failure -L concurrency -j $(JOBS) --timeout 900
+
+test-asan: deps
+	cmake $(CMAKE_GEN) -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDEMARK_SANITIZE=address
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 1800
+
+bench: build
+	$(BUILD)/tidemark bench engine
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc')
+
+clean:
+	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD)

@@ -1,0 +1,96 @@
+// Error: what kind of failure happened, as a value.
+//
+// Every operation a caller must be able to handle returns Result<T>, a
+// std::expected<T, Error>. No exception crosses the public API. The kinds
+// follow how a caller must react:
+//   - InvalidUsage: the caller broke a documented rule; retrying won't help.
+//   - UpperMismatch: a lost race on a shard's upper; `expected` and `current`
+//     say which frontier the caller assumed and which one it found.
+//   - Determinate: an infrastructure failure that certainly did not apply.
+//   - Indeterminate: an infrastructure failure that may have applied (e.g. a
+//     timeout after the request was sent). Retry idempotently.
+//   - Corruption: stored data failed validation; the message names the object.
+//   - NotFound / AlreadyExists: the named thing is absent / already present.
+//   - SinceViolation: a read below the shard's since (history compacted away).
+//   - NotReady: a read at a time that is not yet complete (>= upper).
+//
+// Thread-safety: Error is a plain value type.
+#pragma once
+
+#include <cstdint>
+#include <expected>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace tidemark {
+
+enum class ErrorKind : std::uint8_t {
+  kInvalidUsage,
+  kUpperMismatch,
+  kDeterminate,
+  kIndeterminate,
+  kCorruption,
+  kNotFound,
+  kAlreadyExists,
+  kSinceViolation,
+  kNotReady,
+};
+
+const char* error_kind_name(ErrorKind kind);
+
+struct Error {
+  ErrorKind kind;
+  std::string message;
+  // Set only for kUpperMismatch: the upper the caller expected and the one
+  // the shard has. nullopt means the closed frontier.
+  std::optional<std::uint64_t> expected_upper;
+  std::optional<std::uint64_t> current_upper;
+
+  // "kind: message", for logs and the command line.
+  std::string to_string() const;
+
+  bool is(ErrorKind k) const { return kind == k; }
+};
+
+template <typename T>
+using Result = std::expected<T, Error>;
+
+// A Result with no value, for operations that only succeed or fail.
+using Status = std::expected<void, Error>;
+
+inline std::unexpected<Error> make_error(ErrorKind kind, std::string message) {
+  return std::unexpected(Error{kind, std::move(message), std::nullopt, std::nullopt});
+}
+
+inline std::unexpected<Error> invalid_usage(std::string message) {
+  return make_error(ErrorKind::kInvalidUsage, std::move(message));
+}
+inline std::unexpected<Error> corruption(std::string message) {
+  return make_error(ErrorKind::kCorruption, std::move(message));
+}
+inline std::unexpected<Error> determinate(std::string message) {
+  return make_error(ErrorKind::kDeterminate, std::move(message));
+}
+inline std::unexpected<Error> indeterminate(std::string message) {
+  return make_error(ErrorKind::kIndeterminate, std::move(message));
+}
+
+}  // namespace tidemark
+
+// Propagates the error of a Result-returning expression, or yields nothing.
+#define TM_TRY(expr)                                                   \
+  do {                                                                 \
+    auto tm_try_result_ = (expr);                                      \
+    if (!tm_try_result_) return std::unexpected(tm_try_result_.error()); \
+  } while (0)
+
+// Assigns the value of a Result-returning expression to `lhs`, or returns
+// its error. `lhs` may be a declaration: TM_ASSIGN(auto x, f());
+#define TM_CONCAT_INNER(a, b) a##b
+#define TM_CONCAT(a, b) TM_CONCAT_INNER(a, b)
+#define TM_ASSIGN(lhs, expr) TM_ASSIGN_IMPL(TM_CONCAT(tm_assign_, __LINE__), lhs, expr)
+#define TM_ASSIGN_IMPL(tmp, lhs, expr)                      \
+  auto tmp = (expr);                                        \
+  if (!tmp) return std::unexpected(std::move(tmp).error()); \
+  lhs = std::move(*tmp)

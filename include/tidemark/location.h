@@ -1,0 +1,111 @@
+// Blob and Consensus: the two places a shard lives.
+//
+// Blob is a durable key -> bytes store for immutable parts and rollups.
+// Consensus is a linearizable log of versions per key, advanced only by
+// compare_and_set, holding each shard's state. Backends:
+//   Blob:      file (embedded default), mem (tests), s3 (scale-out)
+//   Consensus: sqlite (embedded default), mem (tests), postgres (scale-out)
+// Every backend passes the same conformance suite
+// (src/location/conformance.h).
+//
+// Errors: a failed call returns Determinate (certainly not applied) or
+// Indeterminate (may have applied). A backend never reports success or a
+// definite failure that it does not know.
+//
+// Thread-safety: every implementation is safe for concurrent use from many
+// threads without external synchronization. The file and sqlite backends
+// are also safe for several processes sharing one data directory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tidemark/error.h"
+
+namespace tidemark {
+
+class Blob {
+ public:
+  Blob() = default;
+  Blob(const Blob&) = delete;
+  Blob& operator=(const Blob&) = delete;
+  virtual ~Blob() = default;
+
+  // The whole object, or nullopt when there is none.
+  [[nodiscard]] virtual Result<std::optional<std::string>> get(std::string_view key) = 0;
+
+  // Bytes [offset, offset + length) of an object, shorter if the object ends
+  // first. NotFound when there is no object.
+  [[nodiscard]] virtual Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                                      std::uint64_t length) = 0;
+
+  // Writes the whole object, replacing any previous one. Atomic (a reader
+  // sees the old bytes or the new, never a mix) and durable when it returns.
+  [[nodiscard]] virtual Status set(std::string_view key, std::string_view bytes) = 0;
+
+  // Deletes the object; deleting an absent key succeeds.
+  [[nodiscard]] virtual Status remove(std::string_view key) = 0;
+
+  // Calls `visit(key, size)` for every object whose key starts with
+  // `prefix`, in no particular order.
+  [[nodiscard]] virtual Status list(
+      std::string_view prefix,
+      const std::function<void(std::string_view key, std::uint64_t size)>& visit) = 0;
+};
+
+using SeqNo = std::uint64_t;
+
+struct VersionedData {
+  SeqNo seqno = 0;
+  std::string data;
+  bool operator==(const VersionedData&) const = default;
+};
+
+enum class CasOutcome : std::uint8_t { kCommitted, kExpectationMismatch };
+
+class Consensus {
+ public:
+  Consensus() = default;
+  Consensus(const Consensus&) = delete;
+  Consensus& operator=(const Consensus&) = delete;
+  virtual ~Consensus() = default;
+
+  // The latest version under `key`, or nullopt when there is none.
+  [[nodiscard]] virtual Result<std::optional<VersionedData>> head(std::string_view key) = 0;
+
+  // Appends `next` if the latest seqno is `expected` (nullopt: no version
+  // yet). A lost race is kExpectationMismatch, not an error. Durable when
+  // it returns kCommitted.
+  // REQUIRES: next.seqno > expected (when expected is set); else InvalidUsage.
+  [[nodiscard]] virtual Result<CasOutcome> compare_and_set(std::string_view key,
+                                                           std::optional<SeqNo> expected,
+                                                           VersionedData next) = 0;
+
+  // Up to `limit` versions with seqno >= from, in increasing seqno order.
+  [[nodiscard]] virtual Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                                                std::size_t limit) = 0;
+
+  // Deletes versions with seqno < `seqno` and returns how many it deleted.
+  // REQUIRES: seqno <= the head's seqno; else InvalidUsage.
+  [[nodiscard]] virtual Result<std::size_t> truncate(std::string_view key, SeqNo seqno) = 0;
+};
+
+// Opens a backend by URL (DESIGN.md section 9):
+//   blob:      file:///abs/dir, mem://
+//   consensus: sqlite:///abs/path.db, mem://
+// An unknown scheme or a malformed URL is InvalidUsage.
+[[nodiscard]] Result<std::shared_ptr<Blob>> open_blob(std::string_view url);
+[[nodiscard]] Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url);
+
+// The pair a shard lives in.
+struct Location {
+  std::shared_ptr<Blob> blob;
+  std::shared_ptr<Consensus> consensus;
+};
+
+}  // namespace tidemark

@@ -1,0 +1,27 @@
+#include "tidemark/error.h"
+
+namespace tidemark {
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kInvalidUsage: return "invalid usage";
+    case ErrorKind::kUpperMismatch: return "upper mismatch";
+    case ErrorKind::kDeterminate: return "determinate error";
+    case ErrorKind::kIndeterminate: return "indeterminate error";
+    case ErrorKind::kCorruption: return "corruption";
+    case ErrorKind::kNotFound: return "not found";
+    case ErrorKind::kAlreadyExists: return "already exists";
+    case ErrorKind::kSinceViolation: return "since violation";
+    case ErrorKind::kNotReady: return "not ready";
+  }
+  return "unknown error";
+}
+
+std::string Error::to_string() const {
+  std::string out = error_kind_name(kind);
+  out += ": ";
+  out += message;
+  return out;
+}
+
+}  // namespace tidemark
