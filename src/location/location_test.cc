@@ -1,0 +1,70 @@
+// Runs the conformance suite (conformance.h) against every backend, and
+// against the fault decorators with faults switched off, which must be
+// indistinguishable from what they wrap. Backend-specific behaviour is
+// tested beside each backend (file_blob_test.cc, sqlite_consensus_test.cc,
+// faulty_test.cc, open_test.cc).
+#include <memory>
+#include <string>
+
+#include "location/conformance.h"
+#include "location/faulty.h"
+#include "location/file_blob.h"
+#include "location/mem_blob.h"
+#include "location/mem_consensus.h"
+#include "location/scratch_directory.h"
+#include "location/sqlite_consensus.h"
+
+namespace tidemark {
+namespace {
+
+// Owns a backend and the scratch directory it lives in. The backend is
+// declared last so it is destroyed before the directory is removed.
+template <typename Backend>
+struct InScratchDirectory {
+  ScratchDirectory directory;
+  std::unique_ptr<Backend> backend;
+};
+
+Result<std::shared_ptr<Blob>> open_file_blob() {
+  auto owner = std::make_shared<InScratchDirectory<FileBlob>>();
+  TM_ASSIGN(owner->backend, FileBlob::open(owner->directory.path() + "/blob"));
+  Blob* blob = owner->backend.get();
+  return std::shared_ptr<Blob>(std::move(owner), blob);
+}
+
+Result<std::shared_ptr<Consensus>> open_sqlite_consensus() {
+  auto owner = std::make_shared<InScratchDirectory<SqliteConsensus>>();
+  TM_ASSIGN(owner->backend, SqliteConsensus::open(owner->directory.path() + "/consensus.db"));
+  Consensus* consensus = owner->backend.get();
+  return std::shared_ptr<Consensus>(std::move(owner), consensus);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BlobConformance,
+                         ::testing::Values(BlobBackend{"Mem",
+                                                       []() -> Result<std::shared_ptr<Blob>> {
+                                                         return std::make_shared<MemBlob>();
+                                                       }},
+                                           BlobBackend{"File", open_file_blob},
+                                           BlobBackend{"FaultyMem",
+                                                       []() -> Result<std::shared_ptr<Blob>> {
+                                                         return std::make_shared<FaultyBlob>(
+                                                             std::make_shared<MemBlob>());
+                                                       }}),
+                         BackendName());
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, ConsensusConformance,
+    ::testing::Values(ConsensusBackend{"Mem",
+                                       []() -> Result<std::shared_ptr<Consensus>> {
+                                         return std::make_shared<MemConsensus>();
+                                       }},
+                      ConsensusBackend{"Sqlite", open_sqlite_consensus},
+                      ConsensusBackend{"FaultyMem",
+                                       []() -> Result<std::shared_ptr<Consensus>> {
+                                         return std::make_shared<FaultyConsensus>(
+                                             std::make_shared<MemConsensus>());
+                                       }}),
+    BackendName());
+
+}  // namespace
+}  // namespace tidemark
