@@ -79,9 +79,9 @@ inline std::unexpected<Error> indeterminate(std::string message) {
 }  // namespace tidemark
 
 // Propagates the error of a Result-returning expression, or yields nothing.
-#define TM_TRY(expr)                                                   \
-  do {                                                                 \
-    auto tm_try_result_ = (expr);                                      \
+#define TM_TRY(expr)                                                     \
+  do {                                                                   \
+    auto tm_try_result_ = (expr);                                        \
     if (!tm_try_result_) return std::unexpected(tm_try_result_.error()); \
   } while (0)
 

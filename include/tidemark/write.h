@@ -1,0 +1,97 @@
+// The write path: BatchBuilder and WriteHandle::compare_and_append.
+//
+// A BatchBuilder streams updates into parts of a target size, sorting and
+// consolidating each part's updates, and uploads each part while it goes on
+// building, with a bounded number of uploads in flight. Its memory is about
+// part_target_bytes x (1 + max_uploads_in_flight), whatever the batch size.
+//
+// compare_and_append(batches, expected_upper, new_upper) is atomic (all
+// batches or none), linearizable, and commits any number of batches with
+// one consensus write. It returns ok, UpperMismatch{expected, current}, or
+// InvalidUsage. Each call carries an idempotency token: when a consensus
+// write ends indeterminate, a retry with the same token either finds the
+// append already committed or commits it, never twice.
+//
+// Thread-safety: a WriteHandle and a BatchBuilder are used from one thread
+// at a time; distinct handles may be used concurrently.
+#pragma once
+
+#include <deque>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tidemark/batch.h"
+#include "tidemark/error.h"
+#include "tidemark/frontier.h"
+#include "tidemark/update.h"
+
+namespace tidemark {
+
+struct ShardContext;
+
+class BatchBuilder {
+ public:
+  BatchBuilder(std::shared_ptr<ShardContext> context, Frontier lower);
+  BatchBuilder(BatchBuilder&&) noexcept;
+  BatchBuilder& operator=(BatchBuilder&&) noexcept;
+  // Abandons the batch: waits for uploads in flight and deletes every part.
+  ~BatchBuilder();
+
+  // REQUIRES: time >= lower (else InvalidUsage). Diff overflow when
+  // consolidating is InvalidUsage too. After an error the builder is done.
+  [[nodiscard]] Status add(std::string_view key, std::string_view value, Time time, Diff diff);
+
+  // Flushes, waits for every upload, and returns the batch [lower, upper).
+  // REQUIRES: every added time < upper; else InvalidUsage and the parts are
+  // deleted.
+  [[nodiscard]] Result<Batch> finish(Frontier upper);
+
+  std::uint64_t added() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+class WriteHandle {
+ public:
+  WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id);
+  ~WriteHandle();
+  WriteHandle(const WriteHandle&) = delete;
+  WriteHandle& operator=(const WriteHandle&) = delete;
+
+  const std::string& writer_id() const { return writer_id_; }
+
+  // The upper this handle last saw (after its own appends or a mismatch).
+  Frontier upper() const { return upper_; }
+  // Reads the shard's upper from consensus.
+  [[nodiscard]] Result<Frontier> fetch_upper();
+
+  BatchBuilder builder(Frontier lower);
+  // Builds a batch [lower, upper) from in-memory updates.
+  [[nodiscard]] Result<Batch> batch(std::span<const Update> updates, Frontier lower,
+                                    Frontier upper);
+
+  // Appends `batches` atomically if the shard's upper is `expected_upper`,
+  // and sets it to `new_upper`. Every batch must belong to this shard and lie
+  // in [expected_upper, new_upper). On success the batches are committed
+  // (the shard owns their parts). On UpperMismatch or InvalidUsage they stay
+  // with the caller, who may retry or drop them (dropping deletes them). On
+  // Indeterminate they are kept alive (never deleted) and the caller may
+  // retry with the same token.
+  [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                          Frontier new_upper);
+  [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                          Frontier new_upper, std::string_view idempotency_token);
+
+ private:
+  std::shared_ptr<ShardContext> context_;
+  std::string writer_id_;
+  Frontier upper_;
+};
+
+}  // namespace tidemark

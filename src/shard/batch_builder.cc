@@ -1,0 +1,196 @@
+#include <algorithm>
+#include <cstring>
+
+#include "part/part.h"
+#include "shard/context.h"
+#include "shard/state.h"
+#include "tidemark/write.h"
+#include "util/ids.h"
+
+namespace tidemark {
+namespace {
+
+// Buffered updates of one part: bytes in one arena, fixed-size entries
+// pointing into it, so buffering costs no allocation per update.
+struct PartBuffer {
+  struct Entry {
+    std::uint64_t offset;  // key bytes, then value bytes
+    std::uint32_t key_length;
+    std::uint32_t value_length;
+    Time time;
+    Diff diff;
+  };
+  std::string arena;
+  std::vector<Entry> entries;
+
+  std::string_view key(const Entry& e) const { return {arena.data() + e.offset, e.key_length}; }
+  std::string_view value(const Entry& e) const {
+    return {arena.data() + e.offset + e.key_length, e.value_length};
+  }
+  std::uint64_t bytes() const { return arena.size() + entries.size() * sizeof(Entry); }
+};
+
+// Sorts, consolidates and encodes one part, then writes it to Blob.
+Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context, PartBuffer buffer,
+                           Description inline_desc) {
+  std::sort(buffer.entries.begin(), buffer.entries.end(),
+            [&](const PartBuffer::Entry& a, const PartBuffer::Entry& b) {
+              return compare_key_value_time(buffer.key(a), buffer.value(a), a.time, buffer.key(b),
+                                            buffer.value(b), b.time) < 0;
+            });
+  PartWriter writer(inline_desc,
+                    PartOptions{context->options.block_bytes, context->options.zstd_level});
+  const auto& entries = buffer.entries;
+  for (std::size_t i = 0; i < entries.size();) {
+    Diff sum = entries[i].diff;
+    std::size_t j = i + 1;
+    while (j < entries.size() && entries[j].time == entries[i].time &&
+           buffer.key(entries[j]) == buffer.key(entries[i]) &&
+           buffer.value(entries[j]) == buffer.value(entries[i])) {
+      TM_ASSIGN(sum, checked_add_diff(sum, entries[j].diff, "a batch"));
+      ++j;
+    }
+    if (sum != 0) {
+      TM_TRY(writer.add(
+          UpdateView{buffer.key(entries[i]), buffer.value(entries[i]), entries[i].time, sum}));
+    }
+    i = j;
+  }
+  if (writer.count() == 0) return PartRef{};  // everything cancelled out
+  TM_ASSIGN(std::string encoded, writer.finish());
+  PartRef ref;
+  ref.key = shard_part_prefix(context->name) + random_id();
+  ref.size = encoded.size();
+  ref.count = writer.stats().count;
+  ref.bytes = writer.stats().bytes;
+  ref.time_min = writer.stats().time_min;
+  ref.time_max = writer.stats().time_max;
+  TM_TRY(context->location.blob->set(ref.key, encoded));
+  return ref;
+}
+
+}  // namespace
+
+struct BatchBuilder::State {
+  std::shared_ptr<ShardContext> context;
+  Frontier lower;
+  PartBuffer buffer;
+  std::deque<std::future<Result<PartRef>>> uploads;
+  std::vector<PartRef> parts;  // uploaded
+  std::optional<Error> failed;
+  std::uint64_t added = 0;
+  Time max_time = 0;
+  bool finished = false;
+
+  // Waits for the oldest upload; records its part or its error.
+  void collect_oldest() {
+    auto result = uploads.front().get();
+    uploads.pop_front();
+    if (!result) {
+      if (!failed) failed = result.error();
+    } else if (!result->key.empty()) {
+      parts.push_back(std::move(*result));
+    }
+  }
+
+  void start_upload(Description inline_desc) {
+    while (uploads.size() >= std::max<std::size_t>(1, context->options.max_uploads_in_flight)) {
+      collect_oldest();
+    }
+    PartBuffer full = std::move(buffer);
+    buffer = PartBuffer{};
+    uploads.push_back(std::async(std::launch::async,
+                                 [ctx = context, full = std::move(full), inline_desc]() mutable {
+                                   return write_part(ctx, std::move(full), inline_desc);
+                                 }));
+  }
+
+  void abandon() {
+    while (!uploads.empty()) collect_oldest();
+    for (const PartRef& part : parts) (void)context->location.blob->remove(part.key);
+    parts.clear();
+  }
+};
+
+BatchBuilder::BatchBuilder(std::shared_ptr<ShardContext> context, Frontier lower)
+    : state_(std::make_unique<State>()) {
+  state_->context = std::move(context);
+  state_->lower = lower;
+}
+
+BatchBuilder::BatchBuilder(BatchBuilder&&) noexcept = default;
+BatchBuilder& BatchBuilder::operator=(BatchBuilder&& other) noexcept {
+  if (this != &other) {
+    if (state_ && !state_->finished) state_->abandon();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+BatchBuilder::~BatchBuilder() {
+  if (state_ && !state_->finished) state_->abandon();
+}
+
+std::uint64_t BatchBuilder::added() const {
+  return state_->added;
+}
+
+Status BatchBuilder::add(std::string_view key, std::string_view value, Time time, Diff diff) {
+  State& s = *state_;
+  if (s.finished) return invalid_usage("batch builder is already finished");
+  if (s.failed) return std::unexpected(*s.failed);
+  if (!s.lower.includes(time)) {
+    return invalid_usage("update at time " + std::to_string(time) + " is below the batch lower " +
+                         s.lower.to_string());
+  }
+  if (key.size() > UINT32_MAX || value.size() > UINT32_MAX) {
+    return invalid_usage("key or value larger than 4 GiB");
+  }
+  PartBuffer& b = s.buffer;
+  b.entries.push_back(PartBuffer::Entry{b.arena.size(), static_cast<std::uint32_t>(key.size()),
+                                        static_cast<std::uint32_t>(value.size()), time, diff});
+  b.arena.append(key);
+  b.arena.append(value);
+  s.max_time = std::max(s.max_time, time);
+  ++s.added;
+  if (b.bytes() >= s.context->options.part_target_bytes) {
+    // The upper is not known yet: the part's inline description is open.
+    s.start_upload(Description{s.lower, Frontier::closed(), Frontier::at(0)});
+  }
+  return {};
+}
+
+Result<Batch> BatchBuilder::finish(Frontier upper) {
+  State& s = *state_;
+  if (s.finished) return invalid_usage("batch builder is already finished");
+  auto fail = [&](Error error) -> Result<Batch> {
+    s.abandon();
+    s.finished = true;
+    return std::unexpected(std::move(error));
+  };
+  if (s.failed) return fail(*s.failed);
+  if (upper < s.lower) {
+    return fail(
+        Error{ErrorKind::kInvalidUsage,
+              "batch upper " + upper.to_string() + " is below its lower " + s.lower.to_string(),
+              std::nullopt, std::nullopt});
+  }
+  if (s.added > 0 && !upper.is_past(s.max_time)) {
+    return fail(Error{ErrorKind::kInvalidUsage,
+                      "update at time " + std::to_string(s.max_time) +
+                          " is not below the batch upper " + upper.to_string(),
+                      std::nullopt, std::nullopt});
+  }
+  if (!s.buffer.entries.empty()) s.start_upload(Description{s.lower, upper, Frontier::at(0)});
+  while (!s.uploads.empty()) s.collect_oldest();
+  if (s.failed) return fail(*s.failed);
+  for (PartRef& part : s.parts) {
+    part.lower = s.lower;
+    part.upper = upper;
+  }
+  s.finished = true;
+  return Batch(s.context->location.blob, s.context->name,
+               Description{s.lower, upper, Frontier::at(0)}, std::move(s.parts));
+}
+
+}  // namespace tidemark

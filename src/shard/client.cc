@@ -1,0 +1,141 @@
+#include "tidemark/client.h"
+
+#include <algorithm>
+
+#include "shard/context.h"
+#include "shard/state.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+#include "util/ids.h"
+
+namespace tidemark {
+
+std::string ShardInfo::to_json() const {
+  std::string out =
+      "{\"name\":\"" + name + "\",\"upper\":" + upper.to_json() + ",\"since\":" + since.to_json() +
+      ",\"seqno\":" + std::to_string(seqno) + ",\"batches\":" + std::to_string(batches) +
+      ",\"parts\":" + std::to_string(parts) + ",\"updates\":" + std::to_string(updates) +
+      ",\"bytes\":" + std::to_string(bytes) + "}";
+  return out;
+}
+
+Result<std::shared_ptr<Client>> Client::open(Location location, ClientOptions options) {
+  if (!location.blob || !location.consensus) {
+    return invalid_usage("a location needs both a blob and a consensus");
+  }
+  return std::make_shared<Client>(std::move(location), options);
+}
+
+Result<std::shared_ptr<Client>> Client::open(std::string_view blob_url,
+                                             std::string_view consensus_url,
+                                             ClientOptions options) {
+  Location location;
+  TM_ASSIGN(location.blob, open_blob(blob_url));
+  TM_ASSIGN(location.consensus, open_consensus(consensus_url));
+  return open(std::move(location), options);
+}
+
+Client::Client(Location location, ClientOptions options)
+    : location_(std::move(location)), options_(options) {}
+
+Status Client::create_shard(std::string_view name) {
+  TM_TRY(validate_shard_name(name));
+  const std::string key = registry_consensus_key();
+  for (;;) {
+    TM_ASSIGN(auto head, location_.consensus->head(key));
+    std::vector<std::string> names;
+    if (head) {
+      TM_ASSIGN(names, decode_registry(head->data));
+    }
+    if (std::find(names.begin(), names.end(), name) != names.end()) {
+      return make_error(ErrorKind::kAlreadyExists,
+                        "shard " + std::string(name) + " already exists");
+    }
+    names.emplace_back(name);
+    std::optional<SeqNo> expected;
+    SeqNo next = 1;
+    if (head) {
+      expected = head->seqno;
+      next = head->seqno + 1;
+    }
+    auto cas = location_.consensus->compare_and_set(key, expected,
+                                                    VersionedData{next, encode_registry(names)});
+    if (cas && *cas == CasOutcome::kCommitted) return {};
+    if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) return std::unexpected(cas.error());
+    // Lost race or unknown outcome: re-read. If our own write landed, the
+    // next read finds the name and reports AlreadyExists; tell them apart
+    // only for indeterminate writes.
+    if (!cas) {
+      auto again = location_.consensus->head(key);
+      if (again && *again && (*again)->seqno == next) {
+        TM_ASSIGN(auto landed, decode_registry((*again)->data));
+        if (landed == names) return {};
+      }
+    }
+  }
+}
+
+Result<std::vector<std::string>> Client::list_shards() {
+  TM_ASSIGN(auto head, location_.consensus->head(registry_consensus_key()));
+  if (!head) return std::vector<std::string>{};
+  TM_ASSIGN(auto names, decode_registry(head->data));
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
+  TM_TRY(validate_shard_name(name));
+  TM_ASSIGN(auto names, list_shards());
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    return make_error(ErrorKind::kNotFound, "no shard named " + std::string(name));
+  }
+  auto context = std::make_shared<ShardContext>();
+  context->name = std::string(name);
+  context->location = location_;
+  context->options = options_;
+  context->machine = std::make_shared<ShardMachine>(context->name, location_.consensus);
+  return std::make_shared<Shard>(std::move(context));
+}
+
+Shard::Shard(std::shared_ptr<ShardContext> context) : context_(std::move(context)) {}
+Shard::~Shard() = default;
+
+const std::string& Shard::name() const {
+  return context_->name;
+}
+
+Result<ShardInfo> Shard::inspect() {
+  TM_ASSIGN(ShardState state, context_->machine->fetch());
+  ShardInfo info;
+  info.name = state.name;
+  info.upper = state.upper;
+  info.since = state.since;
+  info.seqno = state.seqno;
+  info.batches = state.batches.size();
+  for (const HollowBatch& batch : state.batches) {
+    info.parts += batch.parts.size();
+    for (const PartRef& part : batch.parts) {
+      info.updates += part.count;
+      info.bytes += part.size;
+    }
+  }
+  return info;
+}
+
+Result<Frontier> Shard::upper() {
+  TM_ASSIGN(ShardState state, context_->machine->fetch());
+  return state.upper;
+}
+
+Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
+  std::string writer_id = random_id();
+  TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    register_writer(state, writer_id);
+    return TransitionResult::kWrite;
+  }));
+  auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));
+  TM_TRY(handle->fetch_upper());
+  return handle;
+}
+
+}  // namespace tidemark

@@ -1,0 +1,230 @@
+// Shard::listen: updates after `from` in time order, with progress.
+//
+// The listener walks the shard's batches in order. For each batch it emits
+// the updates in the part of the batch it has not emitted yet, in time
+// order: a window of one time streams straight from the merge (already
+// sorted by key and value); a wider window is gathered in a buffer of at
+// most listen_buffer_bytes, consolidated and sorted by time. When a window
+// does not fit the buffer it is split in two halves by time and each half is
+// read again, so memory stays bounded for any batch (at the price of
+// re-reading a very large multi-time batch O(log times) times).
+#include <algorithm>
+#include <deque>
+#include <thread>
+
+#include "shard/context.h"
+#include "shard/merge.h"
+#include "shard/state.h"
+#include "tidemark/read.h"
+
+namespace tidemark {
+namespace {
+
+class ShardListener final : public Listener {
+ public:
+  ShardListener(std::shared_ptr<ShardContext> context, Time from, std::optional<Time> until)
+      : context_(std::move(context)),
+        from_(from),
+        until_(until),
+        reported_(Frontier::at(from)),
+        pending_progress_(Frontier::at(from)) {
+    if (until_ && *until_ <= from_) done_ = true;
+  }
+
+  Result<std::optional<ListenEvent>> next() override {
+    for (;;) {
+      TM_ASSIGN(auto event, poll());
+      if (event || done_) return event;
+      std::this_thread::sleep_for(context_->options.listen_poll_interval);
+    }
+  }
+
+  bool done() const override { return done_; }
+
+  Result<std::optional<ListenEvent>> poll() override {
+    for (;;) {
+      if (done_) return std::optional<ListenEvent>{};
+      // 1. Stream the window in progress.
+      if (streaming_) {
+        TM_ASSIGN(auto event, next_streamed());
+        if (event) return event;
+        continue;
+      }
+      if (buffer_index_ < buffer_.size()) {
+        const Update& u = buffer_[buffer_index_++];
+        return update_event(u.key, u.value, u.time, u.diff);
+      }
+      // 2. Start the next window of the planned batches.
+      if (!windows_.empty()) {
+        TM_TRY(start_window());
+        continue;
+      }
+      // 3. Every planned window is out: report the progress they reach.
+      if (reported_ < pending_progress_) {
+        reported_ = pending_progress_;
+        if (reported_.is_closed() || (until_ && !(reported_ < Frontier::at(*until_)))) {
+          done_ = true;
+        }
+        ListenEvent event;
+        event.kind = ListenEvent::Kind::kProgress;
+        event.progress = reported_;
+        return std::optional<ListenEvent>{event};
+      }
+      // 4. Look for a new upper.
+      TM_ASSIGN(bool advanced, refresh());
+      if (!advanced) return std::optional<ListenEvent>{};
+    }
+  }
+
+  [[nodiscard]] Status check_since() {
+    TM_ASSIGN(ShardState state, context_->machine->fetch());
+    if (state.since.is_past(from_)) {
+      return make_error(ErrorKind::kSinceViolation,
+                        "cannot listen to shard " + state.name + " from " + std::to_string(from_) +
+                            ": below its since " + state.since.to_string());
+    }
+    return {};
+  }
+
+ private:
+  // Reads the state and plans the windows of the batches between what was
+  // reported and the new upper (capped at `until`). False when the upper
+  // has not moved.
+  Result<bool> refresh() {
+    TM_ASSIGN(ShardState state, context_->machine->fetch());
+    Frontier target = state.upper;
+    if (until_ && Frontier::at(*until_) < target) target = Frontier::at(*until_);
+    if (!(reported_ < target)) return false;
+    // Times already covered: everything <= from_, and everything < reported_.
+    Time lo = std::max(from_ == UINT64_MAX ? UINT64_MAX : from_ + 1,
+                       reported_.is_closed() ? UINT64_MAX : reported_.time());
+    Time hi = target.is_closed() ? UINT64_MAX : target.time() - 1;  // target > reported_ >= 0
+    for (const HollowBatch& batch : state.batches) {
+      Time batch_min = batch.desc.lower.time();
+      Time batch_max = batch.desc.upper.is_closed() ? UINT64_MAX : batch.desc.upper.time() - 1;
+      Time data_min = UINT64_MAX, data_max = 0;
+      for (const PartRef& p : batch.parts) {
+        data_min = std::min(data_min, p.time_min);
+        data_max = std::max(data_max, p.time_max);
+      }
+      Time min = std::max({lo, batch_min, data_min});
+      Time max = std::min({hi, batch_max, data_max});
+      if (min <= max) windows_.push_back(Window{batch.parts, TimeWindow{min, max}});
+    }
+    pending_progress_ = target;
+    return true;
+  }
+
+  Status start_window() {
+    Window next = std::move(windows_.front());
+    windows_.pop_front();
+    const TimeWindow window = next.window;
+    TM_ASSIGN(MergeCursor merge, MergeCursor::open(context_->location.blob, next.parts, window));
+    if (window.min == window.max) {
+      merge_.emplace(std::move(merge));
+      streaming_ = true;
+      return {};
+    }
+    buffer_.clear();
+    buffer_index_ = 0;
+    std::uint64_t bytes = 0;
+    for (;;) {
+      TM_ASSIGN(auto update, merge.next());
+      if (!update) break;
+      bytes += update->key.size() + update->value.size() + sizeof(Update);
+      if (bytes > context_->options.listen_buffer_bytes) {
+        // Too big for one pass: split the window and read each half again.
+        buffer_.clear();
+        buffer_.shrink_to_fit();
+        Time mid = window.min + (window.max - window.min) / 2;
+        windows_.push_front(Window{next.parts, TimeWindow{mid + 1, window.max}});
+        windows_.push_front(Window{std::move(next.parts), TimeWindow{window.min, mid}});
+        return {};
+      }
+      buffer_.push_back(update->to_owned());
+    }
+    TM_TRY(consolidate(buffer_));
+    std::stable_sort(buffer_.begin(), buffer_.end(),
+                     [](const Update& a, const Update& b) { return a.time < b.time; });
+    return {};
+  }
+
+  // One window of a single time: consolidate equal (key, value) from the
+  // sorted merge and stream.
+  Result<std::optional<ListenEvent>> next_streamed() {
+    for (;;) {
+      if (!peek_) {
+        TM_ASSIGN(peek_, merge_->next());
+        if (!peek_) {
+          streaming_ = false;
+          merge_.reset();
+          return std::optional<ListenEvent>{};
+        }
+      }
+      key_.assign(peek_->key);
+      value_.assign(peek_->value);
+      Time time = peek_->time;
+      Diff sum = peek_->diff;
+      peek_.reset();
+      for (;;) {
+        TM_ASSIGN(auto update, merge_->next());
+        if (!update) break;
+        if (update->key != key_ || update->value != value_) {
+          peek_ = update;
+          break;
+        }
+        TM_ASSIGN(sum, checked_add_diff(sum, update->diff, "listen"));
+      }
+      if (sum != 0) return update_event(key_, value_, time, sum);
+      if (!peek_) {
+        streaming_ = false;
+        merge_.reset();
+        return std::optional<ListenEvent>{};
+      }
+    }
+  }
+
+  static Result<std::optional<ListenEvent>> update_event(std::string_view key,
+                                                         std::string_view value, Time time,
+                                                         Diff diff) {
+    ListenEvent event;
+    event.kind = ListenEvent::Kind::kUpdate;
+    event.key = key;
+    event.value = value;
+    event.time = time;
+    event.diff = diff;
+    return std::optional<ListenEvent>{event};
+  }
+
+  // A time range of one batch still to emit.
+  struct Window {
+    std::vector<PartRef> parts;
+    TimeWindow window;
+  };
+
+  std::shared_ptr<ShardContext> context_;
+  const Time from_;
+  const std::optional<Time> until_;
+  bool done_ = false;
+  // Progress reported so far: every update at a time < reported_ (and
+  // > from_) has been emitted. Starts at from_: nothing is claimed yet.
+  Frontier reported_;
+  Frontier pending_progress_;
+  std::deque<Window> windows_;
+  bool streaming_ = false;
+  std::optional<MergeCursor> merge_;
+  std::optional<UpdateView> peek_;
+  std::string key_, value_;
+  std::vector<Update> buffer_;
+  std::size_t buffer_index_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until) {
+  auto listener = std::make_unique<ShardListener>(context_, from, until);
+  TM_TRY(listener->check_since());
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
+}  // namespace tidemark

@@ -1,0 +1,60 @@
+// ShardMachine: commits pure state transitions through Consensus.
+//
+// apply(transition) runs the transition on a copy of the latest known
+// state and commits the result with compare_and_set(expected = its seqno).
+// On a lost race it reloads and re-applies; on an indeterminate consensus
+// error it reads the head to learn whether its own write landed (same
+// seqno and bytes) and otherwise retries, a bounded number of times, before
+// reporting Indeterminate. A transition that fails on a cached state is
+// re-run once on a freshly fetched one, so a stale cache never produces a
+// spurious error such as UpperMismatch.
+//
+// Thread-safety: safe for concurrent use; the cached state is guarded by a
+// mutex and no lock is held across I/O.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "shard/state.h"
+#include "tidemark/location.h"
+
+namespace tidemark {
+
+enum class TransitionResult : std::uint8_t { kWrite, kUnchanged };
+
+// Mutates the state it is given (a private copy); must be pure.
+using Transition = std::function<Result<TransitionResult>(ShardState& state)>;
+
+class ShardMachine {
+ public:
+  // REQUIRES: the shard exists (see Client::create_shard).
+  ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus);
+  ShardMachine(const ShardMachine&) = delete;
+  ShardMachine& operator=(const ShardMachine&) = delete;
+
+  const std::string& shard() const { return shard_; }
+
+  // The latest state in consensus (and refreshes the cache).
+  [[nodiscard]] Result<ShardState> fetch();
+  // The cached state, fetching it if there is none yet.
+  [[nodiscard]] Result<ShardState> cached();
+
+  // Commits `transition` and returns the state it produced (or found, when
+  // the transition left it unchanged).
+  [[nodiscard]] Result<ShardState> apply(const Transition& transition);
+
+ private:
+  void remember(const ShardState& state);
+
+  const std::string shard_;
+  const std::string key_;
+  const std::shared_ptr<Consensus> consensus_;
+  std::mutex mu_;
+  std::optional<ShardState> cache_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace tidemark

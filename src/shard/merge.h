@@ -1,0 +1,63 @@
+// MergeCursor: a k-way merge of parts into one stream sorted by
+// (key, value, time), keeping only updates whose times lie in a window.
+//
+// Each part is filtered to the intersection of its registered range (from
+// the shard state), its own inline description, and the window. A part
+// whose registered range and inline description do not overlap, or whose
+// footer disagrees with its reference, is a Corruption error naming it.
+//
+// Memory: one decoded block per open part (PartReader streams by ranged
+// reads), plus a heap of part indices: O(parts x block size), never O(data).
+// Parts whose time range misses the window are never opened.
+//
+// Speed: the merge keeps the part that produced the last update as the
+// "current" one and compares its next update with the heap's top, so parts
+// with disjoint key ranges cost one comparison per update.
+//
+// Thread-safety: single-threaded.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "part/part.h"
+#include "tidemark/batch.h"
+#include "tidemark/location.h"
+#include "tidemark/update.h"
+
+namespace tidemark {
+
+struct TimeWindow {
+  Time min = 0;           // inclusive
+  Time max = UINT64_MAX;  // inclusive
+};
+
+class MergeCursor {
+ public:
+  [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
+                                                const std::vector<PartRef>& parts,
+                                                TimeWindow window);
+  MergeCursor(MergeCursor&&) noexcept;
+  MergeCursor& operator=(MergeCursor&&) noexcept;
+  ~MergeCursor();
+
+  // The next update in (key, value, time) order, or nullopt at the end. The
+  // view stays valid until the next call.
+  [[nodiscard]] Result<std::optional<UpdateView>> next();
+
+ private:
+  struct Input;
+  MergeCursor();
+  [[nodiscard]] Status advance(Input& input);
+  bool less(std::size_t a, std::size_t b) const;
+
+  std::shared_ptr<Blob> blob_;
+  std::vector<Input> inputs_;
+  std::vector<std::size_t> heap_;  // min-heap of input indices, excluding current_
+  std::optional<std::size_t> current_;
+  bool started_ = false;
+  bool advance_current_ = false;
+};
+
+}  // namespace tidemark

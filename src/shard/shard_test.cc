@@ -1,0 +1,477 @@
+// Unit tests of the shard layer over the in-memory backends: state
+// encoding, the rules of compare_and_append, snapshots and listens.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "location/mem_blob.h"
+#include "location/mem_consensus.h"
+#include "part/part.h"
+#include "shard/context.h"
+#include "shard/state.h"
+#include "shard/test_util.h"
+#include "tidemark/client.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+
+namespace tidemark {
+namespace {
+
+using testing::Collection;
+using testing::model_at;
+using testing::read_listen;
+using testing::read_snapshot;
+
+// A consensus that can be told to apply the next compare_and_set and then
+// report it as indeterminate, the worst case for idempotency.
+class ApplyThenFail final : public Consensus {
+ public:
+  explicit ApplyThenFail(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  std::atomic<int> apply_then_fail{0};
+  std::atomic<int> fail_without_applying{0};
+  std::atomic<int> cas_calls{0};
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    ++cas_calls;
+    if (fail_without_applying > 0) {
+      --fail_without_applying;
+      return indeterminate("test: timed out before sending");
+    }
+    auto result = inner_->compare_and_set(key, expected, std::move(next));
+    if (apply_then_fail > 0) {
+      --apply_then_fail;
+      return indeterminate("test: timed out after sending");
+    }
+    return result;
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
+};
+
+class ShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    blob_ = std::make_shared<MemBlob>();
+    consensus_ = std::make_shared<ApplyThenFail>(std::make_shared<MemConsensus>());
+    ClientOptions options;
+    options.part_target_bytes = 4096;  // several parts per batch
+    options.block_bytes = 512;         // several blocks per part
+    options.listen_poll_interval = std::chrono::milliseconds(1);
+    client_ = *Client::open(Location{blob_, consensus_}, options);
+    ASSERT_TRUE(client_->create_shard("orders"));
+    shard_ = *client_->open_shard("orders");
+    writer_ = std::move(*shard_->open_writer());
+  }
+
+  std::size_t part_objects() {
+    std::size_t n = 0;
+    EXPECT_TRUE(blob_->list("shard/", [&](std::string_view, std::uint64_t) { ++n; }));
+    return n;
+  }
+
+  Batch make_batch(const std::vector<Update>& updates, Time lower, Time upper) {
+    auto batch = writer_->batch(updates, Frontier::at(lower), Frontier::at(upper));
+    EXPECT_TRUE(batch) << batch.error().to_string();
+    return std::move(*batch);
+  }
+
+  Status append(std::vector<Batch>& batches, Time expected, Time next) {
+    return writer_->compare_and_append(batches, Frontier::at(expected), Frontier::at(next));
+  }
+
+  std::shared_ptr<MemBlob> blob_;
+  std::shared_ptr<ApplyThenFail> consensus_;
+  std::shared_ptr<Client> client_;
+  std::shared_ptr<Shard> shard_;
+  std::unique_ptr<WriteHandle> writer_;
+};
+
+std::vector<Update> numbered(int n, Time time, const std::string& prefix = "k") {
+  std::vector<Update> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(Update{prefix + std::to_string(i), "\"v" + std::to_string(i) + "\"", time, 1});
+  }
+  return out;
+}
+
+// --- Value types ------------------------------------------------------------
+
+TEST(FrontierTest, ClosedIsAboveEveryTime) {
+  EXPECT_LT(Frontier::at(UINT64_MAX), Frontier::closed());
+  EXPECT_LT(Frontier::at(3), Frontier::at(4));
+  EXPECT_TRUE(Frontier::at(5).includes(5));
+  EXPECT_TRUE(Frontier::at(5).is_past(4));
+  EXPECT_FALSE(Frontier::closed().includes(UINT64_MAX));
+  EXPECT_EQ(Frontier::closed().to_json(), "null");
+  Description d{Frontier::at(2), Frontier::at(4), Frontier::at(0)};
+  EXPECT_FALSE(d.contains(1));
+  EXPECT_TRUE(d.contains(2));
+  EXPECT_TRUE(d.contains(3));
+  EXPECT_FALSE(d.contains(4));
+}
+
+TEST(ConsolidateTest, SumsEqualUpdatesAndDropsZeros) {
+  std::vector<Update> updates{
+      {"b", "1", 1, 2}, {"a", "1", 1, 1}, {"b", "1", 1, -2}, {"a", "1", 1, 4}, {"a", "1", 2, 1}};
+  ASSERT_TRUE(consolidate(updates));
+  std::vector<Update> expected{{"a", "1", 1, 5}, {"a", "1", 2, 1}};
+  EXPECT_EQ(updates, expected);
+}
+
+TEST(ConsolidateTest, OverflowIsAnError) {
+  std::vector<Update> updates{{"a", "1", 1, INT64_MAX}, {"a", "1", 1, 1}};
+  auto result = consolidate(updates);
+  ASSERT_FALSE(result);
+  EXPECT_NE(result.error().message.find("overflow"), std::string::npos);
+  std::vector<Update> fine{{"a", "1", 1, INT64_MAX}, {"a", "1", 1, -1}, {"a", "1", 1, 1}};
+  EXPECT_TRUE(consolidate(fine));
+}
+
+TEST(StateTest, EncodeDecodeRoundTrip) {
+  ShardState state;
+  state.name = "s";
+  state.seqno = 7;
+  state.upper = Frontier::at(20);
+  state.since = Frontier::at(3);
+  state.writers["w1"].last_token = "tok";
+  PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
+  state.batches.push_back(
+      HollowBatch{Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, {part}});
+  std::string bytes = encode_state(state);
+  auto decoded = decode_state("s", VersionedData{7, bytes});
+  ASSERT_TRUE(decoded) << decoded.error().to_string();
+  EXPECT_EQ(*decoded, state);
+  // Every truncation is a clean corruption error naming the shard.
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    auto cut = decode_state("s", VersionedData{7, bytes.substr(0, n)});
+    ASSERT_FALSE(cut) << n;
+    EXPECT_EQ(cut.error().kind, ErrorKind::kCorruption);
+    EXPECT_NE(cut.error().message.find("shard s"), std::string::npos);
+  }
+}
+
+TEST(StateTest, UnknownWriterIsInvalidUsage) {
+  ShardState state;
+  state.name = "s";
+  AppendRequest request{"nobody", "t", Frontier::at(0), Frontier::at(1), {}};
+  auto result = apply_append(state, request);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_NE(result.error().message.find("unknown writer"), std::string::npos);
+}
+
+TEST(StateTest, ShardNames) {
+  EXPECT_TRUE(validate_shard_name("orders.v1_2-x"));
+  EXPECT_FALSE(validate_shard_name(""));
+  EXPECT_FALSE(validate_shard_name(std::string(129, 'a')));
+  EXPECT_TRUE(validate_shard_name(std::string(128, 'a')));
+  EXPECT_FALSE(validate_shard_name("a/b"));
+  EXPECT_FALSE(validate_shard_name(".."));
+  EXPECT_FALSE(validate_shard_name(".tmp-x"));
+  EXPECT_TRUE(validate_shard_name(".x"));
+}
+
+// --- Shards -----------------------------------------------------------------
+
+TEST_F(ShardTest, CreateListAndDuplicates) {
+  auto again = client_->create_shard("orders");
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().kind, ErrorKind::kAlreadyExists);
+  ASSERT_TRUE(client_->create_shard("alpha"));
+  EXPECT_EQ(*client_->list_shards(), (std::vector<std::string>{"alpha", "orders"}));
+  EXPECT_EQ(client_->open_shard("missing").error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(client_->create_shard("bad name").error().kind, ErrorKind::kInvalidUsage);
+}
+
+TEST_F(ShardTest, AppendThenSnapshot) {
+  std::vector<Update> updates = numbered(300, 1);
+  updates.push_back(Update{"k1", "\"v1\"", 2, -1});
+  updates.push_back(Update{"z", "1", 0, 3});
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(updates, 0, 3));
+  ASSERT_GT(batches[0].parts().size(), 1u) << "the test wants several parts";
+  ASSERT_TRUE(append(batches, 0, 3));
+  EXPECT_EQ(writer_->upper(), Frontier::at(3));
+  for (Time as_of = 0; as_of < 3; ++as_of) {
+    auto got = read_snapshot(*shard_, as_of);
+    ASSERT_TRUE(got) << got.error().to_string();
+    EXPECT_EQ(*got, model_at(updates, as_of)) << "as_of " << as_of;
+  }
+  auto info = shard_->inspect();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->upper, Frontier::at(3));
+  EXPECT_EQ(info->batches, 1u);
+  EXPECT_EQ(info->updates, 302u);
+}
+
+TEST_F(ShardTest, SnapshotRefusesIncompleteAndCompactedTimes) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(3, 4), 0, 5));
+  ASSERT_TRUE(append(batches, 0, 5));
+  auto not_ready = shard_->snapshot(5);
+  ASSERT_FALSE(not_ready);
+  EXPECT_EQ(not_ready.error().kind, ErrorKind::kNotReady);
+  EXPECT_NE(not_ready.error().message.find("upper is 5"), std::string::npos);
+
+  auto context = std::make_shared<ShardMachine>("orders", client_->location().consensus);
+  ASSERT_TRUE(context->apply([](ShardState& s) -> Result<TransitionResult> {
+    s.since = Frontier::at(2);
+    return TransitionResult::kWrite;
+  }));
+  auto compacted = shard_->snapshot(1);
+  ASSERT_FALSE(compacted);
+  EXPECT_EQ(compacted.error().kind, ErrorKind::kSinceViolation);
+  EXPECT_TRUE(shard_->snapshot(2));
+  EXPECT_EQ(shard_->listen(1, 5).error().kind, ErrorKind::kSinceViolation);
+}
+
+TEST_F(ShardTest, ManyBatchesCommitWithOneConsensusWrite) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(10, 2, "a"), 2, 4));
+  batches.push_back(make_batch(numbered(10, 5, "b"), 5, 7));
+  batches.push_back(make_batch(numbered(10, 2, "c"), 1, 8));  // overlapping is fine
+  auto before = shard_->inspect()->seqno;
+  int calls_before = consensus_->cas_calls;
+  ASSERT_TRUE(append(batches, 0, 9));
+  EXPECT_EQ(consensus_->cas_calls - calls_before, 1);
+  EXPECT_EQ(shard_->inspect()->seqno, before + 1);
+  auto got = read_snapshot(*shard_, 8);
+  EXPECT_EQ(got->size(), 30u);
+}
+
+TEST_F(ShardTest, UpperMismatchNamesBothUppersAndKeepsTheBatch) {
+  std::vector<Batch> first;
+  first.push_back(make_batch(numbered(2, 0), 0, 2));
+  ASSERT_TRUE(append(first, 0, 2));
+  std::vector<Batch> stale;
+  stale.push_back(make_batch(numbered(2, 1, "x"), 1, 3));
+  auto result = append(stale, 1, 3);
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind, ErrorKind::kUpperMismatch);
+  EXPECT_EQ(result.error().expected_upper, std::optional<Time>(1));
+  EXPECT_EQ(result.error().current_upper, std::optional<Time>(2));
+  EXPECT_EQ(writer_->upper(), Frontier::at(2));
+  EXPECT_FALSE(stale[0].empty());  // still the caller's to retry or drop
+  std::size_t with_stale = part_objects();
+  stale.clear();  // dropping a definitely failed batch deletes its parts
+  EXPECT_LT(part_objects(), with_stale);
+  EXPECT_EQ(read_snapshot(*shard_, 1)->size(), 2u);
+}
+
+TEST_F(ShardTest, TypedUsageErrors) {
+  auto kind_of = [](const Status& s) { return s ? std::optional<ErrorKind>{} : s.error().kind; };
+  // An update below its batch's lower, or not below its upper.
+  BatchBuilder below = writer_->builder(Frontier::at(5));
+  EXPECT_EQ(kind_of(below.add("k", "v", 4, 1)), ErrorKind::kInvalidUsage);
+  BatchBuilder above = writer_->builder(Frontier::at(0));
+  ASSERT_TRUE(above.add("k", "v", 9, 1));
+  auto finished = above.finish(Frontier::at(9));
+  ASSERT_FALSE(finished);
+  EXPECT_EQ(finished.error().kind, ErrorKind::kInvalidUsage);
+
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(1, 3), 3, 5));
+  // upper < lower.
+  EXPECT_EQ(kind_of(writer_->compare_and_append(batches, Frontier::at(4), Frontier::at(2))),
+            ErrorKind::kInvalidUsage);
+  // An empty interval with data.
+  EXPECT_EQ(kind_of(append(batches, 0, 0)), ErrorKind::kInvalidUsage);
+  // A batch outside [expected, new).
+  EXPECT_EQ(kind_of(append(batches, 0, 4)), ErrorKind::kInvalidUsage);
+  EXPECT_EQ(kind_of(append(batches, 4, 9)), ErrorKind::kInvalidUsage);
+  // A batch from another shard.
+  ASSERT_TRUE(client_->create_shard("other"));
+  auto other = (*client_->open_shard("other"))->open_writer();
+  std::vector<Batch> foreign;
+  foreign.push_back(std::move(*(*other)->batch(numbered(1, 0), Frontier::at(0), Frontier::at(1))));
+  auto result = writer_->compare_and_append(foreign, Frontier::at(0), Frontier::at(1));
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_NE(result.error().message.find("another shard"), std::string::npos);
+  // None of it changed the shard.
+  EXPECT_EQ(shard_->inspect()->upper, Frontier::at(0));
+  // An empty append just advances the upper.
+  std::vector<Batch> none;
+  EXPECT_TRUE(append(none, 0, 2));
+  EXPECT_EQ(shard_->inspect()->batches, 0u);
+  EXPECT_EQ(shard_->inspect()->upper, Frontier::at(2));
+}
+
+TEST_F(ShardTest, AbandonedBuilderDeletesItsParts) {
+  {
+    BatchBuilder builder = writer_->builder(Frontier::at(0));
+    for (int i = 0; i < 2000; ++i) ASSERT_TRUE(builder.add("key" + std::to_string(i), "v", 1, 1));
+  }
+  EXPECT_EQ(part_objects(), 0u);
+}
+
+TEST_F(ShardTest, IndeterminateAppendRetriedWithItsTokenCommitsOnce) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 0), 0, 1));
+  // Applied, then every retry inside the machine fails too: the caller is
+  // told "indeterminate" and keeps the batch.
+  consensus_->apply_then_fail = 1;
+  consensus_->fail_without_applying = 100;
+  auto result = writer_->compare_and_append(batches, Frontier::at(0), Frontier::at(1), "tok-1");
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind, ErrorKind::kIndeterminate);
+  consensus_->fail_without_applying = 0;
+  // The retry with the same token finds it committed: no double count.
+  ASSERT_TRUE(writer_->compare_and_append(batches, Frontier::at(0), Frontier::at(1), "tok-1"));
+  EXPECT_EQ(*read_snapshot(*shard_, 0), model_at(numbered(5, 0), 0));
+  EXPECT_EQ(shard_->inspect()->batches, 1u);
+}
+
+TEST_F(ShardTest, IndeterminateWriteThatLandedIsRecognisedInternally) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 0), 0, 1));
+  consensus_->apply_then_fail = 1;
+  ASSERT_TRUE(append(batches, 0, 1));
+  EXPECT_EQ(shard_->inspect()->batches, 1u);
+  EXPECT_EQ(read_snapshot(*shard_, 0)->size(), 5u);
+}
+
+TEST_F(ShardTest, RegisteredRangeWiderThanInlineReadsBack) {
+  // Early parts of a large batch are written before the upper is known, so
+  // their inline upper is open; the registration [0, 100) is wider below.
+  std::vector<Update> updates = numbered(500, 7);
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(updates, 5, 10));
+  ASSERT_GT(batches[0].parts().size(), 2u);
+  ASSERT_TRUE(append(batches, 0, 100));
+  EXPECT_EQ(*read_snapshot(*shard_, 99), model_at(updates, 99));
+  EXPECT_TRUE(read_snapshot(*shard_, 6)->empty());
+}
+
+TEST_F(ShardTest, TruncatedBatchReadsOnlyItsRegisteredRange) {
+  // Another replica already wrote [0, 5); ours covers [0, 10) with the same
+  // data below 5, so it appends truncated to [5, 10).
+  std::vector<Update> all;
+  for (Time t = 0; t < 10; ++t) all.push_back(Update{"k", std::to_string(t), t, 1});
+  std::vector<Update> early(all.begin(), all.begin() + 5);
+  std::vector<Batch> replica;
+  replica.push_back(make_batch(early, 0, 5));
+  ASSERT_TRUE(append(replica, 0, 5));
+  std::vector<Batch> ours;
+  ours.push_back(make_batch(all, 0, 10));
+  ASSERT_FALSE(append(ours, 0, 10));
+  ASSERT_TRUE(ours[0].truncate(Frontier::at(5)));
+  EXPECT_FALSE(ours[0].truncate(Frontier::at(11)));
+  ASSERT_TRUE(append(ours, 5, 10));
+  EXPECT_EQ(*read_snapshot(*shard_, 9), model_at(all, 9));
+}
+
+TEST_F(ShardTest, IrreconcilablePartIsACorruptionNamingIt) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(3, 1), 0, 2));
+  std::string key = batches[0].parts()[0].key;
+  ASSERT_TRUE(append(batches, 0, 2));
+  // Re-register the part at [50, 60): its inline description says [0, 2).
+  ShardMachine machine("orders", client_->location().consensus);
+  ASSERT_TRUE(machine.apply([](ShardState& s) -> Result<TransitionResult> {
+    s.upper = Frontier::at(60);
+    HollowBatch moved = s.batches[0];
+    moved.desc = Description{Frontier::at(50), Frontier::at(60), Frontier::at(0)};
+    for (PartRef& p : moved.parts) {
+      p.lower = Frontier::at(50);
+      p.upper = Frontier::at(60);
+      p.time_min = 50;
+      p.time_max = 59;
+    }
+    s.batches.push_back(moved);
+    return TransitionResult::kWrite;
+  }));
+  auto snapshot = read_snapshot(*shard_, 59);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(snapshot.error().message.find(key), std::string::npos);
+}
+
+TEST_F(ShardTest, CorruptPartIsAnErrorNamingIt) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(50, 1), 0, 2));
+  std::string key = batches[0].parts()[0].key;
+  ASSERT_TRUE(append(batches, 0, 2));
+  std::string bytes = **blob_->get(key);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  ASSERT_TRUE(blob_->set(key, bytes));
+  auto snapshot = read_snapshot(*shard_, 1);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(snapshot.error().message.find(key), std::string::npos);
+}
+
+TEST_F(ShardTest, ListenEmitsInTimeOrderWithProgress) {
+  std::vector<Update> first, second;
+  for (int i = 0; i < 200; ++i) {
+    first.push_back(Update{"k" + std::to_string(i % 17), std::to_string(i), Time(i % 5), 1});
+    second.push_back(Update{"q" + std::to_string(i % 13), std::to_string(i), Time(5 + i % 3), 1});
+  }
+  std::vector<Batch> a, b;
+  a.push_back(make_batch(first, 0, 5));
+  ASSERT_TRUE(append(a, 0, 5));
+  b.push_back(make_batch(second, 5, 10));
+  ASSERT_TRUE(append(b, 5, 10));
+
+  for (std::uint64_t buffer : {std::uint64_t{1} << 20, std::uint64_t{600}}) {
+    ClientOptions options = client_->options();
+    options.listen_buffer_bytes = buffer;  // 600 bytes forces split passes
+    auto client = *Client::open(client_->location(), options);
+    auto shard = *client->open_shard("orders");
+    auto listener = shard->listen(1, 9);
+    ASSERT_TRUE(listener);
+    auto out = read_listen(**listener);
+    ASSERT_TRUE(out) << out.error().to_string();
+    std::vector<Update> expected;
+    for (const auto& u : first)
+      if (u.time > 1) expected.push_back(u);
+    for (const auto& u : second)
+      if (u.time < 9) expected.push_back(u);
+    ASSERT_TRUE(consolidate(expected));
+    std::vector<Update> got = out->updates;
+    EXPECT_TRUE(std::is_sorted(got.begin(), got.end(),
+                               [](const Update& x, const Update& y) { return x.time < y.time; }));
+    ASSERT_TRUE(consolidate(got));
+    EXPECT_EQ(got, expected) << "buffer " << buffer;
+    ASSERT_FALSE(out->progress.empty());
+    EXPECT_EQ(out->progress.back(), Frontier::at(9));
+  }
+}
+
+TEST_F(ShardTest, ListenWaitsForNewAppends) {
+  auto listener = shard_->listen(0, 4);
+  ASSERT_TRUE(listener);
+  auto nothing = (*listener)->poll();
+  ASSERT_TRUE(nothing);
+  EXPECT_FALSE(nothing->has_value());
+  std::thread appender([&] {
+    auto writer = *shard_->open_writer();
+    for (Time t = 0; t < 4; ++t) {
+      std::vector<Batch> batches;
+      batches.push_back(*writer->batch(numbered(2, t, "t" + std::to_string(t)), Frontier::at(t),
+                                       Frontier::at(t + 1)));
+      ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+    }
+  });
+  auto out = read_listen(**listener);
+  appender.join();
+  ASSERT_TRUE(out);
+  EXPECT_EQ(out->updates.size(), 6u);  // times 1, 2, 3 (from 0 excludes time 0)
+  EXPECT_EQ(out->progress.back(), Frontier::at(4));
+  EXPECT_TRUE(std::is_sorted(out->progress.begin(), out->progress.end()));
+}
+
+}  // namespace
+}  // namespace tidemark

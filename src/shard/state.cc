@@ -1,0 +1,263 @@
+#include "shard/state.h"
+
+#include <algorithm>
+
+#include "util/coding.h"
+
+namespace tidemark {
+namespace {
+
+constexpr std::uint8_t kStateFormatVersion = 1;
+constexpr std::uint8_t kRegistryFormatVersion = 1;
+
+void put_frontier(Encoder& e, Frontier f) {
+  if (f.is_closed()) {
+    e.put_u8(0);
+  } else {
+    e.put_u8(1);
+    e.put_varint(f.time());
+  }
+}
+
+bool get_frontier(Decoder& d, Frontier* f) {
+  std::uint8_t tag;
+  if (!d.get_u8(&tag)) return false;
+  if (tag == 0) {
+    *f = Frontier::closed();
+    return true;
+  }
+  std::uint64_t t;
+  if (tag != 1 || !d.get_varint(&t)) return false;
+  *f = Frontier::at(t);
+  return true;
+}
+
+bool get_string(Decoder& d, std::string* s) {
+  std::string_view v;
+  if (!d.get_bytes(&v)) return false;
+  s->assign(v);
+  return true;
+}
+
+}  // namespace
+
+std::uint64_t HollowBatch::count() const {
+  std::uint64_t n = 0;
+  for (const PartRef& p : parts) n += p.count;
+  return n;
+}
+
+std::string shard_consensus_key(std::string_view shard) {
+  return "shard/" + std::string(shard);
+}
+std::string shard_part_prefix(std::string_view shard) {
+  return "shard/" + std::string(shard) + "/part/";
+}
+std::string registry_consensus_key() {
+  return "registry";
+}
+
+Status validate_shard_name(std::string_view name) {
+  if (name.empty() || name.size() > 128) {
+    return invalid_usage("shard name must be 1 to 128 characters, got " +
+                         std::to_string(name.size()));
+  }
+  for (char c : name) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return invalid_usage("shard name \"" + std::string(name) +
+                           "\" has a character outside [A-Za-z0-9._-]");
+    }
+  }
+  if (name == "." || name == "..") return invalid_usage("shard name cannot be \".\" or \"..\"");
+  // Blob keys use the name as a path component, and ".tmp-" components are
+  // reserved for files being written.
+  if (name.starts_with(".tmp-")) return invalid_usage("shard name cannot start with \".tmp-\"");
+  return {};
+}
+
+std::string encode_state(const ShardState& state) {
+  std::string out;
+  Encoder e(&out);
+  e.put_u8(kStateFormatVersion);
+  e.put_bytes(state.name);
+  put_frontier(e, state.upper);
+  put_frontier(e, state.since);
+  e.put_varint(state.writers.size());
+  for (const auto& [id, writer] : state.writers) {
+    e.put_bytes(id);
+    e.put_bytes(writer.last_token);
+  }
+  e.put_varint(state.batches.size());
+  for (const HollowBatch& batch : state.batches) {
+    put_frontier(e, batch.desc.lower);
+    put_frontier(e, batch.desc.upper);
+    put_frontier(e, batch.desc.since);
+    e.put_varint(batch.parts.size());
+    for (const PartRef& part : batch.parts) {
+      e.put_bytes(part.key);
+      e.put_varint(part.size);
+      e.put_varint(part.count);
+      e.put_varint(part.bytes);
+      e.put_varint(part.time_min);
+      e.put_varint(part.time_max);
+      put_frontier(e, part.lower);
+      put_frontier(e, part.upper);
+    }
+  }
+  return out;
+}
+
+Result<ShardState> decode_state(std::string_view shard, const VersionedData& data) {
+  auto bad = [&](std::string_view what) {
+    return corruption("state of shard " + std::string(shard) + " at seqno " +
+                      std::to_string(data.seqno) + ": " + std::string(what));
+  };
+  Decoder d(data.data);
+  std::uint8_t version;
+  if (!d.get_u8(&version)) return bad("empty");
+  if (version != kStateFormatVersion) {
+    return bad("unsupported state format version " + std::to_string(version));
+  }
+  ShardState state;
+  state.seqno = data.seqno;
+  if (!get_string(d, &state.name)) return bad("truncated name");
+  if (state.name != shard) return bad("holds shard \"" + state.name + "\"");
+  if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
+    return bad("malformed frontiers");
+  }
+  if (state.upper < state.since) return bad("since is beyond upper");
+  std::uint64_t writers;
+  if (!d.get_varint(&writers) || writers > d.remaining()) return bad("malformed writer count");
+  for (std::uint64_t i = 0; i < writers; ++i) {
+    std::string id;
+    WriterState writer;
+    if (!get_string(d, &id) || !get_string(d, &writer.last_token)) return bad("malformed writer");
+    state.writers.emplace(std::move(id), std::move(writer));
+  }
+  std::uint64_t batches;
+  if (!d.get_varint(&batches) || batches > d.remaining()) return bad("malformed batch count");
+  state.batches.reserve(batches);
+  Frontier previous_upper = Frontier::at(0);
+  for (std::uint64_t i = 0; i < batches; ++i) {
+    HollowBatch batch;
+    if (!get_frontier(d, &batch.desc.lower) || !get_frontier(d, &batch.desc.upper) ||
+        !get_frontier(d, &batch.desc.since)) {
+      return bad("malformed batch description");
+    }
+    if (batch.desc.upper < batch.desc.lower || batch.desc.lower < previous_upper ||
+        state.upper < batch.desc.upper) {
+      return bad("batch " + std::to_string(i) + " has description " + batch.desc.to_string() +
+                 " out of order or beyond upper " + state.upper.to_string());
+    }
+    previous_upper = batch.desc.upper;
+    std::uint64_t parts;
+    if (!d.get_varint(&parts) || parts > d.remaining()) return bad("malformed part count");
+    batch.parts.reserve(parts);
+    for (std::uint64_t j = 0; j < parts; ++j) {
+      PartRef part;
+      if (!get_string(d, &part.key) || !d.get_varint(&part.size) || !d.get_varint(&part.count) ||
+          !d.get_varint(&part.bytes) || !d.get_varint(&part.time_min) ||
+          !d.get_varint(&part.time_max) || !get_frontier(d, &part.lower) ||
+          !get_frontier(d, &part.upper)) {
+        return bad("malformed part reference");
+      }
+      if (part.lower < batch.desc.lower || batch.desc.upper < part.upper ||
+          part.upper < part.lower) {
+        return bad("part " + part.key + " registered outside its batch");
+      }
+      batch.parts.push_back(std::move(part));
+    }
+    state.batches.push_back(std::move(batch));
+  }
+  if (!d.empty()) return bad("trailing bytes");
+  return state;
+}
+
+std::string encode_registry(const std::vector<std::string>& names) {
+  std::string out;
+  Encoder e(&out);
+  e.put_u8(kRegistryFormatVersion);
+  e.put_varint(names.size());
+  for (const std::string& name : names) e.put_bytes(name);
+  return out;
+}
+
+Result<std::vector<std::string>> decode_registry(std::string_view data) {
+  Decoder d(data);
+  std::uint8_t version;
+  std::uint64_t count;
+  if (!d.get_u8(&version) || version != kRegistryFormatVersion || !d.get_varint(&count) ||
+      count > d.remaining()) {
+    return corruption("shard registry is malformed");
+  }
+  std::vector<std::string> names(count);
+  for (std::string& name : names) {
+    if (!get_string(d, &name)) return corruption("shard registry is truncated");
+  }
+  return names;
+}
+
+void register_writer(ShardState& state, std::string_view writer_id) {
+  if (state.writers.find(writer_id) == state.writers.end()) {
+    state.writers.emplace(std::string(writer_id), WriterState{});
+  }
+}
+
+std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current) {
+  Error error{
+      ErrorKind::kUpperMismatch,
+      "expected upper " + expected.to_string() + " but the shard's upper is " + current.to_string(),
+      expected.as_optional(), current.as_optional()};
+  return std::unexpected(std::move(error));
+}
+
+Status validate_append_shape(Frontier expected_upper, Frontier new_upper,
+                             std::span<const Description> batches, bool has_data) {
+  if (new_upper < expected_upper) {
+    return invalid_usage("new upper " + new_upper.to_string() + " is below expected upper " +
+                         expected_upper.to_string());
+  }
+  if (expected_upper.is_closed()) return invalid_usage("the shard is closed to appends");
+  if (new_upper == expected_upper && has_data) {
+    return invalid_usage("empty interval [" + expected_upper.to_string() + ", " +
+                         new_upper.to_string() + ") cannot carry data");
+  }
+  for (const Description& desc : batches) {
+    if (desc.upper < desc.lower) {
+      return invalid_usage("batch description " + desc.to_string() + " has upper < lower");
+    }
+    if (desc.lower < expected_upper || new_upper < desc.upper) {
+      return invalid_usage("batch " + desc.to_string() + " does not lie within [" +
+                           expected_upper.to_string() + ", " + new_upper.to_string() + ")");
+    }
+  }
+  return {};
+}
+
+Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request) {
+  auto writer = state.writers.find(request.writer_id);
+  if (writer == state.writers.end()) {
+    return invalid_usage("unknown writer " + std::string(request.writer_id) + " for shard " +
+                         state.name);
+  }
+  if (!request.idempotency_token.empty() &&
+      writer->second.last_token == request.idempotency_token) {
+    return AppendOutcome::kAlreadyCommitted;
+  }
+  if (state.upper != request.expected_upper) {
+    return upper_mismatch(request.expected_upper, state.upper);
+  }
+  if (!request.parts.empty()) {
+    HollowBatch batch;
+    batch.desc = Description{request.expected_upper, request.new_upper, state.since};
+    batch.parts.assign(request.parts.begin(), request.parts.end());
+    state.batches.push_back(std::move(batch));
+  }
+  state.upper = request.new_upper;
+  writer->second.last_token = std::string(request.idempotency_token);
+  return AppendOutcome::kApplied;
+}
+
+}  // namespace tidemark

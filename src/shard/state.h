@@ -1,0 +1,111 @@
+// ShardState: everything consensus knows about one shard, and the pure
+// transitions that change it.
+//
+// A state is versioned by the SeqNo of the consensus entry that holds it.
+// Every change is a pure function of the previous state (no I/O, no clock),
+// committed by ShardMachine with Consensus::compare_and_set and re-applied
+// on a lost race. Keeping transitions pure is what makes that retry safe.
+//
+// Invariants of a valid state:
+//   - since <= upper;
+//   - batches are in append order, one per compare_and_append that carried
+//     data, with disjoint increasing descriptions below upper:
+//     batches[i].desc.upper <= batches[i+1].desc.lower;
+//   - a part's registered range lies within its batch's description.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tidemark/batch.h"
+#include "tidemark/error.h"
+#include "tidemark/frontier.h"
+#include "tidemark/location.h"
+
+namespace tidemark {
+
+// A batch as the state registers it: its description and its parts, with
+// none of their data.
+struct HollowBatch {
+  Description desc;
+  std::vector<PartRef> parts;
+
+  std::uint64_t count() const;
+  bool operator==(const HollowBatch&) const = default;
+};
+
+struct WriterState {
+  // Idempotency token of this writer's last committed append: a retry of an
+  // append whose outcome was indeterminate finds its own token here and
+  // knows it already committed.
+  std::string last_token;
+  bool operator==(const WriterState&) const = default;
+};
+
+struct ShardState {
+  std::string name;
+  SeqNo seqno = 0;  // of the consensus version holding this state
+  Frontier upper = Frontier::at(0);
+  Frontier since = Frontier::at(0);
+  std::vector<HollowBatch> batches;
+  std::map<std::string, WriterState, std::less<>> writers;
+
+  bool operator==(const ShardState&) const = default;
+};
+
+// The consensus key of a shard's state, and the blob prefix of its parts.
+std::string shard_consensus_key(std::string_view shard);
+std::string shard_part_prefix(std::string_view shard);
+
+// Shard names match [A-Za-z0-9._-]{1,128}; ".", ".." and names starting
+// with ".tmp-" (reserved for blob files being written) are refused too.
+[[nodiscard]] Status validate_shard_name(std::string_view name);
+
+// Binary encoding with a leading format version. Decoding validates every
+// field; a malformed state is a Corruption error naming the shard.
+std::string encode_state(const ShardState& state);
+[[nodiscard]] Result<ShardState> decode_state(std::string_view shard, const VersionedData& data);
+
+// The registry of shard names, one consensus key for the whole location.
+std::string registry_consensus_key();
+std::string encode_registry(const std::vector<std::string>& names);
+[[nodiscard]] Result<std::vector<std::string>> decode_registry(std::string_view data);
+
+// --- Pure transitions -------------------------------------------------------
+
+// Registers a writer (idempotent).
+void register_writer(ShardState& state, std::string_view writer_id);
+
+struct AppendRequest {
+  std::string_view writer_id;
+  std::string_view idempotency_token;
+  Frontier expected_upper;
+  Frontier new_upper;
+  // The parts of every batch of the call, each carrying its batch's
+  // registered range. They become one HollowBatch [expected, new_upper).
+  std::span<const PartRef> parts;
+};
+
+enum class AppendOutcome : std::uint8_t {
+  kApplied,           // the state now holds the parts and the new upper
+  kAlreadyCommitted,  // this token committed earlier: nothing to change
+};
+
+// compare_and_append as a transition, with every rule of DESIGN.md 3:
+// unknown writer is InvalidUsage; an upper that is not `expected_upper` is
+// UpperMismatch{expected, current}. The request's shape is checked first by
+// validate_append_shape.
+[[nodiscard]] Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request);
+
+// Checks an append's shape without a state: lower <= upper, an empty
+// interval carries no data, and every batch lies in [expected, new_upper).
+[[nodiscard]] Status validate_append_shape(Frontier expected_upper, Frontier new_upper,
+                                           std::span<const Description> batches, bool has_data);
+
+std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current);
+
+}  // namespace tidemark

@@ -1,0 +1,69 @@
+#include "shard/context.h"
+#include "shard/state.h"
+#include "tidemark/write.h"
+#include "util/ids.h"
+
+namespace tidemark {
+
+WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id)
+    : context_(std::move(context)), writer_id_(std::move(writer_id)) {}
+
+WriteHandle::~WriteHandle() = default;
+
+Result<Frontier> WriteHandle::fetch_upper() {
+  TM_ASSIGN(ShardState state, context_->machine->fetch());
+  upper_ = state.upper;
+  return upper_;
+}
+
+BatchBuilder WriteHandle::builder(Frontier lower) {
+  return BatchBuilder(context_, lower);
+}
+
+Result<Batch> WriteHandle::batch(std::span<const Update> updates, Frontier lower, Frontier upper) {
+  BatchBuilder b = builder(lower);
+  for (const Update& u : updates) TM_TRY(b.add(u.key, u.value, u.time, u.diff));
+  return b.finish(upper);
+}
+
+Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                       Frontier new_upper) {
+  return compare_and_append(batches, expected_upper, new_upper, random_id());
+}
+
+Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                       Frontier new_upper, std::string_view idempotency_token) {
+  if (idempotency_token.empty()) return invalid_usage("an idempotency token cannot be empty");
+  std::vector<Description> descs;
+  std::vector<PartRef> parts;
+  for (const Batch& batch : batches) {
+    if (batch.shard() != context_->name) {
+      return invalid_usage("batch from another shard (" + batch.shard() +
+                           ") cannot be appended to " + "shard " + context_->name);
+    }
+    descs.push_back(batch.desc());
+    parts.insert(parts.end(), batch.parts().begin(), batch.parts().end());
+  }
+  TM_TRY(validate_append_shape(expected_upper, new_upper, descs, !parts.empty()));
+
+  AppendRequest request{writer_id_, idempotency_token, expected_upper, new_upper, parts};
+  auto applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
+    return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
+                                              : TransitionResult::kUnchanged;
+  });
+  if (applied) {
+    for (Batch& batch : batches) batch.mark_committed();
+    upper_ = new_upper;
+    return {};
+  }
+  const Error& error = applied.error();
+  if (error.is(ErrorKind::kUpperMismatch)) {
+    upper_ = Frontier::from_optional(error.current_upper);
+  } else if (error.is(ErrorKind::kIndeterminate)) {
+    for (Batch& batch : batches) batch.mark_maybe_committed();
+  }
+  return std::unexpected(error);
+}
+
+}  // namespace tidemark
