@@ -1,1 +1,70 @@
-int main() { return 0; }
+// tidemark: the command-line entry point.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/cli.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    R"(usage: tidemark [--data DIR] [--blob URL] [--consensus URL] COMMAND
+  shard create NAME | shard list | shard inspect NAME [--json]
+  append NAME [--input FILE|-] [--lower T --upper T]
+  snapshot NAME [--as-of T]
+  listen NAME --from T [--until T]
+  bench engine [--json] [--updates N] [--appends N]
+
+Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
+file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
+--consensus (env TIDEMARK_BLOB, TIDEMARK_CONSENSUS) override them.
+Exit status: 0 ok, 1 error, 2 usage, 3 upper mismatch.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace tidemark::cli;
+  Globals globals;
+  if (const char* env = std::getenv("TIDEMARK_DATA")) globals.data_dir = env;
+  if (const char* env = std::getenv("TIDEMARK_BLOB")) globals.blob_url = env;
+  if (const char* env = std::getenv("TIDEMARK_CONSENSUS")) globals.consensus_url = env;
+
+  std::vector<std::string> rest;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto take = [&](std::string* into) {
+      if (i + 1 >= argc) return false;
+      *into = argv[++i];
+      return true;
+    };
+    std::string value;
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    } else if (arg == "--data") {
+      if (!take(&globals.data_dir)) return usage_error("--data needs a directory");
+    } else if (arg == "--blob") {
+      if (!take(&value)) return usage_error("--blob needs a URL");
+      globals.blob_url = value;
+    } else if (arg == "--consensus") {
+      if (!take(&value)) return usage_error("--consensus needs a URL");
+      globals.consensus_url = value;
+    } else {
+      rest.push_back(std::move(arg));
+    }
+  }
+  if (rest.empty()) {
+    std::fputs(kUsage, stderr);
+    return kExitUsage;
+  }
+  std::string command = rest.front();
+  rest.erase(rest.begin());
+  if (command == "shard") return run_shard(globals, rest);
+  if (command == "append") return run_append(globals, rest);
+  if (command == "snapshot") return run_snapshot(globals, rest);
+  if (command == "listen") return run_listen(globals, rest);
+  if (command == "bench") return run_bench(globals, rest);
+  return usage_error("unknown command \"" + command + "\" (see tidemark --help)");
+}

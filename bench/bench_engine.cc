@@ -1,0 +1,274 @@
+// tidemark bench engine: the embedded engine's figures for
+// docs/benchmarks.md, on the embedded default (file blob + SQLite) in a
+// scratch directory.
+//
+//   fsync latency        write 4 KiB + fsync, median of 200, on the same disk
+//   append throughput    100-byte records through BatchBuilder and
+//                        compare_and_append, records/s and MB/s
+//   compare_and_append   latency of the call alone (batch prebuilt), p50/p99
+//   snapshot             a shard of --updates updates (default 10,000,000)
+//                        read in a child process: updates/s and the child's
+//                        peak RSS (its VmHWM)
+//
+// Benchmarks report figures; they never pass or fail on time.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include "cli/cli.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+
+extern char** environ;
+
+namespace tidemark::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  std::size_t index = static_cast<std::size_t>(p * (values.size() - 1) + 0.5);
+  return values[std::min(index, values.size() - 1)];
+}
+
+// A 100-byte record: a 16-byte key and an 84-byte JSON string value.
+void make_record(std::uint64_t i, std::string* key, std::string* value) {
+  char k[32];
+  std::snprintf(k, sizeof k, "\"k%013llu\"", static_cast<unsigned long long>(i));
+  key->assign(k);
+  value->assign("\"");
+  value->append(std::to_string(i * 2654435761u % 1000000007u));
+  value->resize(83, 'x');
+  value->push_back('"');
+}
+
+double fsync_latency_ms(const std::filesystem::path& dir) {
+  std::string path = (dir / "fsync-probe").string();
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return -1;
+  std::string block(4096, 'f');
+  std::vector<double> samples;
+  for (int i = 0; i < 200; ++i) {
+    auto start = Clock::now();
+    if (::pwrite(fd, block.data(), block.size(), 0) < 0 || ::fsync(fd) != 0) break;
+    samples.push_back(seconds_since(start) * 1e3);
+  }
+  ::close(fd);
+  ::unlink(path.c_str());
+  return percentile(samples, 0.5);
+}
+
+Result<std::shared_ptr<Shard>> fresh_shard(const std::filesystem::path& dir,
+                                           const std::string& name) {
+  TM_ASSIGN(auto client, Client::open("file://" + (dir / "blob").string(),
+                                      "sqlite://" + (dir / "consensus.db").string()));
+  TM_TRY(client->create_shard(name));
+  return client->open_shard(name);
+}
+
+// Appends `total` records in appends of `per_append`, keys in a scrambled
+// order so the builder really sorts. Returns seconds taken.
+Result<double> ingest(Shard& shard, std::uint64_t total, std::uint64_t per_append) {
+  TM_ASSIGN(auto writer, shard.open_writer());
+  std::string key, value;
+  auto start = Clock::now();
+  Time t = writer->upper().time();
+  for (std::uint64_t done = 0; done < total; ++t) {
+    BatchBuilder builder = writer->builder(Frontier::at(t));
+    std::uint64_t n = std::min(per_append, total - done);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      make_record((done + i) * 7919 % total, &key, &value);
+      TM_TRY(builder.add(key, value, t, 1));
+    }
+    TM_ASSIGN(Batch batch, builder.finish(Frontier::at(t + 1)));
+    std::vector<Batch> batches;
+    batches.push_back(std::move(batch));
+    TM_TRY(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+    done += n;
+  }
+  return seconds_since(start);
+}
+
+struct Figures {
+  double fsync_ms = 0;
+  double append_records_per_s = 0, append_mb_per_s = 0;
+  double cas_p50_ms = 0, cas_p99_ms = 0;
+  std::uint64_t snapshot_updates = 0;
+  double snapshot_updates_per_s = 0, snapshot_seconds = 0;
+  double snapshot_peak_rss_mib = 0;
+  double ingest_seconds = 0;
+};
+
+// The child half of the snapshot figure: reads the shard, prints
+// "<rows> <seconds>".
+int snapshot_child(const std::string& dir) {
+  auto client = Client::open("file://" + dir + "/blob", "sqlite://" + dir + "/consensus.db");
+  if (!client) return report(client.error());
+  auto shard = (*client)->open_shard("snapshot");
+  if (!shard) return report(shard.error());
+  auto upper = (*shard)->upper();
+  if (!upper) return report(upper.error());
+  auto start = Clock::now();
+  auto cursor = (*shard)->snapshot(upper->time() - 1);
+  if (!cursor) return report(cursor.error());
+  std::uint64_t rows = 0, bytes = 0;
+  for (;;) {
+    auto row = cursor->next();
+    if (!row) return report(row.error());
+    if (!*row) break;
+    ++rows;
+    bytes += (*row)->key.size() + (*row)->value.size();
+  }
+  double secs = seconds_since(start);
+  // VmHWM is this process image's own peak RSS. (ru_maxrss of a spawned
+  // child would also count the parent's RSS, which exec carries over.)
+  unsigned long long hwm_kib = 0;
+  if (FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, status)) {
+      if (std::sscanf(line, "VmHWM: %llu kB", &hwm_kib) == 1) break;
+    }
+    std::fclose(status);
+  }
+  std::printf("%llu %.6f %llu %llu\n", static_cast<unsigned long long>(rows), secs,
+              static_cast<unsigned long long>(bytes), hwm_kib);
+  return kExitOk;
+}
+
+Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updates,
+                           int cas_appends) {
+  Figures f;
+  f.fsync_ms = fsync_latency_ms(dir);
+
+  // Append throughput: 1,000,000 records in appends of 100,000.
+  {
+    TM_ASSIGN(auto shard, fresh_shard(dir, "append"));
+    const std::uint64_t total = 1'000'000;
+    TM_ASSIGN(double secs, ingest(*shard, total, 100'000));
+    f.append_records_per_s = total / secs;
+    f.append_mb_per_s = total * 100.0 / secs / 1e6;
+  }
+
+  // compare_and_append latency: the call alone, batches prebuilt.
+  {
+    TM_ASSIGN(auto shard, fresh_shard(dir, "cas"));
+    TM_ASSIGN(auto writer, shard->open_writer());
+    std::vector<double> samples;
+    std::string key, value;
+    for (int i = 0; i < cas_appends; ++i) {
+      Time t = static_cast<Time>(i);
+      make_record(i, &key, &value);
+      std::vector<Update> one{Update{key, value, t, 1}};
+      TM_ASSIGN(Batch batch, writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+      std::vector<Batch> batches;
+      batches.push_back(std::move(batch));
+      auto start = Clock::now();
+      TM_TRY(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+      samples.push_back(seconds_since(start) * 1e3);
+    }
+    f.cas_p50_ms = percentile(samples, 0.5);
+    f.cas_p99_ms = percentile(samples, 0.99);
+  }
+
+  // Snapshot of a large shard, read by a child so its peak RSS is its own.
+  {
+    TM_ASSIGN(auto shard, fresh_shard(dir, "snapshot"));
+    TM_ASSIGN(f.ingest_seconds, ingest(*shard, updates, 1'000'000));
+    int out[2];
+    if (pipe(out) != 0) return determinate("pipe failed");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::string dir_arg = dir.string();
+    char* argv[] = {self.data(), const_cast<char*>("bench"), const_cast<char*>("snapshot-child"),
+                    dir_arg.data(), nullptr};
+    pid_t pid;
+    int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    if (spawned != 0) return determinate("cannot start the snapshot child");
+    std::string text;
+    char buffer[256];
+    for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+    close(out[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return determinate("the snapshot child failed");
+    }
+    unsigned long long rows = 0, bytes = 0, hwm_kib = 0;
+    double secs = 0;
+    std::sscanf(text.c_str(), "%llu %lf %llu %llu", &rows, &secs, &bytes, &hwm_kib);
+    f.snapshot_updates = rows;
+    f.snapshot_seconds = secs;
+    f.snapshot_updates_per_s = secs > 0 ? rows / secs : 0;
+    f.snapshot_peak_rss_mib = hwm_kib / 1024.0;
+  }
+  return f;
+}
+
+}  // namespace
+
+int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
+  if (argv.size() == 2 && argv[0] == "snapshot-child") return snapshot_child(argv[1]);
+  auto args = Args::parse(argv, {"--updates", "--appends", "--dir"}, {"--json"});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals() != std::vector<std::string>{"engine"}) {
+    return usage_error("bench engine [--json] [--updates N] [--appends N] [--dir DIR]");
+  }
+  std::uint64_t updates = 10'000'000;
+  int appends = 200;
+  try {
+    if (auto v = args->get("--updates")) updates = std::stoull(*v);
+    if (auto v = args->get("--appends")) appends = std::stoi(*v);
+  } catch (...) {
+    return usage_error("--updates and --appends take numbers");
+  }
+  if (updates == 0 || appends <= 0) return usage_error("--updates and --appends must be positive");
+  std::filesystem::path dir = args->get("--dir").value_or(
+      (std::filesystem::temp_directory_path() / ("tidemark-bench-" + std::to_string(getpid())))
+          .string());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto figures = run_engine(dir, updates, appends);
+  std::filesystem::remove_all(dir);
+  if (!figures) return report(figures.error());
+  const Figures& f = *figures;
+  if (args->has("--json")) {
+    std::printf(
+        "{\"fsync_ms\":%.3f,\"append_records_per_s\":%.0f,\"append_mb_per_s\":%.1f,"
+        "\"cas_p50_ms\":%.3f,\"cas_p99_ms\":%.3f,\"snapshot_updates\":%llu,"
+        "\"snapshot_seconds\":%.3f,\"snapshot_updates_per_s\":%.0f,"
+        "\"snapshot_peak_rss_mib\":%.1f,\"ingest_seconds\":%.2f}\n",
+        f.fsync_ms, f.append_records_per_s, f.append_mb_per_s, f.cas_p50_ms, f.cas_p99_ms,
+        static_cast<unsigned long long>(f.snapshot_updates), f.snapshot_seconds,
+        f.snapshot_updates_per_s, f.snapshot_peak_rss_mib, f.ingest_seconds);
+  } else {
+    std::printf("fsync latency (4 KiB, median)     %10.3f ms\n", f.fsync_ms);
+    std::printf("append throughput (100 B records) %10.0f records/s  %.1f MB/s\n",
+                f.append_records_per_s, f.append_mb_per_s);
+    std::printf("compare_and_append latency        p50 %.3f ms  p99 %.3f ms\n", f.cas_p50_ms,
+                f.cas_p99_ms);
+    std::printf("snapshot of %llu updates         %10.0f updates/s (%.2f s), peak RSS %.1f MiB\n",
+                static_cast<unsigned long long>(f.snapshot_updates), f.snapshot_updates_per_s,
+                f.snapshot_seconds, f.snapshot_peak_rss_mib);
+  }
+  return kExitOk;
+}
+
+}  // namespace tidemark::cli

@@ -1,0 +1,63 @@
+// The `tidemark` command line: argument parsing shared by every command,
+// exit codes, and the commands themselves (DESIGN.md section 9).
+//
+// Exit status: 0 success; 1 error (message on stderr); 2 usage; 3 upper
+// mismatch (the message names the current upper).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tidemark/client.h"
+#include "tidemark/error.h"
+
+namespace tidemark::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitMismatch = 3;
+
+// Arguments after the command words: positionals and --flag [value].
+class Args {
+ public:
+  // `flags_with_values` take a value; `switches` do not. Anything else
+  // starting with "--" is a usage error.
+  static Result<Args> parse(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& flags_with_values,
+                            const std::vector<std::string>& switches);
+
+  const std::vector<std::string>& positionals() const { return positionals_; }
+  std::optional<std::string> get(const std::string& flag) const;
+  bool has(const std::string& flag) const;
+  // A time flag: a u64, or nullopt when absent; "closed" when allowed.
+  Result<std::optional<Frontier>> frontier(const std::string& flag, bool allow_closed) const;
+
+ private:
+  std::vector<std::string> positionals_;
+  std::map<std::string, std::string> values_;
+};
+
+// Where the data lives, from --data/--blob/--consensus and the environment.
+struct Globals {
+  std::string data_dir = "./tidemark-data";
+  std::optional<std::string> blob_url;
+  std::optional<std::string> consensus_url;
+};
+
+Result<std::shared_ptr<Client>> open_client(const Globals& globals);
+
+// Prints the error and returns its exit code.
+int report(const Error& error);
+int usage_error(const std::string& message);
+
+int run_shard(const Globals& globals, const std::vector<std::string>& args);
+int run_append(const Globals& globals, const std::vector<std::string>& args);
+int run_snapshot(const Globals& globals, const std::vector<std::string>& args);
+int run_listen(const Globals& globals, const std::vector<std::string>& args);
+int run_bench(const Globals& globals, const std::vector<std::string>& args);
+
+}  // namespace tidemark::cli

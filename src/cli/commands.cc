@@ -1,0 +1,350 @@
+// The shard, append, snapshot and listen commands.
+#include <sys/stat.h>
+
+#include <charconv>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "cli/cli.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+#include "util/json.h"
+
+namespace tidemark::cli {
+
+// --- Args -------------------------------------------------------------------
+
+Result<Args> Args::parse(const std::vector<std::string>& argv,
+                         const std::vector<std::string>& flags_with_values,
+                         const std::vector<std::string>& switches) {
+  Args args;
+  auto known = [](const std::vector<std::string>& list, const std::string& s) {
+    return std::find(list.begin(), list.end(), s) != list.end();
+  };
+  for (std::size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.size() > 2 && a.starts_with("--")) {
+      if (known(switches, a)) {
+        args.values_[a] = "";
+      } else if (known(flags_with_values, a)) {
+        if (i + 1 >= argv.size()) return invalid_usage(a + " needs a value");
+        args.values_[a] = argv[++i];
+      } else {
+        return invalid_usage("unknown option " + a);
+      }
+    } else {
+      args.positionals_.push_back(a);
+    }
+  }
+  return args;
+}
+
+std::optional<std::string> Args::get(const std::string& flag) const {
+  auto it = values_.find(flag);
+  if (it == values_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Args::has(const std::string& flag) const {
+  return values_.contains(flag);
+}
+
+Result<std::optional<Frontier>> Args::frontier(const std::string& flag, bool allow_closed) const {
+  auto text = get(flag);
+  if (!text) return std::optional<Frontier>{};
+  if (allow_closed && *text == "closed") return std::optional<Frontier>{Frontier::closed()};
+  Time t = 0;
+  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), t);
+  if (ec != std::errc() || end != text->data() + text->size() || text->empty()) {
+    return invalid_usage(flag + " must be a time (a non-negative integer)" +
+                         std::string(allow_closed ? " or \"closed\"" : "") + ", got \"" + *text +
+                         "\"");
+  }
+  return std::optional<Frontier>{Frontier::at(t)};
+}
+
+// --- Shared -----------------------------------------------------------------
+
+int report(const Error& error) {
+  std::fprintf(stderr, "tidemark: %s\n", error.to_string().c_str());
+  if (error.is(ErrorKind::kUpperMismatch)) return kExitMismatch;
+  return kExitError;
+}
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "tidemark: usage: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
+  std::string blob_url, consensus_url;
+  if (!globals.blob_url || !globals.consensus_url) {
+    std::error_code ec;
+    std::filesystem::create_directories(globals.data_dir, ec);
+    if (ec) {
+      return determinate("cannot create data directory " + globals.data_dir + ": " + ec.message());
+    }
+    std::string dir = std::filesystem::canonical(globals.data_dir, ec).string();
+    if (ec) return determinate("cannot resolve data directory " + globals.data_dir);
+    blob_url = "file://" + dir + "/blob";
+    consensus_url = "sqlite://" + dir + "/consensus.db";
+  }
+  if (globals.blob_url) blob_url = *globals.blob_url;
+  if (globals.consensus_url) consensus_url = *globals.consensus_url;
+  return Client::open(blob_url, consensus_url);
+}
+
+namespace {
+
+// Buffered stdout: one fwrite per 64 KiB instead of one per line.
+class Output {
+ public:
+  ~Output() { flush(); }
+  std::string& buffer() { return buffer_; }
+  void maybe_flush() {
+    if (buffer_.size() >= (64 << 10)) flush();
+  }
+  void flush() {
+    if (!buffer_.empty()) std::fwrite(buffer_.data(), 1, buffer_.size(), stdout);
+    buffer_.clear();
+    std::fflush(stdout);
+  }
+
+ private:
+  std::string buffer_;
+};
+
+Result<std::shared_ptr<Shard>> open_named_shard(const Globals& globals, const std::string& name) {
+  TM_ASSIGN(auto client, open_client(globals));
+  return client->open_shard(name);
+}
+
+}  // namespace
+
+// --- shard ------------------------------------------------------------------
+
+int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {}, {"--json"});
+  if (!args) return usage_error(args.error().message);
+  const auto& pos = args->positionals();
+  if (pos.empty())
+    return usage_error("shard create NAME | shard list | shard inspect NAME [--json]");
+  const std::string& sub = pos[0];
+  if (sub == "create" || sub == "inspect") {
+    if (pos.size() != 2) return usage_error("shard " + sub + " takes one NAME");
+  } else if (sub == "list") {
+    if (pos.size() != 1) return usage_error("shard list takes no arguments");
+  } else {
+    return usage_error("unknown shard command \"" + sub + "\"");
+  }
+  auto client = open_client(globals);
+  if (!client) return report(client.error());
+  if (sub == "create") {
+    auto created = (*client)->create_shard(pos[1]);
+    if (!created) {
+      return created.error().is(ErrorKind::kInvalidUsage) ? usage_error(created.error().message)
+                                                          : report(created.error());
+    }
+    std::printf("created shard %s\n", pos[1].c_str());
+    return kExitOk;
+  }
+  if (sub == "list") {
+    auto names = (*client)->list_shards();
+    if (!names) return report(names.error());
+    for (const std::string& name : *names) std::printf("%s\n", name.c_str());
+    return kExitOk;
+  }
+  auto shard = (*client)->open_shard(pos[1]);
+  if (!shard) return report(shard.error());
+  auto info = (*shard)->inspect();
+  if (!info) return report(info.error());
+  if (args->has("--json")) {
+    std::printf("%s\n", info->to_json().c_str());
+  } else {
+    std::printf(
+        "name:    %s\nupper:   %s\nsince:   %s\nseqno:   %llu\nbatches: %llu\n"
+        "parts:   %llu\nupdates: %llu\nbytes:   %llu\n",
+        info->name.c_str(), info->upper.to_string().c_str(), info->since.to_string().c_str(),
+        static_cast<unsigned long long>(info->seqno),
+        static_cast<unsigned long long>(info->batches),
+        static_cast<unsigned long long>(info->parts),
+        static_cast<unsigned long long>(info->updates),
+        static_cast<unsigned long long>(info->bytes));
+  }
+  return kExitOk;
+}
+
+// --- append -----------------------------------------------------------------
+
+int run_append(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {"--input", "--lower", "--upper"}, {});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1) return usage_error("append takes one NAME");
+  auto lower = args->frontier("--lower", false);
+  if (!lower) return usage_error(lower.error().message);
+  auto upper = args->frontier("--upper", true);
+  if (!upper) return usage_error(upper.error().message);
+  if (lower->has_value() != upper->has_value()) {
+    return usage_error("--lower and --upper go together");
+  }
+  if (!lower->has_value()) {
+    return usage_error(
+        "managed appends (without --lower/--upper) go through the background appender, which "
+        "is not available yet; pass --lower and --upper");
+  }
+  if (**upper < **lower) {
+    return usage_error("--upper " + (*upper)->to_string() + " is below --lower " +
+                       (*lower)->to_string());
+  }
+
+  std::string input_name = args->get("--input").value_or("-");
+  std::ifstream file;
+  std::istream* in = &std::cin;
+  if (input_name != "-") {
+    file.open(input_name, std::ios::binary);
+    if (!file) {
+      std::fprintf(stderr, "tidemark: cannot open input %s\n", input_name.c_str());
+      return kExitError;
+    }
+    in = &file;
+  }
+
+  auto shard = open_named_shard(globals, args->positionals()[0]);
+  if (!shard) return report(shard.error());
+  auto writer = (*shard)->open_writer();
+  if (!writer) return report(writer.error());
+
+  // Every line is validated before anything is committed; on any error the
+  // builder is dropped, which deletes the parts it uploaded.
+  Description desc{**lower, **upper, Frontier::at(0)};
+  BatchBuilder builder = (*writer)->builder(desc.lower);
+  std::string line;
+  std::uint64_t line_number = 0, count = 0;
+  while (std::getline(*in, line)) {
+    ++line_number;
+    if (is_blank_line(line)) continue;
+    auto record = parse_record_line(line, RecordMode::kExplicit);
+    auto fail = [&](const std::string& message) {
+      std::fprintf(stderr, "tidemark: line %llu: %s; nothing was appended\n",
+                   static_cast<unsigned long long>(line_number), message.c_str());
+      return kExitError;
+    };
+    if (!record) return fail(record.error().message);
+    if (!desc.contains(*record->time)) {
+      return fail("time " + std::to_string(*record->time) + " is outside [" +
+                  desc.lower.to_string() + ", " + desc.upper.to_string() + ")");
+    }
+    auto added = builder.add(record->key, record->value, *record->time, record->diff);
+    if (!added) return fail(added.error().message);
+    ++count;
+  }
+  if (in->bad()) {
+    std::fprintf(stderr, "tidemark: error reading %s; nothing was appended\n", input_name.c_str());
+    return kExitError;
+  }
+  auto batch = builder.finish(desc.upper);
+  if (!batch) return report(batch.error());
+  std::vector<Batch> batches;
+  batches.push_back(std::move(*batch));
+  auto appended = (*writer)->compare_and_append(batches, desc.lower, desc.upper);
+  if (!appended) return report(appended.error());
+  std::printf("{\"count\":%llu,\"lower\":%s,\"upper\":%s}\n",
+              static_cast<unsigned long long>(count), desc.lower.to_json().c_str(),
+              desc.upper.to_json().c_str());
+  return kExitOk;
+}
+
+// --- snapshot ---------------------------------------------------------------
+
+int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {"--as-of"}, {});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1) return usage_error("snapshot takes one NAME");
+  auto as_of_flag = args->frontier("--as-of", false);
+  if (!as_of_flag) return usage_error(as_of_flag.error().message);
+  auto shard = open_named_shard(globals, args->positionals()[0]);
+  if (!shard) return report(shard.error());
+  Time as_of;
+  if (*as_of_flag) {
+    as_of = (*as_of_flag)->time();
+  } else {
+    // The latest complete time: just below the upper.
+    auto upper = (*shard)->upper();
+    if (!upper) return report(upper.error());
+    if (upper->is_closed()) {
+      as_of = UINT64_MAX;
+    } else if (upper->time() == 0) {
+      std::fprintf(stderr, "tidemark: shard %s has no complete time yet (its upper is 0)\n",
+                   args->positionals()[0].c_str());
+      return kExitError;
+    } else {
+      as_of = upper->time() - 1;
+    }
+  }
+  auto cursor = (*shard)->snapshot(as_of);
+  if (!cursor) return report(cursor.error());
+  Output out;
+  for (;;) {
+    auto row = cursor->next();
+    if (!row) {
+      out.flush();
+      return report(row.error());
+    }
+    if (!*row) break;
+    std::string& b = out.buffer();
+    b.append("{\"key\":").append((*row)->key).append(",\"value\":").append((*row)->value);
+    b.append(",\"diff\":");
+    append_i64(&b, (*row)->diff);
+    b.append("}\n");
+    out.maybe_flush();
+  }
+  return kExitOk;
+}
+
+// --- listen -----------------------------------------------------------------
+
+int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {"--from", "--until"}, {});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1) return usage_error("listen takes one NAME");
+  auto from = args->frontier("--from", false);
+  if (!from) return usage_error(from.error().message);
+  if (!*from) return usage_error("listen needs --from T");
+  auto until = args->frontier("--until", false);
+  if (!until) return usage_error(until.error().message);
+  auto shard = open_named_shard(globals, args->positionals()[0]);
+  if (!shard) return report(shard.error());
+  std::optional<Time> until_time;
+  if (*until) until_time = (*until)->time();
+  auto listener = (*shard)->listen((*from)->time(), until_time);
+  if (!listener) return report(listener.error());
+  Output out;
+  for (;;) {
+    auto event = (*listener)->next();
+    if (!event) {
+      out.flush();
+      return report(event.error());
+    }
+    if (!*event) break;
+    std::string& b = out.buffer();
+    if ((*event)->kind == ListenEvent::Kind::kProgress) {
+      b.append("{\"progress\":").append((*event)->progress.to_json()).append("}\n");
+      out.flush();  // a reader waiting on progress sees it now
+    } else {
+      b.append("{\"key\":").append((*event)->key).append(",\"value\":").append((*event)->value);
+      b.append(",\"time\":");
+      append_u64(&b, (*event)->time);
+      b.append(",\"diff\":");
+      append_i64(&b, (*event)->diff);
+      b.append("}\n");
+      out.maybe_flush();
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace tidemark::cli

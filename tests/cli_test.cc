@@ -1,0 +1,171 @@
+// The command-line contract of DESIGN.md section 9, run against the real
+// `tidemark` binary on the embedded default (files + SQLite).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Outcome {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tidemark-cli-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `tidemark --data DIR args...` with `input` on stdin.
+  Outcome tidemark(const std::string& args, const std::string& input = "") {
+    std::ofstream(dir_ / "stdin", std::ios::binary) << input;
+    std::string command =
+        std::string(TIDEMARK_BINARY) + " --data " + shell_quote((dir_ / "data").string()) + " " +
+        args + " < " + shell_quote((dir_ / "stdin").string()) + " > " +
+        shell_quote((dir_ / "stdout").string()) + " 2> " + shell_quote((dir_ / "stderr").string());
+    int raw = std::system(command.c_str());
+    Outcome run;
+    run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    run.out = slurp(dir_ / "stdout");
+    run.err = slurp(dir_ / "stderr");
+    return run;
+  }
+
+  std::size_t part_files() {
+    std::size_t n = 0;
+    fs::path blob = dir_ / "data" / "blob";
+    if (!fs::exists(blob)) return 0;
+    for (const auto& entry : fs::recursive_directory_iterator(blob)) {
+      if (entry.is_regular_file()) ++n;
+    }
+    return n;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CliTest, ShardCreateListInspect) {
+  EXPECT_EQ(tidemark("shard create orders").status, 0);
+  EXPECT_EQ(tidemark("shard create alpha").status, 0);
+  Outcome again = tidemark("shard create orders");
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.err.find("already exists"), std::string::npos);
+  EXPECT_EQ(tidemark("shard create 'bad/name'").status, 2);
+  Outcome list = tidemark("shard list");
+  EXPECT_EQ(list.status, 0);
+  EXPECT_EQ(list.out, "alpha\norders\n");
+  Outcome inspect = tidemark("shard inspect orders --json");
+  EXPECT_EQ(inspect.status, 0);
+  EXPECT_EQ(inspect.out,
+            "{\"name\":\"orders\",\"upper\":0,\"since\":0,\"seqno\":0,\"batches\":0,\"parts\":0,"
+            "\"updates\":0,\"bytes\":0}\n");
+  EXPECT_EQ(tidemark("shard inspect missing").status, 1);
+  EXPECT_EQ(tidemark("shard frobnicate").status, 2);
+  EXPECT_EQ(tidemark("nonsense").status, 2);
+}
+
+TEST_F(CliTest, AppendSnapshotListen) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  Outcome append = tidemark("append s --lower 0 --upper 3",
+                            "{\"key\": \"b\", \"value\": {\"x\": [1, 2]}, \"time\": 0}\n"
+                            "\n"
+                            "{\"key\": \"a\", \"value\": 1, \"time\": 1, \"diff\": 2}\r\n"
+                            "{\"time\": 2, \"diff\": -1, \"value\": 1, \"key\": \"a\"}\n");
+  ASSERT_EQ(append.status, 0) << append.err;
+  EXPECT_EQ(append.out, "{\"count\":3,\"lower\":0,\"upper\":3}\n");
+
+  Outcome at0 = tidemark("snapshot s --as-of 0");
+  EXPECT_EQ(at0.status, 0);
+  EXPECT_EQ(at0.out, "{\"key\":\"b\",\"value\":{\"x\":[1,2]},\"diff\":1}\n");
+  Outcome latest = tidemark("snapshot s");
+  EXPECT_EQ(latest.out,
+            "{\"key\":\"a\",\"value\":1,\"diff\":1}\n{\"key\":\"b\",\"value\":{\"x\":[1,2]},"
+            "\"diff\":1}\n");
+  Outcome future = tidemark("snapshot s --as-of 3");
+  EXPECT_EQ(future.status, 1);
+  EXPECT_NE(future.err.find("not complete"), std::string::npos);
+
+  Outcome listen = tidemark("listen s --from 0 --until 3");
+  EXPECT_EQ(listen.status, 0) << listen.err;
+  EXPECT_EQ(listen.out,
+            "{\"key\":\"a\",\"value\":1,\"time\":1,\"diff\":2}\n"
+            "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":-1}\n"
+            "{\"progress\":3}\n");
+  EXPECT_EQ(tidemark("listen s").status, 2);
+}
+
+TEST_F(CliTest, MismatchExitsThreeNamingTheCurrentUpper) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  ASSERT_EQ(tidemark("append s --lower 0 --upper 5", "").status, 0);
+  Outcome stale = tidemark("append s --lower 2 --upper 6", "{\"key\":1,\"value\":2,\"time\":3}\n");
+  EXPECT_EQ(stale.status, 3);
+  EXPECT_NE(stale.err.find("upper is 5"), std::string::npos) << stale.err;
+  EXPECT_EQ(part_files(), 0u) << "the failed append's part was not deleted";
+}
+
+TEST_F(CliTest, MalformedLineIsReportedAndNothingIsAppended) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  // Enough good lines first that parts are already uploaded when line 5001
+  // turns out to be malformed.
+  std::string input;
+  for (int i = 0; i < 5000; ++i) {
+    input += "{\"key\":\"k" + std::to_string(i) + "\",\"value\":\"" + std::string(3000, 'x') +
+             "\",\"time\":1}\n";
+  }
+  input += "{\"key\": \"oops\", \"value\": 1, \"time\": 1,}\n";
+  Outcome bad = tidemark("append s --lower 0 --upper 2", input);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("line 5001"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("nothing was appended"), std::string::npos);
+  EXPECT_EQ(part_files(), 0u);
+  Outcome inspect = tidemark("shard inspect s --json");
+  EXPECT_NE(inspect.out.find("\"upper\":0"), std::string::npos);
+  EXPECT_NE(inspect.out.find("\"updates\":0"), std::string::npos);
+
+  Outcome outside = tidemark("append s --lower 0 --upper 2",
+                             "{\"key\":1,\"value\":1,\"time\":0}\n"
+                             "{\"key\":1,\"value\":1,\"time\":2}\n");
+  EXPECT_EQ(outside.status, 1);
+  EXPECT_NE(outside.err.find("line 2: time 2 is outside [0, 2)"), std::string::npos) << outside.err;
+  Outcome missing_time = tidemark("append s --lower 0 --upper 2", "{\"key\":1,\"value\":1}\n");
+  EXPECT_EQ(missing_time.status, 1);
+  EXPECT_NE(missing_time.err.find("line 1"), std::string::npos);
+}
+
+TEST_F(CliTest, UsageErrors) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  EXPECT_EQ(tidemark("append s --lower 3").status, 2);
+  EXPECT_EQ(tidemark("append s --lower 3 --upper 1").status, 2);
+  EXPECT_EQ(tidemark("append s --lower x --upper 1").status, 2);
+  EXPECT_EQ(tidemark("snapshot s --as-of -1").status, 2);
+  EXPECT_EQ(tidemark("snapshot s --bogus").status, 2);
+  EXPECT_EQ(tidemark("append missing --lower 0 --upper 1", "").status, 1);
+}
+
+}  // namespace
