@@ -131,8 +131,9 @@ TEST(CrashTest, AcknowledgedAppendsSurviveSigkill) {
     auto shard = *open_dir(dir.string())->open_shard("crash");
     Frontier upper = *shard->upper();
     ASSERT_FALSE(upper.is_closed());
-    if (!acked.empty())
+    if (!acked.empty()) {
       ASSERT_GT(upper.time(), *acked.rbegin()) << "an acknowledged append is lost";
+    }
     if (upper.time() == 0) continue;
     auto cursor = shard->snapshot(upper.time() - 1);
     ASSERT_TRUE(cursor) << cursor.error().to_string();

@@ -4,15 +4,24 @@ namespace tidemark {
 
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidUsage: return "invalid usage";
-    case ErrorKind::kUpperMismatch: return "upper mismatch";
-    case ErrorKind::kDeterminate: return "determinate error";
-    case ErrorKind::kIndeterminate: return "indeterminate error";
-    case ErrorKind::kCorruption: return "corruption";
-    case ErrorKind::kNotFound: return "not found";
-    case ErrorKind::kAlreadyExists: return "already exists";
-    case ErrorKind::kSinceViolation: return "since violation";
-    case ErrorKind::kNotReady: return "not ready";
+    case ErrorKind::kInvalidUsage:
+      return "invalid usage";
+    case ErrorKind::kUpperMismatch:
+      return "upper mismatch";
+    case ErrorKind::kDeterminate:
+      return "determinate error";
+    case ErrorKind::kIndeterminate:
+      return "indeterminate error";
+    case ErrorKind::kCorruption:
+      return "corruption";
+    case ErrorKind::kNotFound:
+      return "not found";
+    case ErrorKind::kAlreadyExists:
+      return "already exists";
+    case ErrorKind::kSinceViolation:
+      return "since violation";
+    case ErrorKind::kNotReady:
+      return "not ready";
   }
   return "unknown error";
 }
