@@ -2,10 +2,12 @@
 // docs/benchmarks.md, on the embedded default (file blob + SQLite) in a
 // scratch directory.
 //
-//   fsync latency        write 4 KiB + fsync, median of 200, on the same disk
+//   fsync latency        write 4 KiB + fsync, median of 200, on the same disk:
+//                        overwriting one block, and appending (as a WAL does)
 //   append throughput    100-byte records through BatchBuilder and
 //                        compare_and_append, records/s and MB/s
-//   compare_and_append   latency of the call alone (batch prebuilt), p50/p99
+//   compare_and_append   latency of the call alone (batch prebuilt), p50/p99,
+//                        and of appends carrying no data (the consensus write)
 //   snapshot             a shard of --updates updates (default 10,000,000)
 //                        read in a child process: updates/s and the child's
 //                        peak RSS (its VmHWM)
@@ -55,7 +57,10 @@ void make_record(std::uint64_t i, std::string* key, std::string* value) {
   value->push_back('"');
 }
 
-double fsync_latency_ms(const std::filesystem::path& dir) {
+// Median latency of writing 4 KiB and fsyncing it: over the same block
+// (`append` false) or at the end of a growing file, as SQLite's WAL does
+// on every commit (`append` true).
+double fsync_latency_ms(const std::filesystem::path& dir, bool append) {
   std::string path = (dir / "fsync-probe").string();
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return -1;
@@ -63,7 +68,8 @@ double fsync_latency_ms(const std::filesystem::path& dir) {
   std::vector<double> samples;
   for (int i = 0; i < 200; ++i) {
     auto start = Clock::now();
-    if (::pwrite(fd, block.data(), block.size(), 0) < 0 || ::fsync(fd) != 0) break;
+    off_t offset = append ? static_cast<off_t>(i) * 4096 : 0;
+    if (::pwrite(fd, block.data(), block.size(), offset) < 0 || ::fsync(fd) != 0) break;
     samples.push_back(seconds_since(start) * 1e3);
   }
   ::close(fd);
@@ -103,7 +109,8 @@ Result<double> ingest(Shard& shard, std::uint64_t total, std::uint64_t per_appen
 }
 
 struct Figures {
-  double fsync_ms = 0;
+  double fsync_ms = 0, fsync_append_ms = 0;
+  double cas_empty_p50_ms = 0, cas_empty_p99_ms = 0;
   double append_records_per_s = 0, append_mb_per_s = 0;
   double cas_p50_ms = 0, cas_p99_ms = 0;
   std::uint64_t snapshot_updates = 0;
@@ -151,7 +158,8 @@ int snapshot_child(const std::string& dir) {
 Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updates,
                            int cas_appends) {
   Figures f;
-  f.fsync_ms = fsync_latency_ms(dir);
+  f.fsync_ms = fsync_latency_ms(dir, false);
+  f.fsync_append_ms = fsync_latency_ms(dir, true);
 
   // Append throughput: 1,000,000 records in appends of 100,000.
   {
@@ -181,6 +189,22 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
     }
     f.cas_p50_ms = percentile(samples, 0.5);
     f.cas_p99_ms = percentile(samples, 0.99);
+  }
+
+  // The consensus write alone: appends that carry no data, on a new shard.
+  {
+    TM_ASSIGN(auto shard, fresh_shard(dir, "cas-empty"));
+    TM_ASSIGN(auto writer, shard->open_writer());
+    std::vector<double> samples;
+    for (int i = 0; i < cas_appends; ++i) {
+      Time t = static_cast<Time>(i);
+      std::vector<Batch> none;
+      auto start = Clock::now();
+      TM_TRY(writer->compare_and_append(none, Frontier::at(t), Frontier::at(t + 1)));
+      samples.push_back(seconds_since(start) * 1e3);
+    }
+    f.cas_empty_p50_ms = percentile(samples, 0.5);
+    f.cas_empty_p99_ms = percentile(samples, 0.99);
   }
 
   // Snapshot of a large shard, read by a child so its peak RSS is its own.
@@ -240,30 +264,39 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
     return usage_error("--updates and --appends take numbers");
   }
   if (updates == 0 || appends <= 0) return usage_error("--updates and --appends must be positive");
+  // A scratch directory, removed afterwards; a --dir given is kept, so the
+  // shards can be profiled (e.g. `tidemark bench snapshot-child DIR`).
+  const bool keep = args->has("--dir");
   std::filesystem::path dir = args->get("--dir").value_or(
       (std::filesystem::temp_directory_path() / ("tidemark-bench-" + std::to_string(getpid())))
           .string());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto figures = run_engine(dir, updates, appends);
-  std::filesystem::remove_all(dir);
+  if (!keep) std::filesystem::remove_all(dir);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   if (args->has("--json")) {
     std::printf(
-        "{\"fsync_ms\":%.3f,\"append_records_per_s\":%.0f,\"append_mb_per_s\":%.1f,"
-        "\"cas_p50_ms\":%.3f,\"cas_p99_ms\":%.3f,\"snapshot_updates\":%llu,"
+        "{\"fsync_ms\":%.3f,\"fsync_append_ms\":%.3f,\"append_records_per_s\":%.0f,"
+        "\"append_mb_per_s\":%.1f,\"cas_p50_ms\":%.3f,\"cas_p99_ms\":%.3f,"
+        "\"cas_empty_p50_ms\":%.3f,\"cas_empty_p99_ms\":%.3f,\"snapshot_updates\":%llu,"
         "\"snapshot_seconds\":%.3f,\"snapshot_updates_per_s\":%.0f,"
         "\"snapshot_peak_rss_mib\":%.1f,\"ingest_seconds\":%.2f}\n",
-        f.fsync_ms, f.append_records_per_s, f.append_mb_per_s, f.cas_p50_ms, f.cas_p99_ms,
+        f.fsync_ms, f.fsync_append_ms, f.append_records_per_s, f.append_mb_per_s, f.cas_p50_ms,
+        f.cas_p99_ms, f.cas_empty_p50_ms, f.cas_empty_p99_ms,
         static_cast<unsigned long long>(f.snapshot_updates), f.snapshot_seconds,
         f.snapshot_updates_per_s, f.snapshot_peak_rss_mib, f.ingest_seconds);
   } else {
-    std::printf("fsync latency (4 KiB, median)     %10.3f ms\n", f.fsync_ms);
+    std::printf("fsync latency (4 KiB, median)     overwrite %.3f ms  append %.3f ms\n", f.fsync_ms,
+                f.fsync_append_ms);
     std::printf("append throughput (100 B records) %10.0f records/s  %.1f MB/s\n",
                 f.append_records_per_s, f.append_mb_per_s);
-    std::printf("compare_and_append latency        p50 %.3f ms  p99 %.3f ms\n", f.cas_p50_ms,
-                f.cas_p99_ms);
+    std::printf(
+        "compare_and_append latency        p50 %.3f ms  p99 %.3f ms  (%d one-record appends)\n",
+        f.cas_p50_ms, f.cas_p99_ms, appends);
+    std::printf("compare_and_append, no data       p50 %.3f ms  p99 %.3f ms\n", f.cas_empty_p50_ms,
+                f.cas_empty_p99_ms);
     std::printf("snapshot of %llu updates         %10.0f updates/s (%.2f s), peak RSS %.1f MiB\n",
                 static_cast<unsigned long long>(f.snapshot_updates), f.snapshot_updates_per_s,
                 f.snapshot_seconds, f.snapshot_peak_rss_mib);
