@@ -1,6 +1,6 @@
 // Random identifiers for writers, parts and idempotency tokens.
 //
-// 128 bits from a per-thread generator seeded from std::random_device, as
+// 128 bits from getrandom(2), as
 // 32 lowercase hex characters: collisions are not a practical concern.
 //
 // Thread-safety: safe to call from any thread.
