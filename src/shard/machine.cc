@@ -21,22 +21,59 @@ ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consens
       key_(shard_consensus_key(shard_)),
       consensus_(std::move(consensus)) {}
 
-void ShardMachine::remember(const ShardState& state) {
+void ShardMachine::remember(const ShardState& state, SeqNo rollup_seqno) {
   std::lock_guard lock(mu_);
-  if (!cache_ || cache_->seqno < state.seqno) cache_ = state;
+  if (!cache_ || cache_->seqno < state.seqno) {
+    cache_ = state;
+    cache_rollup_ = rollup_seqno;
+  }
+}
+
+Result<ShardState> ShardMachine::fold_to(const VersionedData& head) {
+  TM_ASSIGN(SeqNo rollup, version_rollup_seqno(shard_, head));
+  std::optional<ShardState> base;
+  {
+    std::lock_guard lock(mu_);
+    if (cache_ && cache_->seqno == head.seqno) return *cache_;
+    // The cached state is a valid starting point if it is on head's chain.
+    if (cache_ && cache_->seqno >= rollup && cache_->seqno < head.seqno) base = cache_;
+  }
+  if (rollup == head.seqno) {
+    TM_ASSIGN(ShardState state, decode_state(shard_, head));
+    remember(state, rollup);
+    return state;
+  }
+  SeqNo from = base ? base->seqno + 1 : rollup;
+  TM_ASSIGN(auto versions, consensus_->scan(key_, from, head.seqno - from + 1));
+  if (versions.empty() || versions.front().seqno != from || versions.back().seqno < head.seqno) {
+    // Truncated underneath us: the caller reads the head again.
+    return make_error(ErrorKind::kDeterminate,
+                      "state of shard " + shard_ + " changed while it was read; retry");
+  }
+  for (const VersionedData& version : versions) {
+    if (base && version.seqno != base->seqno + 1) {
+      return corruption("state of shard " + shard_ + " has a gap before seqno " +
+                        std::to_string(version.seqno));
+    }
+    TM_ASSIGN(ShardState next, apply_version(shard_, base ? &*base : nullptr, version));
+    base = std::move(next);
+  }
+  remember(*base, rollup);
+  return *base;
 }
 
 Result<ShardState> ShardMachine::fetch() {
-  TM_ASSIGN(auto head, consensus_->head(key_));
-  ShardState state;
-  if (!head) {
-    // Created shards start with no consensus entry: the initial state.
-    state.name = shard_;
-  } else {
-    TM_ASSIGN(state, decode_state(shard_, *head));
+  for (int attempt = 0;; ++attempt) {
+    TM_ASSIGN(auto head, consensus_->head(key_));
+    if (!head) {
+      // Created shards start with no consensus entry: the initial state.
+      ShardState state;
+      state.name = shard_;
+      return state;
+    }
+    auto state = fold_to(*head);
+    if (state || attempt >= 3 || !state.error().is(ErrorKind::kDeterminate)) return state;
   }
-  remember(state);
-  return state;
 }
 
 Result<ShardState> ShardMachine::cached() {
@@ -76,12 +113,22 @@ Result<ShardState> ShardMachine::apply(const Transition& transition) {
       return current;
     } else {
       next.seqno = current.seqno + 1;
-      std::string encoded = encode_state(next);
+      SeqNo rollup;
+      {
+        std::lock_guard lock(mu_);
+        rollup = cache_ && cache_->seqno == current.seqno ? cache_rollup_ : 0;
+      }
+      // A diff, unless the chain is long enough for a new full state (or the
+      // rollup of `current` is unknown).
+      const bool full = current.seqno == 0 || rollup == 0 ||
+                        next.seqno - rollup >= kRollupInterval;
+      if (full) rollup = next.seqno;
+      std::string encoded = full ? encode_state(next) : encode_diff(current, next, rollup);
       std::optional<SeqNo> expected;
       if (current.seqno > 0) expected = current.seqno;
       auto cas = consensus_->compare_and_set(key_, expected, VersionedData{next.seqno, encoded});
       if (cas && *cas == CasOutcome::kCommitted) {
-        remember(next);
+        remember(next, rollup);
         return next;
       }
       if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) {
@@ -95,7 +142,7 @@ Result<ShardState> ShardMachine::apply(const Transition& transition) {
         // else means re-running the transition on what is there.
         auto head = consensus_->head(key_);
         if (head && *head && (*head)->seqno == next.seqno && (*head)->data == encoded) {
-          remember(next);
+          remember(next, rollup);
           return next;
         }
       }

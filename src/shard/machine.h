@@ -1,5 +1,10 @@
 // ShardMachine: commits pure state transitions through Consensus.
 //
+// States are stored as a chain of versions (state.h): a full state every
+// kRollupInterval versions and diffs in between. fetch() reads the head,
+// then folds the diffs since the newest full state (or since the cached
+// state, when that is recent enough) onto it.
+//
 // apply(transition) runs the transition on a copy of the latest known
 // state and commits the result with compare_and_set(expected = its seqno).
 // On a lost race it reloads and re-applies; on an indeterminate consensus
@@ -48,13 +53,17 @@ class ShardMachine {
   [[nodiscard]] Result<ShardState> apply(const Transition& transition);
 
  private:
-  void remember(const ShardState& state);
+  void remember(const ShardState& state, SeqNo rollup_seqno);
+  // Reads the versions after the cached state (or from the rollup) up to
+  // at least `head` and folds them.
+  [[nodiscard]] Result<ShardState> fold_to(const VersionedData& head);
 
   const std::string shard_;
   const std::string key_;
   const std::shared_ptr<Consensus> consensus_;
   std::mutex mu_;
   std::optional<ShardState> cache_;  // GUARDED_BY(mu_)
+  SeqNo cache_rollup_ = 0;           // GUARDED_BY(mu_): rollup of cache_'s chain
 };
 
 }  // namespace tidemark

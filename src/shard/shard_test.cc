@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <random>
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
@@ -162,6 +163,65 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
   }
 }
 
+TEST(StateTest, DiffsReproduceEveryKindOfChange) {
+  std::mt19937_64 rng(7);
+  auto batch = [&](Time lower, Time upper) {
+    PartRef part{"shard/s/part/" + std::to_string(rng()), 10, 1, 8, lower, lower,
+                 Frontier::at(lower), Frontier::at(upper)};
+    return HollowBatch{Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)},
+                       {part}};
+  };
+  ShardState before;
+  before.name = "s";
+  before.seqno = 10;
+  before.upper = Frontier::at(40);
+  for (Time t = 0; t < 40; t += 4) before.batches.push_back(batch(t, t + 4));
+  before.writers["a"].last_token = "1";
+  before.writers["b"].last_token = "2";
+
+  std::vector<ShardState> afters;
+  ShardState append = before;  // an append
+  append.upper = Frontier::at(44);
+  append.batches.push_back(batch(40, 44));
+  append.writers["a"].last_token = "3";
+  afters.push_back(append);
+  ShardState merge = before;  // batches 3..5 replaced by one (as compaction will)
+  merge.batches.erase(merge.batches.begin() + 3, merge.batches.begin() + 6);
+  merge.batches.insert(merge.batches.begin() + 3, batch(12, 24));
+  merge.since = Frontier::at(9);
+  afters.push_back(merge);
+  ShardState writers = before;  // a writer gone, another new
+  writers.writers.erase("b");
+  writers.writers["c"];
+  afters.push_back(writers);
+  ShardState same = before;  // nothing changed
+  afters.push_back(same);
+  ShardState cleared = before;  // everything gone
+  cleared.batches.clear();
+  cleared.writers.clear();
+  afters.push_back(cleared);
+
+  for (ShardState after : afters) {
+    after.seqno = before.seqno + 1;
+    std::string diff = encode_diff(before, after, 3);
+    EXPECT_FALSE(is_full_version(diff));
+    EXPECT_EQ(*version_rollup_seqno("s", VersionedData{11, diff}), 3u);
+    auto applied = apply_version("s", &before, VersionedData{11, diff});
+    ASSERT_TRUE(applied) << applied.error().to_string();
+    EXPECT_EQ(*applied, after);
+    // A diff needs the state just before it.
+    EXPECT_FALSE(apply_version("s", nullptr, VersionedData{11, diff}));
+    EXPECT_FALSE(apply_version("s", &before, VersionedData{12, diff}));
+    for (std::size_t n = 0; n < diff.size(); ++n) {
+      auto cut = apply_version("s", &before, VersionedData{11, diff.substr(0, n)});
+      ASSERT_FALSE(cut) << n;
+      EXPECT_EQ(cut.error().kind, ErrorKind::kCorruption);
+    }
+  }
+  // An append's diff carries the new batch only, not the whole state.
+  EXPECT_LT(encode_diff(before, append, 3).size() * 5, encode_state(append).size());
+}
+
 TEST(StateTest, UnknownWriterIsInvalidUsage) {
   ShardState state;
   state.name = "s";
@@ -235,6 +295,45 @@ TEST_F(ShardTest, SnapshotRefusesIncompleteAndCompactedTimes) {
   EXPECT_EQ(compacted.error().kind, ErrorKind::kSinceViolation);
   EXPECT_TRUE(shard_->snapshot(2));
   EXPECT_EQ(shard_->listen(1, 5).error().kind, ErrorKind::kSinceViolation);
+}
+
+TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
+  // A second handle caches the state early and must catch up later.
+  auto early = *client_->open_shard("orders");
+  ASSERT_TRUE(early->inspect());
+  const int appends = 2 * static_cast<int>(kRollupInterval) + 20;
+  std::vector<Update> all;
+  for (int i = 0; i < appends; ++i) {
+    Time t = static_cast<Time>(i);
+    std::vector<Update> one{Update{"k" + std::to_string(i), "1", t, 1}};
+    all.push_back(one[0]);
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(one, t, t + 1));
+    ASSERT_TRUE(append(batches, t, t + 1));
+  }
+  // Every version is small except the rollups, one per kRollupInterval.
+  auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 10'000);
+  ASSERT_GT(versions.size(), static_cast<std::size_t>(appends));
+  std::size_t full = 0, largest_diff = 0, largest_full = 0;
+  for (const VersionedData& v : versions) {
+    if (is_full_version(v.data)) {
+      ++full;
+      largest_full = std::max(largest_full, v.data.size());
+    } else {
+      largest_diff = std::max(largest_diff, v.data.size());
+    }
+  }
+  EXPECT_EQ(full, versions.size() / kRollupInterval + 1);
+  EXPECT_LT(largest_diff, 300u) << "a diff grew with the shard";
+  EXPECT_GT(largest_full, 20 * largest_diff);
+  // A fresh client, the early handle and the writer's handle agree.
+  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
+  auto info = *fresh->inspect();
+  EXPECT_EQ(info.upper, Frontier::at(appends));
+  EXPECT_EQ(info.batches, static_cast<std::uint64_t>(appends));
+  EXPECT_EQ(early->inspect()->seqno, info.seqno);
+  EXPECT_EQ(*read_snapshot(*early, appends - 1), model_at(all, appends - 1));
+  EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
 }
 
 TEST_F(ShardTest, ManyBatchesCommitWithOneConsensusWrite) {

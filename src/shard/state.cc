@@ -1,6 +1,7 @@
 #include "shard/state.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "util/coding.h"
 
@@ -8,6 +9,7 @@ namespace tidemark {
 namespace {
 
 constexpr std::uint8_t kStateFormatVersion = 1;
+constexpr std::uint8_t kDiffFormatVersion = 2;
 constexpr std::uint8_t kRegistryFormatVersion = 1;
 
 void put_frontier(Encoder& e, Frontier f) {
@@ -37,6 +39,70 @@ bool get_string(Decoder& d, std::string* s) {
   if (!d.get_bytes(&v)) return false;
   s->assign(v);
   return true;
+}
+
+void put_batch(Encoder& e, const HollowBatch& batch) {
+  put_frontier(e, batch.desc.lower);
+  put_frontier(e, batch.desc.upper);
+  put_frontier(e, batch.desc.since);
+  e.put_varint(batch.parts.size());
+  for (const PartRef& part : batch.parts) {
+    e.put_bytes(part.key);
+    e.put_varint(part.size);
+    e.put_varint(part.count);
+    e.put_varint(part.bytes);
+    e.put_varint(part.time_min);
+    e.put_varint(part.time_max);
+    put_frontier(e, part.lower);
+    put_frontier(e, part.upper);
+  }
+}
+
+bool get_batch(Decoder& d, HollowBatch* batch) {
+  if (!get_frontier(d, &batch->desc.lower) || !get_frontier(d, &batch->desc.upper) ||
+      !get_frontier(d, &batch->desc.since)) {
+    return false;
+  }
+  std::uint64_t parts;
+  if (!d.get_varint(&parts) || parts > d.remaining()) return false;
+  batch->parts.resize(parts);
+  for (PartRef& part : batch->parts) {
+    if (!get_string(d, &part.key) || !d.get_varint(&part.size) || !d.get_varint(&part.count) ||
+        !d.get_varint(&part.bytes) || !d.get_varint(&part.time_min) ||
+        !d.get_varint(&part.time_max) || !get_frontier(d, &part.lower) ||
+        !get_frontier(d, &part.upper)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void put_writer(Encoder& e, const std::string& id, const WriterState& writer) {
+  e.put_bytes(id);
+  e.put_bytes(writer.last_token);
+}
+
+// The invariants of ShardState (state.h); `bad` names what is wrong.
+Status validate_state(const ShardState& state,
+                      const std::function<std::unexpected<Error>(std::string)>& bad) {
+  if (state.upper < state.since) return bad("since is beyond upper");
+  Frontier previous_upper = Frontier::at(0);
+  for (std::size_t i = 0; i < state.batches.size(); ++i) {
+    const HollowBatch& batch = state.batches[i];
+    if (batch.desc.upper < batch.desc.lower || batch.desc.lower < previous_upper ||
+        state.upper < batch.desc.upper || batch.desc.lower.is_closed()) {
+      return bad("batch " + std::to_string(i) + " has description " + batch.desc.to_string() +
+                 " out of order or beyond upper " + state.upper.to_string());
+    }
+    previous_upper = batch.desc.upper;
+    for (const PartRef& part : batch.parts) {
+      if (part.lower < batch.desc.lower || batch.desc.upper < part.upper ||
+          part.upper < part.lower) {
+        return bad("part " + part.key + " registered outside its batch");
+      }
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -85,34 +151,16 @@ std::string encode_state(const ShardState& state) {
   put_frontier(e, state.upper);
   put_frontier(e, state.since);
   e.put_varint(state.writers.size());
-  for (const auto& [id, writer] : state.writers) {
-    e.put_bytes(id);
-    e.put_bytes(writer.last_token);
-  }
+  for (const auto& [id, writer] : state.writers) put_writer(e, id, writer);
   e.put_varint(state.batches.size());
-  for (const HollowBatch& batch : state.batches) {
-    put_frontier(e, batch.desc.lower);
-    put_frontier(e, batch.desc.upper);
-    put_frontier(e, batch.desc.since);
-    e.put_varint(batch.parts.size());
-    for (const PartRef& part : batch.parts) {
-      e.put_bytes(part.key);
-      e.put_varint(part.size);
-      e.put_varint(part.count);
-      e.put_varint(part.bytes);
-      e.put_varint(part.time_min);
-      e.put_varint(part.time_max);
-      put_frontier(e, part.lower);
-      put_frontier(e, part.upper);
-    }
-  }
+  for (const HollowBatch& batch : state.batches) put_batch(e, batch);
   return out;
 }
 
 Result<ShardState> decode_state(std::string_view shard, const VersionedData& data) {
-  auto bad = [&](std::string_view what) {
+  auto bad = [&](std::string what) {
     return corruption("state of shard " + std::string(shard) + " at seqno " +
-                      std::to_string(data.seqno) + ": " + std::string(what));
+                      std::to_string(data.seqno) + ": " + what);
   };
   Decoder d(data.data);
   std::uint8_t version;
@@ -127,7 +175,6 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
     return bad("malformed frontiers");
   }
-  if (state.upper < state.since) return bad("since is beyond upper");
   std::uint64_t writers;
   if (!d.get_varint(&writers) || writers > d.remaining()) return bad("malformed writer count");
   for (std::uint64_t i = 0; i < writers; ++i) {
@@ -138,40 +185,125 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   }
   std::uint64_t batches;
   if (!d.get_varint(&batches) || batches > d.remaining()) return bad("malformed batch count");
-  state.batches.reserve(batches);
-  Frontier previous_upper = Frontier::at(0);
-  for (std::uint64_t i = 0; i < batches; ++i) {
-    HollowBatch batch;
-    if (!get_frontier(d, &batch.desc.lower) || !get_frontier(d, &batch.desc.upper) ||
-        !get_frontier(d, &batch.desc.since)) {
-      return bad("malformed batch description");
-    }
-    if (batch.desc.upper < batch.desc.lower || batch.desc.lower < previous_upper ||
-        state.upper < batch.desc.upper) {
-      return bad("batch " + std::to_string(i) + " has description " + batch.desc.to_string() +
-                 " out of order or beyond upper " + state.upper.to_string());
-    }
-    previous_upper = batch.desc.upper;
-    std::uint64_t parts;
-    if (!d.get_varint(&parts) || parts > d.remaining()) return bad("malformed part count");
-    batch.parts.reserve(parts);
-    for (std::uint64_t j = 0; j < parts; ++j) {
-      PartRef part;
-      if (!get_string(d, &part.key) || !d.get_varint(&part.size) || !d.get_varint(&part.count) ||
-          !d.get_varint(&part.bytes) || !d.get_varint(&part.time_min) ||
-          !d.get_varint(&part.time_max) || !get_frontier(d, &part.lower) ||
-          !get_frontier(d, &part.upper)) {
-        return bad("malformed part reference");
-      }
-      if (part.lower < batch.desc.lower || batch.desc.upper < part.upper ||
-          part.upper < part.lower) {
-        return bad("part " + part.key + " registered outside its batch");
-      }
-      batch.parts.push_back(std::move(part));
-    }
-    state.batches.push_back(std::move(batch));
+  state.batches.resize(batches);
+  for (HollowBatch& batch : state.batches) {
+    if (!get_batch(d, &batch)) return bad("malformed batch");
   }
   if (!d.empty()) return bad("trailing bytes");
+  TM_TRY(validate_state(state, bad));
+  return state;
+}
+
+bool is_full_version(std::string_view data) {
+  return !data.empty() && static_cast<std::uint8_t>(data[0]) == kStateFormatVersion;
+}
+
+Result<SeqNo> version_rollup_seqno(std::string_view shard, const VersionedData& data) {
+  if (is_full_version(data.data)) return data.seqno;
+  Decoder d(data.data);
+  std::uint8_t version;
+  SeqNo rollup;
+  if (!d.get_u8(&version) || version != kDiffFormatVersion || !d.get_varint(&rollup) ||
+      rollup >= data.seqno) {
+    return corruption("state of shard " + std::string(shard) + " at seqno " +
+                      std::to_string(data.seqno) + ": neither a full state nor a diff");
+  }
+  return rollup;
+}
+
+std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo rollup_seqno) {
+  std::string out;
+  Encoder e(&out);
+  e.put_u8(kDiffFormatVersion);
+  e.put_varint(rollup_seqno);
+  put_frontier(e, after.upper);
+  put_frontier(e, after.since);
+  // Writers added or changed, then writers removed.
+  std::vector<std::pair<const std::string*, const WriterState*>> upserts;
+  for (const auto& [id, writer] : after.writers) {
+    auto old = before.writers.find(id);
+    if (old == before.writers.end() || !(old->second == writer)) upserts.emplace_back(&id, &writer);
+  }
+  e.put_varint(upserts.size());
+  for (const auto& [id, writer] : upserts) put_writer(e, *id, *writer);
+  std::vector<const std::string*> removed;
+  for (const auto& [id, writer] : before.writers) {
+    if (!after.writers.contains(id)) removed.push_back(&id);
+  }
+  e.put_varint(removed.size());
+  for (const std::string* id : removed) e.put_bytes(*id);
+  // Batches as one splice: the common prefix and suffix stay.
+  const auto& b = before.batches;
+  const auto& a = after.batches;
+  std::size_t prefix = 0;
+  while (prefix < b.size() && prefix < a.size() && b[prefix] == a[prefix]) ++prefix;
+  std::size_t suffix = 0;
+  while (suffix < b.size() - prefix && suffix < a.size() - prefix &&
+         b[b.size() - 1 - suffix] == a[a.size() - 1 - suffix]) {
+    ++suffix;
+  }
+  e.put_varint(prefix);
+  e.put_varint(b.size() - prefix - suffix);
+  e.put_varint(a.size() - prefix - suffix);
+  for (std::size_t i = prefix; i < a.size() - suffix; ++i) put_batch(e, a[i]);
+  return out;
+}
+
+Result<ShardState> apply_version(std::string_view shard, const ShardState* before,
+                                 const VersionedData& data) {
+  if (is_full_version(data.data)) return decode_state(shard, data);
+  auto bad = [&](std::string what) {
+    return corruption("state diff of shard " + std::string(shard) + " at seqno " +
+                      std::to_string(data.seqno) + ": " + what);
+  };
+  if (!before || before->seqno + 1 != data.seqno) {
+    return bad("the version it applies to (seqno " + std::to_string(data.seqno - 1) +
+               ") is not available");
+  }
+  Decoder d(data.data);
+  std::uint8_t version;
+  SeqNo rollup;
+  if (!d.get_u8(&version) || version != kDiffFormatVersion || !d.get_varint(&rollup)) {
+    return bad("malformed header");
+  }
+  ShardState state;
+  state.name = before->name;
+  state.seqno = data.seqno;
+  if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
+    return bad("malformed frontiers");
+  }
+  state.writers = before->writers;
+  std::uint64_t count;
+  if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed writers");
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string id;
+    WriterState writer;
+    if (!get_string(d, &id) || !get_string(d, &writer.last_token)) return bad("malformed writer");
+    state.writers[std::move(id)] = std::move(writer);
+  }
+  if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed writers");
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string id;
+    if (!get_string(d, &id)) return bad("malformed removed writer");
+    state.writers.erase(id);
+  }
+  std::uint64_t prefix, removed, inserted;
+  if (!d.get_varint(&prefix) || !d.get_varint(&removed) || !d.get_varint(&inserted) ||
+      prefix > before->batches.size() || removed > before->batches.size() - prefix ||
+      inserted > d.remaining()) {
+    return bad("malformed batch splice");
+  }
+  state.batches.reserve(before->batches.size() - removed + inserted);
+  state.batches.assign(before->batches.begin(), before->batches.begin() + prefix);
+  for (std::uint64_t i = 0; i < inserted; ++i) {
+    HollowBatch batch;
+    if (!get_batch(d, &batch)) return bad("malformed batch");
+    state.batches.push_back(std::move(batch));
+  }
+  state.batches.insert(state.batches.end(), before->batches.begin() + prefix + removed,
+                       before->batches.end());
+  if (!d.empty()) return bad("trailing bytes");
+  TM_TRY(validate_state(state, bad));
   return state;
 }
 

@@ -65,10 +65,32 @@ std::string shard_part_prefix(std::string_view shard);
 // with ".tmp-" (reserved for blob files being written) are refused too.
 [[nodiscard]] Status validate_shard_name(std::string_view name);
 
-// Binary encoding with a leading format version. Decoding validates every
-// field; a malformed state is a Corruption error naming the shard.
+// How states are stored in consensus. Each version is either a full state
+// (a rollup) or a diff against the version just before it, which names the
+// seqno of the rollup its chain starts from. Appends write diffs, so what a
+// compare_and_set writes does not grow with the shard; the machine writes a
+// rollup every kRollupInterval versions, so reading a state folds at most
+// that many diffs onto one full state.
+inline constexpr SeqNo kRollupInterval = 128;
+
+// A full state: binary, with a leading format version. Decoding validates
+// every field and the invariants above; a malformed state is a Corruption
+// error naming the shard and seqno.
 std::string encode_state(const ShardState& state);
 [[nodiscard]] Result<ShardState> decode_state(std::string_view shard, const VersionedData& data);
+
+// A diff taking `before` to `after`: frontiers, writers changed or removed,
+// and the batches as one splice (common prefix and suffix kept).
+std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo rollup_seqno);
+
+bool is_full_version(std::string_view data);
+// The seqno of the full state a version's chain starts from (its own for a
+// full state).
+[[nodiscard]] Result<SeqNo> version_rollup_seqno(std::string_view shard, const VersionedData& data);
+// The state a version holds: a full state decoded, or a diff applied to
+// `before`, which must be the state at seqno data.seqno - 1.
+[[nodiscard]] Result<ShardState> apply_version(std::string_view shard, const ShardState* before,
+                                               const VersionedData& data);
 
 // The registry of shard names, one consensus key for the whole location.
 std::string registry_consensus_key();
