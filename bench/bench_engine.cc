@@ -61,27 +61,41 @@ void make_record(std::uint64_t i, std::string* key, std::string* value) {
   value->push_back('"');
 }
 
-// Median latency of writing `bytes` and fsyncing it: over the start of the
-// file (`append` false) or at the end of a growing file (`append` true).
-// SQLite's WAL appends one 4,120-byte frame (a 24-byte header and a 4 KiB
-// page) and fdatasyncs it per small commit, which is what a
-// compare_and_append needs.
-double fsync_latency_ms(const std::filesystem::path& dir, bool append, std::size_t bytes = 4096) {
-  std::string path = (dir / "fsync-probe").string();
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return -1;
-  std::string block(bytes, 'f');
-  std::vector<double> samples;
-  for (int i = 0; i < 200; ++i) {
-    auto start = Clock::now();
-    off_t offset = append ? static_cast<off_t>(i) * static_cast<off_t>(bytes) : 0;
-    if (::pwrite(fd, block.data(), block.size(), offset) < 0 || ::fsync(fd) != 0) break;
-    samples.push_back(seconds_since(start) * 1e3);
+// Writes `bytes` and fsyncs it, over the start of a file (`append` false)
+// or at the end of a growing one (`append` true). SQLite's WAL appends one
+// 4,120-byte frame (a 24-byte header and a 4 KiB page) and fsyncs it per
+// small commit: that is the fsync a compare_and_append needs.
+class FsyncProbe {
+ public:
+  FsyncProbe(const std::filesystem::path& dir, const std::string& name, bool append,
+             std::size_t bytes)
+      : path_((dir / name).string()), append_(append), block_(bytes, 'f') {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
-  ::close(fd);
-  ::unlink(path.c_str());
-  return percentile(samples, 0.5);
-}
+  ~FsyncProbe() {
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  FsyncProbe(const FsyncProbe&) = delete;
+  FsyncProbe& operator=(const FsyncProbe&) = delete;
+
+  // One sample in milliseconds, or -1 on an I/O error.
+  double sample() {
+    auto start = Clock::now();
+    off_t offset = append_ ? static_cast<off_t>(writes_++) * static_cast<off_t>(block_.size()) : 0;
+    if (fd_ < 0 || ::pwrite(fd_, block_.data(), block_.size(), offset) < 0 || ::fsync(fd_) != 0) {
+      return -1;
+    }
+    return seconds_since(start) * 1e3;
+  }
+
+ private:
+  std::string path_;
+  bool append_;
+  std::string block_;
+  int fd_ = -1;
+  std::uint64_t writes_ = 0;
+};
 
 Result<std::shared_ptr<Shard>> fresh_shard(const std::filesystem::path& dir,
                                            const std::string& name) {
@@ -212,9 +226,66 @@ Result<SnapshotRun> run_snapshot_child(const std::filesystem::path& dir) {
 Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updates,
                            int cas_appends) {
   Figures f;
-  f.fsync_ms = fsync_latency_ms(dir, false);
-  f.fsync_append_ms = fsync_latency_ms(dir, true);
-  f.fsync_wal_frame_ms = fsync_latency_ms(dir, true, 4096 + 24);
+  // Latency first, before the bulk phases leave the disk busy with
+  // writeback. The disk's speed drifts on a shared VM, so every round takes
+  // one sample of each: the three fsync probes, a one-record
+  // compare_and_append (batch prebuilt), and one carrying no data (the
+  // consensus write alone), each on its own shard.
+  {
+    TM_ASSIGN(auto data_shard, fresh_shard(dir, "cas"));
+    TM_ASSIGN(auto empty_shard, fresh_shard(dir, "cas-empty"));
+    TM_ASSIGN(auto data_writer, data_shard->open_writer());
+    TM_ASSIGN(auto empty_writer, empty_shard->open_writer());
+    std::vector<Batch> prebuilt;
+    std::string key, value;
+    for (int i = 0; i < cas_appends; ++i) {
+      Time t = static_cast<Time>(i);
+      make_record(i, &key, &value);
+      std::vector<Update> one{Update{key, value, t, 1}};
+      TM_ASSIGN(Batch batch, data_writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+      prebuilt.push_back(std::move(batch));
+    }
+    FsyncProbe overwrite(dir, "probe-overwrite", false, 4096);
+    FsyncProbe append(dir, "probe-append", true, 4096);
+    FsyncProbe wal_frame(dir, "probe-wal-frame", true, 4096 + 24);
+    std::vector<double> s_overwrite, s_append, s_frame, s_data, s_empty;
+    for (int i = 0; i < cas_appends; ++i) {
+      Time t = static_cast<Time>(i);
+      s_overwrite.push_back(overwrite.sample());
+      s_append.push_back(append.sample());
+      s_frame.push_back(wal_frame.sample());
+      // Alternate which append goes first after the probes, so neither
+      // always pays for following the probes' fsyncs.
+      auto append_data = [&]() -> Status {
+        auto start = Clock::now();
+        TM_TRY(data_writer->compare_and_append(std::span<Batch>(&prebuilt[i], 1), Frontier::at(t),
+                                               Frontier::at(t + 1)));
+        s_data.push_back(seconds_since(start) * 1e3);
+        return {};
+      };
+      auto append_empty = [&]() -> Status {
+        std::vector<Batch> none;
+        auto start = Clock::now();
+        TM_TRY(empty_writer->compare_and_append(none, Frontier::at(t), Frontier::at(t + 1)));
+        s_empty.push_back(seconds_since(start) * 1e3);
+        return {};
+      };
+      if (i % 2 == 0) {
+        TM_TRY(append_data());
+        TM_TRY(append_empty());
+      } else {
+        TM_TRY(append_empty());
+        TM_TRY(append_data());
+      }
+    }
+    f.fsync_ms = percentile(s_overwrite, 0.5);
+    f.fsync_append_ms = percentile(s_append, 0.5);
+    f.fsync_wal_frame_ms = percentile(s_frame, 0.5);
+    f.cas_p50_ms = percentile(s_data, 0.5);
+    f.cas_p99_ms = percentile(s_data, 0.99);
+    f.cas_empty_p50_ms = percentile(s_empty, 0.5);
+    f.cas_empty_p99_ms = percentile(s_empty, 0.99);
+  }
 
   // Append throughput: 1,000,000 records in appends of 100,000.
   {
@@ -223,48 +294,6 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
     TM_ASSIGN(double secs, ingest(*shard, total, 100'000));
     f.append_records_per_s = total / secs;
     f.append_mb_per_s = total * 100.0 / secs / 1e6;
-  }
-
-  // compare_and_append latency: the call alone. The batches are all built
-  // first, so the appends run back to back as a busy writer's would.
-  {
-    TM_ASSIGN(auto shard, fresh_shard(dir, "cas"));
-    TM_ASSIGN(auto writer, shard->open_writer());
-    std::vector<Batch> prebuilt;
-    std::string key, value;
-    for (int i = 0; i < cas_appends; ++i) {
-      Time t = static_cast<Time>(i);
-      make_record(i, &key, &value);
-      std::vector<Update> one{Update{key, value, t, 1}};
-      TM_ASSIGN(Batch batch, writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
-      prebuilt.push_back(std::move(batch));
-    }
-    std::vector<double> samples;
-    for (int i = 0; i < cas_appends; ++i) {
-      Time t = static_cast<Time>(i);
-      auto start = Clock::now();
-      TM_TRY(writer->compare_and_append(std::span<Batch>(&prebuilt[i], 1), Frontier::at(t),
-                                        Frontier::at(t + 1)));
-      samples.push_back(seconds_since(start) * 1e3);
-    }
-    f.cas_p50_ms = percentile(samples, 0.5);
-    f.cas_p99_ms = percentile(samples, 0.99);
-  }
-
-  // The consensus write alone: appends that carry no data, on a new shard.
-  {
-    TM_ASSIGN(auto shard, fresh_shard(dir, "cas-empty"));
-    TM_ASSIGN(auto writer, shard->open_writer());
-    std::vector<double> samples;
-    for (int i = 0; i < cas_appends; ++i) {
-      Time t = static_cast<Time>(i);
-      std::vector<Batch> none;
-      auto start = Clock::now();
-      TM_TRY(writer->compare_and_append(none, Frontier::at(t), Frontier::at(t + 1)));
-      samples.push_back(seconds_since(start) * 1e3);
-    }
-    f.cas_empty_p50_ms = percentile(samples, 0.5);
-    f.cas_empty_p99_ms = percentile(samples, 0.99);
   }
 
   // Snapshot of a large shard, read by a child so its peak RSS is its own.

@@ -105,7 +105,8 @@ const std::string& Shard::name() const {
 }
 
 Result<ShardInfo> Shard::inspect() {
-  TM_ASSIGN(ShardState state, context_->machine->fetch());
+  TM_ASSIGN(StatePtr state_ptr, context_->machine->fetch());
+  const ShardState& state = *state_ptr;
   ShardInfo info;
   info.name = state.name;
   info.upper = state.upper;
@@ -123,8 +124,8 @@ Result<ShardInfo> Shard::inspect() {
 }
 
 Result<Frontier> Shard::upper() {
-  TM_ASSIGN(ShardState state, context_->machine->fetch());
-  return state.upper;
+  TM_ASSIGN(StatePtr state, context_->machine->fetch());
+  return state->upper;
 }
 
 Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {

@@ -77,11 +77,11 @@ class ShardListener final : public Listener {
   }
 
   [[nodiscard]] Status check_since() {
-    TM_ASSIGN(ShardState state, context_->machine->fetch());
-    if (state.since.is_past(from_)) {
+    TM_ASSIGN(StatePtr state, context_->machine->fetch());
+    if (state->since.is_past(from_)) {
       return make_error(ErrorKind::kSinceViolation,
-                        "cannot listen to shard " + state.name + " from " + std::to_string(from_) +
-                            ": below its since " + state.since.to_string());
+                        "cannot listen to shard " + state->name + " from " + std::to_string(from_) +
+                            ": below its since " + state->since.to_string());
     }
     return {};
   }
@@ -91,15 +91,15 @@ class ShardListener final : public Listener {
   // reported and the new upper (capped at `until`). False when the upper
   // has not moved.
   Result<bool> refresh() {
-    TM_ASSIGN(ShardState state, context_->machine->fetch());
-    Frontier target = state.upper;
+    TM_ASSIGN(StatePtr state, context_->machine->fetch());
+    Frontier target = state->upper;
     if (until_ && Frontier::at(*until_) < target) target = Frontier::at(*until_);
     if (!(reported_ < target)) return false;
     // Times already covered: everything <= from_, and everything < reported_.
     Time lo = std::max(from_ == UINT64_MAX ? UINT64_MAX : from_ + 1,
                        reported_.is_closed() ? UINT64_MAX : reported_.time());
     Time hi = target.is_closed() ? UINT64_MAX : target.time() - 1;  // target > reported_ >= 0
-    for (const HollowBatch& batch : state.batches) {
+    for (const HollowBatch& batch : state->batches) {
       Time batch_min = batch.desc.lower.time();
       Time batch_max = batch.desc.upper.is_closed() ? UINT64_MAX : batch.desc.upper.time() - 1;
       Time data_min = UINT64_MAX, data_max = 0;

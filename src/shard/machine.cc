@@ -21,27 +21,28 @@ ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consens
       key_(shard_consensus_key(shard_)),
       consensus_(std::move(consensus)) {}
 
-void ShardMachine::remember(const ShardState& state, SeqNo rollup_seqno) {
+void ShardMachine::remember(const StatePtr& state, SeqNo rollup_seqno) {
   std::lock_guard lock(mu_);
-  if (!cache_ || cache_->seqno < state.seqno) {
+  if (!cache_ || cache_->seqno < state->seqno) {
     cache_ = state;
     cache_rollup_ = rollup_seqno;
   }
 }
 
-Result<ShardState> ShardMachine::fold_to(const VersionedData& head) {
+Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
   TM_ASSIGN(SeqNo rollup, version_rollup_seqno(shard_, head));
-  std::optional<ShardState> base;
+  StatePtr base;
   {
     std::lock_guard lock(mu_);
-    if (cache_ && cache_->seqno == head.seqno) return *cache_;
+    if (cache_ && cache_->seqno == head.seqno) return cache_;
     // The cached state is a valid starting point if it is on head's chain.
     if (cache_ && cache_->seqno >= rollup && cache_->seqno < head.seqno) base = cache_;
   }
   if (rollup == head.seqno) {
     TM_ASSIGN(ShardState state, decode_state(shard_, head));
-    remember(state, rollup);
-    return state;
+    auto shared = std::make_shared<const ShardState>(std::move(state));
+    remember(shared, rollup);
+    return shared;
   }
   SeqNo from = base ? base->seqno + 1 : rollup;
   TM_ASSIGN(auto versions, consensus_->scan(key_, from, head.seqno - from + 1));
@@ -55,36 +56,36 @@ Result<ShardState> ShardMachine::fold_to(const VersionedData& head) {
       return corruption("state of shard " + shard_ + " has a gap before seqno " +
                         std::to_string(version.seqno));
     }
-    TM_ASSIGN(ShardState next, apply_version(shard_, base ? &*base : nullptr, version));
-    base = std::move(next);
+    TM_ASSIGN(ShardState next, apply_version(shard_, base.get(), version));
+    base = std::make_shared<const ShardState>(std::move(next));
   }
-  remember(*base, rollup);
-  return *base;
+  remember(base, rollup);
+  return base;
 }
 
-Result<ShardState> ShardMachine::fetch() {
+Result<StatePtr> ShardMachine::fetch() {
   for (int attempt = 0;; ++attempt) {
     TM_ASSIGN(auto head, consensus_->head(key_));
     if (!head) {
       // Created shards start with no consensus entry: the initial state.
-      ShardState state;
-      state.name = shard_;
-      return state;
+      auto initial = std::make_shared<ShardState>();
+      initial->name = shard_;
+      return StatePtr(std::move(initial));
     }
     auto state = fold_to(*head);
     if (state || attempt >= 3 || !state.error().is(ErrorKind::kDeterminate)) return state;
   }
 }
 
-Result<ShardState> ShardMachine::cached() {
+Result<StatePtr> ShardMachine::cached() {
   {
     std::lock_guard lock(mu_);
-    if (cache_) return *cache_;
+    if (cache_) return cache_;
   }
   return fetch();
 }
 
-Result<ShardState> ShardMachine::apply(const Transition& transition) {
+Result<StatePtr> ShardMachine::apply(const Transition& transition) {
   // Once a write may have landed, no later failure is definite: report
   // every infrastructure error from then on as indeterminate.
   bool uncertain = false;
@@ -99,12 +100,12 @@ Result<ShardState> ShardMachine::apply(const Transition& transition) {
 
   auto initial = cached();
   if (!initial) return infrastructure_error(initial.error());
-  ShardState current = std::move(*initial);
+  StatePtr current = std::move(*initial);
   bool fresh = false;
   int indeterminate_attempts = 0;
   for (;;) {
-    ShardState next = current;
-    auto result = transition(next);
+    auto next = std::make_shared<ShardState>(*current);
+    auto result = transition(*next);
     if (!result) {
       // Judged on a fresh state, which includes our own write if it landed,
       // the transition's verdict is definite.
@@ -112,24 +113,25 @@ Result<ShardState> ShardMachine::apply(const Transition& transition) {
     } else if (*result == TransitionResult::kUnchanged) {
       return current;
     } else {
-      next.seqno = current.seqno + 1;
+      next->seqno = current->seqno + 1;
       SeqNo rollup;
       {
         std::lock_guard lock(mu_);
-        rollup = cache_ && cache_->seqno == current.seqno ? cache_rollup_ : 0;
+        rollup = cache_ && cache_->seqno == current->seqno ? cache_rollup_ : 0;
       }
       // A diff, unless the chain is long enough for a new full state (or the
       // rollup of `current` is unknown).
-      const bool full = current.seqno == 0 || rollup == 0 ||
-                        next.seqno - rollup >= kRollupInterval;
-      if (full) rollup = next.seqno;
-      std::string encoded = full ? encode_state(next) : encode_diff(current, next, rollup);
+      const bool full =
+          current->seqno == 0 || rollup == 0 || next->seqno - rollup >= kRollupInterval;
+      if (full) rollup = next->seqno;
+      std::string encoded = full ? encode_state(*next) : encode_diff(*current, *next, rollup);
       std::optional<SeqNo> expected;
-      if (current.seqno > 0) expected = current.seqno;
-      auto cas = consensus_->compare_and_set(key_, expected, VersionedData{next.seqno, encoded});
+      if (current->seqno > 0) expected = current->seqno;
+      auto cas = consensus_->compare_and_set(key_, expected, VersionedData{next->seqno, encoded});
       if (cas && *cas == CasOutcome::kCommitted) {
-        remember(next, rollup);
-        return next;
+        StatePtr committed = std::move(next);
+        remember(committed, rollup);
+        return committed;
       }
       if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) {
         return infrastructure_error(cas.error());
@@ -141,9 +143,10 @@ Result<ShardState> ShardMachine::apply(const Transition& transition) {
         // Only our own bytes at our seqno prove the write landed; anything
         // else means re-running the transition on what is there.
         auto head = consensus_->head(key_);
-        if (head && *head && (*head)->seqno == next.seqno && (*head)->data == encoded) {
-          remember(next, rollup);
-          return next;
+        if (head && *head && (*head)->seqno == next->seqno && (*head)->data == encoded) {
+          StatePtr committed = std::move(next);
+          remember(committed, rollup);
+          return committed;
         }
       }
     }

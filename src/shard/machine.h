@@ -34,6 +34,10 @@ enum class TransitionResult : std::uint8_t { kWrite, kUnchanged };
 // Mutates the state it is given (a private copy); must be pure.
 using Transition = std::function<Result<TransitionResult>(ShardState& state)>;
 
+// States are shared, immutable once published: readers hold them without
+// copying, and the cache swaps pointers.
+using StatePtr = std::shared_ptr<const ShardState>;
+
 class ShardMachine {
  public:
   // REQUIRES: the shard exists (see Client::create_shard).
@@ -44,26 +48,26 @@ class ShardMachine {
   const std::string& shard() const { return shard_; }
 
   // The latest state in consensus (and refreshes the cache).
-  [[nodiscard]] Result<ShardState> fetch();
-  // The cached state, fetching it if there is none yet.
-  [[nodiscard]] Result<ShardState> cached();
+  [[nodiscard]] Result<StatePtr> fetch();
 
   // Commits `transition` and returns the state it produced (or found, when
   // the transition left it unchanged).
-  [[nodiscard]] Result<ShardState> apply(const Transition& transition);
+  [[nodiscard]] Result<StatePtr> apply(const Transition& transition);
 
  private:
-  void remember(const ShardState& state, SeqNo rollup_seqno);
+  // The cached state, fetching it if there is none yet.
+  [[nodiscard]] Result<StatePtr> cached();
+  void remember(const StatePtr& state, SeqNo rollup_seqno);
   // Reads the versions after the cached state (or from the rollup) up to
   // at least `head` and folds them.
-  [[nodiscard]] Result<ShardState> fold_to(const VersionedData& head);
+  [[nodiscard]] Result<StatePtr> fold_to(const VersionedData& head);
 
   const std::string shard_;
   const std::string key_;
   const std::shared_ptr<Consensus> consensus_;
   std::mutex mu_;
-  std::optional<ShardState> cache_;  // GUARDED_BY(mu_)
-  SeqNo cache_rollup_ = 0;           // GUARDED_BY(mu_): rollup of cache_'s chain
+  StatePtr cache_;          // GUARDED_BY(mu_)
+  SeqNo cache_rollup_ = 0;  // GUARDED_BY(mu_): rollup of cache_'s chain
 };
 
 }  // namespace tidemark

@@ -4,12 +4,13 @@
 
 namespace tidemark {
 
+// Small and flat, so comparisons during the merge touch little memory: the
+// reader (large, with its block buffers) lives behind a pointer.
 struct MergeCursor::Input {
-  std::optional<PartReader> reader;
-  std::string key;  // part key, for errors
-  Time min = 0;     // effective window, inclusive
-  Time max = 0;
   std::optional<UpdateView> head;
+  Time min = 0;  // effective window, inclusive
+  Time max = 0;
+  std::unique_ptr<PartReader> reader;
 };
 
 MergeCursor::MergeCursor() = default;
@@ -61,11 +62,10 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
                         " updates but the shard registered " + std::to_string(ref.count));
     }
     Input input;
-    input.key = ref.key;
     input.min = std::max(min, inline_min);
     input.max = std::min(max, inline_max);
     if (input.min > input.max) continue;
-    input.reader.emplace(std::move(reader));
+    input.reader = std::make_unique<PartReader>(std::move(reader));
     cursor.inputs_.push_back(std::move(input));
   }
   return cursor;

@@ -166,8 +166,14 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
 TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   std::mt19937_64 rng(7);
   auto batch = [&](Time lower, Time upper) {
-    PartRef part{"shard/s/part/" + std::to_string(rng()), 10, 1, 8, lower, lower,
-                 Frontier::at(lower), Frontier::at(upper)};
+    PartRef part{"shard/s/part/" + std::to_string(rng()),
+                 10,
+                 1,
+                 8,
+                 lower,
+                 lower,
+                 Frontier::at(lower),
+                 Frontier::at(upper)};
     return HollowBatch{Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)},
                        {part}};
   };

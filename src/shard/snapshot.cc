@@ -58,7 +58,8 @@ Result<std::optional<SnapshotRow>> SnapshotCursor::next() {
 }
 
 Result<SnapshotCursor> Shard::snapshot(Time as_of) {
-  TM_ASSIGN(ShardState state, context_->machine->fetch());
+  TM_ASSIGN(StatePtr state_ptr, context_->machine->fetch());
+  const ShardState& state = *state_ptr;
   if (!state.upper.is_past(as_of)) {
     return make_error(ErrorKind::kNotReady,
                       "snapshot as of " + std::to_string(as_of) + " of shard " + state.name +

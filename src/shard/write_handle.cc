@@ -11,8 +11,8 @@ WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writ
 WriteHandle::~WriteHandle() = default;
 
 Result<Frontier> WriteHandle::fetch_upper() {
-  TM_ASSIGN(ShardState state, context_->machine->fetch());
-  upper_ = state.upper;
+  TM_ASSIGN(StatePtr state, context_->machine->fetch());
+  upper_ = state->upper;
   return upper_;
 }
 
