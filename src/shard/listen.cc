@@ -119,7 +119,8 @@ class ShardListener final : public Listener {
     Window next = std::move(windows_.front());
     windows_.pop_front();
     const TimeWindow window = next.window;
-    TM_ASSIGN(MergeCursor merge, MergeCursor::open(context_->location.blob, next.parts, window));
+    TM_ASSIGN(MergeCursor merge,
+              MergeCursor::open(context_->location.blob, next.parts.get(), window));
     if (window.min == window.max) {
       merge_.emplace(std::move(merge));
       streaming_ = true;
@@ -198,7 +199,7 @@ class ShardListener final : public Listener {
 
   // A time range of one batch still to emit.
   struct Window {
-    std::vector<PartRef> parts;
+    PartList parts;
     TimeWindow window;
   };
 

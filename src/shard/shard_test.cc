@@ -148,8 +148,8 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
   state.since = Frontier::at(3);
   state.writers["w1"].last_token = "tok";
   PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
-  state.batches.push_back(
-      HollowBatch{Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, {part}});
+  state.batches.push_back(HollowBatch{
+      Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({part})});
   std::string bytes = encode_state(state);
   auto decoded = decode_state("s", VersionedData{7, bytes});
   ASSERT_TRUE(decoded) << decoded.error().to_string();
@@ -175,7 +175,7 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
                  Frontier::at(lower),
                  Frontier::at(upper)};
     return HollowBatch{Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)},
-                       {part}};
+                       PartList({part})};
   };
   ShardState before;
   before.name = "s";
@@ -489,12 +489,14 @@ TEST_F(ShardTest, IrreconcilablePartIsACorruptionNamingIt) {
     s.upper = Frontier::at(60);
     HollowBatch moved = s.batches[0];
     moved.desc = Description{Frontier::at(50), Frontier::at(60), Frontier::at(0)};
-    for (PartRef& p : moved.parts) {
+    std::vector<PartRef> parts = moved.parts.get();
+    for (PartRef& p : parts) {
       p.lower = Frontier::at(50);
       p.upper = Frontier::at(60);
       p.time_min = 50;
       p.time_max = 59;
     }
+    moved.parts = PartList(std::move(parts));
     s.batches.push_back(moved);
     return TransitionResult::kWrite;
   }));

@@ -63,10 +63,10 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
       !get_frontier(d, &batch->desc.since)) {
     return false;
   }
-  std::uint64_t parts;
-  if (!d.get_varint(&parts) || parts > d.remaining()) return false;
-  batch->parts.resize(parts);
-  for (PartRef& part : batch->parts) {
+  std::uint64_t count;
+  if (!d.get_varint(&count) || count > d.remaining()) return false;
+  std::vector<PartRef> parts(count);
+  for (PartRef& part : parts) {
     if (!get_string(d, &part.key) || !d.get_varint(&part.size) || !d.get_varint(&part.count) ||
         !d.get_varint(&part.bytes) || !d.get_varint(&part.time_min) ||
         !d.get_varint(&part.time_max) || !get_frontier(d, &part.lower) ||
@@ -74,6 +74,7 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
       return false;
     }
   }
+  batch->parts = PartList(std::move(parts));
   return true;
 }
 
@@ -384,7 +385,7 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
   if (!request.parts.empty()) {
     HollowBatch batch;
     batch.desc = Description{request.expected_upper, request.new_upper, state.since};
-    batch.parts.assign(request.parts.begin(), request.parts.end());
+    batch.parts = PartList(std::vector<PartRef>(request.parts.begin(), request.parts.end()));
     state.batches.push_back(std::move(batch));
   }
   state.upper = request.new_upper;

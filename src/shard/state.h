@@ -17,6 +17,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,11 +29,39 @@
 
 namespace tidemark {
 
+// An immutable, shared list of part references. Every transition copies
+// the state; with this, copying a batch copies a pointer, not its parts, and
+// comparing two copies is a pointer comparison.
+class PartList {
+ public:
+  PartList() = default;
+  explicit PartList(std::vector<PartRef> parts)
+      : parts_(std::make_shared<const std::vector<PartRef>>(std::move(parts))) {}
+
+  const std::vector<PartRef>& get() const { return parts_ ? *parts_ : no_parts(); }
+  std::vector<PartRef>::const_iterator begin() const { return get().begin(); }
+  std::vector<PartRef>::const_iterator end() const { return get().end(); }
+  std::size_t size() const { return get().size(); }
+  bool empty() const { return get().empty(); }
+  const PartRef& operator[](std::size_t i) const { return get()[i]; }
+
+  friend bool operator==(const PartList& a, const PartList& b) {
+    return a.parts_ == b.parts_ || a.get() == b.get();
+  }
+
+ private:
+  static const std::vector<PartRef>& no_parts() {
+    static const std::vector<PartRef> kEmpty;
+    return kEmpty;
+  }
+  std::shared_ptr<const std::vector<PartRef>> parts_;
+};
+
 // A batch as the state registers it: its description and its parts, with
 // none of their data.
 struct HollowBatch {
   Description desc;
-  std::vector<PartRef> parts;
+  PartList parts;
 
   std::uint64_t count() const;
   bool operator==(const HollowBatch&) const = default;
