@@ -9,32 +9,8 @@ namespace tidemark {
 
 namespace {
 
-constexpr std::uint8_t kFrontierTime = 0;
-constexpr std::uint8_t kFrontierClosed = 1;
 // The smallest encoded block handle: four one-byte varints and a fixed64.
 constexpr std::uint64_t kMinEncodedBlockHandleBytes = 12;
-
-void put_frontier(Encoder& encoder, const Frontier& frontier) {
-  if (frontier.is_closed()) {
-    encoder.put_u8(kFrontierClosed);
-  } else {
-    encoder.put_u8(kFrontierTime);
-    encoder.put_varint(frontier.time());
-  }
-}
-
-[[nodiscard]] bool get_frontier(Decoder& decoder, Frontier* frontier) {
-  std::uint8_t tag;
-  if (!decoder.get_u8(&tag)) return false;
-  if (tag == kFrontierClosed) {
-    *frontier = Frontier::closed();
-    return true;
-  }
-  std::uint64_t time;
-  if (tag != kFrontierTime || !decoder.get_varint(&time)) return false;
-  *frontier = Frontier::at(time);
-  return true;
-}
 
 std::string block_name(std::size_t block_index) {
   return "block " + std::to_string(block_index);

@@ -12,28 +12,6 @@ constexpr std::uint8_t kStateFormatVersion = 1;
 constexpr std::uint8_t kDiffFormatVersion = 2;
 constexpr std::uint8_t kRegistryFormatVersion = 1;
 
-void put_frontier(Encoder& e, Frontier f) {
-  if (f.is_closed()) {
-    e.put_u8(0);
-  } else {
-    e.put_u8(1);
-    e.put_varint(f.time());
-  }
-}
-
-bool get_frontier(Decoder& d, Frontier* f) {
-  std::uint8_t tag;
-  if (!d.get_u8(&tag)) return false;
-  if (tag == 0) {
-    *f = Frontier::closed();
-    return true;
-  }
-  std::uint64_t t;
-  if (tag != 1 || !d.get_varint(&t)) return false;
-  *f = Frontier::at(t);
-  return true;
-}
-
 bool get_string(Decoder& d, std::string* s) {
   std::string_view v;
   if (!d.get_bytes(&v)) return false;

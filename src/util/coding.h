@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "tidemark/frontier.h"
+
 namespace tidemark {
 
 class Encoder {
@@ -124,5 +126,29 @@ class Decoder {
  private:
   std::string_view in_;
 };
+
+// A frontier: tag 0 followed by a varint time, or tag 1 for closed. Parts
+// and shard states both use this.
+inline void put_frontier(Encoder& encoder, Frontier frontier) {
+  if (frontier.is_closed()) {
+    encoder.put_u8(1);
+  } else {
+    encoder.put_u8(0);
+    encoder.put_varint(frontier.time());
+  }
+}
+
+[[nodiscard]] inline bool get_frontier(Decoder& decoder, Frontier* frontier) {
+  std::uint8_t tag;
+  if (!decoder.get_u8(&tag)) return false;
+  if (tag == 1) {
+    *frontier = Frontier::closed();
+    return true;
+  }
+  std::uint64_t time;
+  if (tag != 0 || !decoder.get_varint(&time)) return false;
+  *frontier = Frontier::at(time);
+  return true;
+}
 
 }  // namespace tidemark
