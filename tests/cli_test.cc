@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -156,6 +157,32 @@ TEST_F(CliTest, MalformedLineIsReportedAndNothingIsAppended) {
   Outcome missing_time = tidemark("append s --lower 0 --upper 2", "{\"key\":1,\"value\":1}\n");
   EXPECT_EQ(missing_time.status, 1);
   EXPECT_NE(missing_time.err.find("line 1"), std::string::npos);
+}
+
+TEST_F(CliTest, ManagedAppendGoesThroughTheAppender) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  std::string input;
+  for (int i = 0; i < 3000; ++i) {
+    input += "{\"key\": \"k" + std::to_string(i) + "\", \"value\": " + std::to_string(i) + "}\n";
+  }
+  Outcome append = tidemark("append s", input);
+  ASSERT_EQ(append.status, 0) << append.err;
+  // {"count":3000,"time":T,"upper":U} with T a wall-clock millisecond time.
+  EXPECT_EQ(append.out.rfind("{\"count\":3000,\"time\":", 0), 0u) << append.out;
+  auto time_at = append.out.find("\"time\":") + 7;
+  unsigned long long time = std::stoull(append.out.substr(time_at));
+  EXPECT_GT(time, 1'600'000'000'000ull);
+  Outcome snapshot = tidemark("snapshot s");
+  EXPECT_EQ(std::count(snapshot.out.begin(), snapshot.out.end(), '\n'), 3000);
+
+  // A malformed line, or a time given to a managed append: nothing appended.
+  Outcome bad =
+      tidemark("append s", "{\"key\": 1, \"value\": 2}\n{\"key\": 1, \"value\": 2, \"time\": 5}\n");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("line 2"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("nothing was appended"), std::string::npos);
+  Outcome after = tidemark("snapshot s");
+  EXPECT_EQ(after.out, snapshot.out);
 }
 
 TEST_F(CliTest, UsageErrors) {

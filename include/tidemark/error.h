@@ -12,7 +12,11 @@
 //   - Corruption: stored data failed validation; the message names the object.
 //   - NotFound / AlreadyExists: the named thing is absent / already present.
 //   - SinceViolation: a read below the shard's since (history compacted away).
-//   - NotReady: a read at a time that is not yet complete (>= upper).
+//   - NotReady: a read at a time that is not yet complete (>= upper), or a
+//     wait that gave up.
+//   - Closed: the appender (or other queue) no longer accepts work.
+//   - Full: a bounded queue has no room now; wait for capacity and retry.
+//   - TooLarge: a record that can never fit the budget it must fit in.
 //
 // Thread-safety: Error is a plain value type.
 #pragma once
@@ -35,6 +39,9 @@ enum class ErrorKind : std::uint8_t {
   kAlreadyExists,
   kSinceViolation,
   kNotReady,
+  kClosed,
+  kFull,
+  kTooLarge,
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -7,9 +7,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "cli/cli.h"
+#include "tidemark/appender.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/json.h"
@@ -180,6 +182,131 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
 
 // --- append -----------------------------------------------------------------
 
+namespace {
+
+// Managed append: records without times go through the background
+// appender. Every line is validated first (a first pass over the input;
+// standard input is spooled to an unnamed temporary file), so a malformed
+// line appends nothing; then the records are enqueued, waiting for room in
+// the appender's byte budget, and the commit time of the last one printed.
+int run_managed_append(const Globals& globals, const Args& args) {
+  std::string input_name = args.get("--input").value_or("-");
+  std::FILE* input = nullptr;
+  if (input_name == "-") {
+    input = std::tmpfile();
+    if (!input) {
+      std::fprintf(stderr, "tidemark: cannot create a temporary file for standard input\n");
+      return kExitError;
+    }
+    char buffer[1 << 16];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, stdin)) > 0;) {
+      if (std::fwrite(buffer, 1, n, input) != n) {
+        std::fprintf(stderr, "tidemark: cannot spool standard input\n");
+        std::fclose(input);
+        return kExitError;
+      }
+    }
+  } else {
+    input = std::fopen(input_name.c_str(), "rb");
+    if (!input) {
+      std::fprintf(stderr, "tidemark: cannot open input %s\n", input_name.c_str());
+      return kExitError;
+    }
+  }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() { std::fclose(f); }
+  } closer{input};
+
+  // Reads the lines one at a time; `visit` returns false to stop.
+  auto for_each_line = [&](const std::function<bool(std::uint64_t, std::string_view)>& visit) {
+    std::rewind(input);
+    char* line = nullptr;
+    std::size_t capacity = 0;
+    std::uint64_t number = 0;
+    bool complete = true;
+    for (ssize_t n; (n = getline(&line, &capacity, input)) >= 0;) {
+      ++number;
+      std::string_view text(line, static_cast<std::size_t>(n));
+      if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+      if (is_blank_line(text)) continue;
+      if (!visit(number, text)) {
+        complete = false;
+        break;
+      }
+    }
+    std::free(line);
+    return complete;
+  };
+
+  std::string failure;
+  std::uint64_t count = 0;
+  bool valid = for_each_line([&](std::uint64_t number, std::string_view text) {
+    auto record = parse_record_line(text, RecordMode::kManaged);
+    if (!record) {
+      failure = "line " + std::to_string(number) + ": " + record.error().message;
+      return false;
+    }
+    ++count;
+    return true;
+  });
+  if (!valid) {
+    std::fprintf(stderr, "tidemark: %s; nothing was appended\n", failure.c_str());
+    return kExitError;
+  }
+
+  auto shard = open_named_shard(globals, args.positionals()[0]);
+  if (!shard) return report(shard.error());
+  auto appender = Appender::open(*shard);
+  if (!appender) return report(appender.error());
+  AppendSender sender = (*appender)->sender();
+  std::optional<Error> error;
+  std::optional<CommitToken> last;
+  std::uint64_t seen = 0;
+  for_each_line([&](std::uint64_t, std::string_view text) {
+    auto record = parse_record_line(text, RecordMode::kManaged);
+    if (!record) {  // the file changed under us
+      error = record.error();
+      return false;
+    }
+    AppendRecord r{std::move(record->key), std::move(record->value), record->diff};
+    const bool is_last = ++seen == count;
+    for (;;) {
+      // Copies: a record refused as Full is offered again after waiting.
+      Status queued;
+      if (is_last) {
+        auto token = sender.enqueue_with_token(r);
+        if (token) last = *token;
+        if (!token) queued = std::unexpected(token.error());
+      } else {
+        queued = sender.enqueue(r);
+      }
+      if (queued) return true;
+      if (!queued.error().is(ErrorKind::kFull)) {
+        error = queued.error();
+        return false;
+      }
+      sender.wait_for_capacity();
+    }
+  });
+  if (error) return report(*error);
+  auto flushed = (*appender)->flush();
+  if (!flushed) return report(flushed.error());
+  (*appender)->close();
+  std::string out = "{\"count\":" + std::to_string(count);
+  if (last) {
+    auto time = last->wait();
+    if (!time) return report(time.error());
+    out += ",\"time\":" + std::to_string(*time);
+  }
+  auto upper = (*shard)->upper();
+  if (upper) out += ",\"upper\":" + upper->to_json();
+  std::printf("%s}\n", out.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
 int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv, {"--input", "--lower", "--upper"}, {});
   if (!args) return usage_error(args.error().message);
@@ -191,11 +318,7 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   if (lower->has_value() != upper->has_value()) {
     return usage_error("--lower and --upper go together");
   }
-  if (!lower->has_value()) {
-    return usage_error(
-        "managed appends (without --lower/--upper) go through the background appender, which "
-        "is not available yet; pass --lower and --upper");
-  }
+  if (!lower->has_value()) return run_managed_append(globals, *args);
   if (**upper < **lower) {
     return usage_error("--upper " + (*upper)->to_string() + " is below --lower " +
                        (*lower)->to_string());

@@ -22,6 +22,12 @@ const char* error_kind_name(ErrorKind kind) {
       return "since violation";
     case ErrorKind::kNotReady:
       return "not ready";
+    case ErrorKind::kClosed:
+      return "closed";
+    case ErrorKind::kFull:
+      return "full";
+    case ErrorKind::kTooLarge:
+      return "record too large";
   }
   return "unknown error";
 }

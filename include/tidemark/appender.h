@@ -1,0 +1,169 @@
+// Appender: managed, memory-bounded writes to one shard.
+//
+// Producers hand records to an AppendSender; they never pick times, batch
+// or retry. In the background the appender:
+//   - assigns each batch a time: wall-clock milliseconds, at least the
+//     shard's upper and above the previous batch's (monotonic);
+//   - cuts batches by bytes and record count and uploads each batch's parts
+//     while the previous commit is in flight (a builder thread and a
+//     committer thread);
+//   - commits every ready batch with one compare_and_append (batch_appends;
+//     off commits one batch per call, for comparison);
+//   - after a commit is durable, releases the records' leases, then resolves
+//     their commit tokens with the commit time.
+// On UpperMismatch (another writer moved the shard) pending batches are
+// re-timed at the new upper and retried, or with MismatchPolicy::kBail
+// their tokens fail instead. Indeterminate errors are retried with the
+// same idempotency token; determinate ones are retried with backoff up to
+// max_retries; anything else (or too many retries) is fatal: every pending
+// token fails and the appender closes. No token reports a commit that did
+// not happen.
+//
+// Memory bound: every queued record holds a lease on the appender's pool
+// (its encoded size: key + value + kRecordOverheadBytes) until its commit
+// is durable. enqueue fails with Full while the pool has nothing available
+// and otherwise charges the actual size (force_reserve), so the queue never
+// exceeds queue_bytes by more than one call's records per sender. Beyond
+// the queue, the batch builders hold at most part_target_bytes x (1 +
+// uploads in flight) each (ClientOptions), and at most kMaxBuiltBatches
+// built batches wait for the committer. A records mode (queue_records)
+// bounds the count instead; it exists only to compare against.
+//
+// Thread-safety: Appender is safe for concurrent use. An AppendSender is
+// move-only and used by one producer thread at a time; each producer takes
+// its own sender.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "tidemark/client.h"
+#include "tidemark/error.h"
+#include "tidemark/frontier.h"
+#include "tidemark/memory_pool.h"
+
+namespace tidemark {
+
+struct AppendRecord {
+  std::string key;
+  std::string value;
+  Diff diff = 1;
+};
+
+// Bytes charged per record on top of its key and value: time, diff and
+// bookkeeping.
+inline constexpr std::uint64_t kRecordOverheadBytes = 64;
+
+enum class MismatchPolicy : std::uint8_t {
+  kRetime,  // re-time pending batches at the new upper and retry
+  kBail,    // fail their tokens with a clear error
+};
+
+struct AppenderOptions {
+  // The queue bound in bytes, when the appender makes its own pool.
+  std::uint64_t queue_bytes = 64ull << 20;
+  // Draw from this pool instead (the appender takes a child of it, bounded
+  // by queue_bytes), so the appender counts in a process-wide budget.
+  std::shared_ptr<MemoryPool> parent_pool;
+  // Records mode, only for comparison: bound the queue by record count.
+  std::optional<std::size_t> queue_records;
+  std::uint64_t batch_max_bytes = 8ull << 20;
+  std::size_t batch_max_records = 100'000;
+  bool batch_appends = true;
+  MismatchPolicy on_mismatch = MismatchPolicy::kRetime;
+  // Failures retried before the appender gives up (fatal).
+  int max_retries = 10;
+  // The time source, in the shard's time unit; wall-clock milliseconds by
+  // default.
+  std::function<Time()> clock;
+};
+
+// Resolved once: with the commit time when the record is durable, or an
+// error when it will never be committed.
+class CommitToken {
+ public:
+  struct State;
+  explicit CommitToken(std::shared_ptr<State> state);
+
+  // Waits for the outcome.
+  Result<Time> wait() const;
+  // The outcome if there is one yet.
+  std::optional<Result<Time>> poll() const;
+  // Runs `done` once with the outcome: at once if it is known, else on the
+  // appender's thread when it is.
+  void on_complete(std::function<void(const Result<Time>&)> done) const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Appender;
+
+class AppendSender {
+ public:
+  AppendSender(AppendSender&&) noexcept;
+  AppendSender& operator=(AppendSender&&) noexcept;
+  AppendSender(const AppendSender&) = delete;
+  AppendSender& operator=(const AppendSender&) = delete;
+  ~AppendSender();
+
+  // Never blocks. Closed, Full (nothing available), or TooLarge (larger
+  // than the whole queue bound); otherwise queued.
+  [[nodiscard]] Status enqueue(AppendRecord record);
+  [[nodiscard]] Status enqueue_many(std::span<AppendRecord> records);
+  [[nodiscard]] Result<CommitToken> enqueue_with_token(AppendRecord record);
+  // Resolves once everything enqueued before it (by any sender) is durable
+  // or has failed.
+  [[nodiscard]] Result<CommitToken> canary();
+  // Blocks until the queue has room (or the appender closes).
+  void wait_for_capacity();
+
+ private:
+  friend class Appender;
+  explicit AppendSender(std::shared_ptr<Appender> appender);
+  std::shared_ptr<Appender> appender_;
+};
+
+struct AppenderStats {
+  std::uint64_t records_committed = 0;
+  std::uint64_t batches_committed = 0;
+  std::uint64_t commits = 0;  // compare_and_append calls that succeeded
+  std::uint64_t mismatches = 0;
+  std::uint64_t retimed_batches = 0;
+  std::uint64_t queued_records = 0;
+  MemoryPoolStats pool;
+};
+
+class Appender : public std::enable_shared_from_this<Appender> {
+ public:
+  [[nodiscard]] static Result<std::shared_ptr<Appender>> open(std::shared_ptr<Shard> shard,
+                                                              AppenderOptions options = {});
+  ~Appender();
+  Appender(const Appender&) = delete;
+  Appender& operator=(const Appender&) = delete;
+
+  AppendSender sender();
+  // Waits until everything enqueued so far is durable; the first error of
+  // those records, if any failed.
+  [[nodiscard]] Status flush();
+  // Stops accepting records and waits for the queued ones to be committed
+  // (or to fail). Idempotent.
+  void close();
+
+  AppenderStats stats() const;
+  const std::shared_ptr<MemoryPool>& pool() const;
+
+  struct Impl;
+
+ private:
+  friend class AppendSender;
+  Appender() = default;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tidemark

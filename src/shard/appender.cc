@@ -1,0 +1,632 @@
+// The background appender (include/tidemark/appender.h).
+//
+// Two threads per appender. The builder takes queued records in order,
+// cuts a batch by bytes and count, gives it the next time and uploads its
+// parts; the committer takes every built batch (or one, without
+// batch_appends), makes sure their times still lie at or above the shard's
+// upper (re-building any that do not), and commits them with one
+// compare_and_append. Records keep their leases until that commit is
+// durable; then the leases are released and the tokens resolved, in that
+// order.
+#include "tidemark/appender.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "tidemark/write.h"
+#include "util/ids.h"
+
+namespace tidemark {
+namespace {
+
+// Batches uploading or waiting for the committer, at most. Uploads run
+// concurrently, so under blob latency a batch cut while another uploads
+// does not wait for it.
+constexpr std::size_t kMaxBuiltBatches = 16;
+// Failures remembered for canaries (the most recent).
+constexpr std::size_t kMaxRememberedFailures = 64;
+
+Time wall_clock_millis() {
+  return static_cast<Time>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count());
+}
+
+void backoff(int attempt) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 << std::min(attempt, 6), 320)));
+}
+
+}  // namespace
+
+// --- CommitToken ------------------------------------------------------------
+
+struct CommitToken::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Result<Time>> outcome;
+  std::vector<std::function<void(const Result<Time>&)>> callbacks;
+
+  void resolve(Result<Time> result) {
+    std::vector<std::function<void(const Result<Time>&)>> run;
+    {
+      std::lock_guard lock(mu);
+      if (outcome) return;
+      outcome = std::move(result);
+      run.swap(callbacks);
+    }
+    cv.notify_all();
+    // The outcome never changes once set, so it is safe to read unlocked.
+    for (auto& callback : run) callback(*outcome);
+  }
+};
+
+CommitToken::CommitToken(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+Result<Time> CommitToken::wait() const {
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [&] { return state_->outcome.has_value(); });
+  return *state_->outcome;
+}
+
+std::optional<Result<Time>> CommitToken::poll() const {
+  std::lock_guard lock(state_->mu);
+  return state_->outcome;
+}
+
+void CommitToken::on_complete(std::function<void(const Result<Time>&)> done) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->outcome) {
+      state_->callbacks.push_back(std::move(done));
+      return;
+    }
+  }
+  done(*state_->outcome);
+}
+
+// --- Appender::Impl ---------------------------------------------------------
+
+struct Appender::Impl {
+  struct Record {
+    std::uint64_t seq = 0;
+    std::string key;
+    std::string value;
+    Diff diff = 1;
+    Lease lease;
+    std::shared_ptr<CommitToken::State> token;
+  };
+  struct Built {
+    std::vector<Record> records;
+    Time time = 0;
+    std::optional<Batch> batch;
+    std::future<Status> upload;  // the batch's first build, running
+  };
+  struct Canary {
+    std::uint64_t from = 0;      // failures of records in [from, boundary)
+    std::uint64_t boundary = 0;  // resolves once every seq < boundary is done
+    std::shared_ptr<CommitToken::State> token;
+  };
+
+  std::shared_ptr<Shard> shard;
+  AppenderOptions options;
+  std::shared_ptr<MemoryPool> pool;
+  std::unique_ptr<WriteHandle> writer;
+
+  mutable std::mutex mu;
+  std::condition_variable work_cv;      // the builder waits for records
+  std::condition_variable built_cv;     // the committer waits for batches; the builder for room
+  std::condition_variable capacity_cv;  // records-mode senders wait for room
+  std::deque<Record> queue;             // GUARDED_BY(mu)
+  // Batches in time order, each uploading (or uploaded) on its own thread.
+  std::deque<std::shared_ptr<Built>> built;              // GUARDED_BY(mu)
+  std::vector<Canary> canaries;                          // GUARDED_BY(mu)
+  std::deque<std::pair<std::uint64_t, Error>> failures;  // GUARDED_BY(mu): (first seq, error)
+  std::uint64_t next_seq = 0;                            // GUARDED_BY(mu)
+  std::uint64_t done_seq = 0;              // GUARDED_BY(mu): every seq below is resolved
+  std::uint64_t last_canary_boundary = 0;  // GUARDED_BY(mu)
+  std::uint64_t in_flight = 0;             // GUARDED_BY(mu): records not yet resolved
+  Time next_time = 0;                      // GUARDED_BY(mu): least time for the next batch
+  Time last_commit_time = 0;               // GUARDED_BY(mu)
+  bool closing = false;                    // GUARDED_BY(mu)
+  bool builder_done = false;               // GUARDED_BY(mu)
+  std::optional<Error> fatal;              // GUARDED_BY(mu)
+  AppenderStats stats;                     // GUARDED_BY(mu)
+  std::thread builder_thread;
+  std::thread committer_thread;
+
+  Time now() const { return options.clock ? options.clock() : wall_clock_millis(); }
+
+  static std::uint64_t charge(const AppendRecord& r) {
+    return r.key.size() + r.value.size() + kRecordOverheadBytes;
+  }
+
+  // Checks that `count` records (the largest `bytes`) may be queued and, so
+  // that concurrent senders cannot all pass one check, counts them in
+  // flight at once; push() takes them from there.
+  Status admit(std::size_t count, std::uint64_t bytes) {
+    if (!options.queue_records && bytes > pool->capacity()) {
+      return make_error(ErrorKind::kTooLarge,
+                        "record of " + std::to_string(bytes) +
+                            " bytes is larger than the appender's whole queue bound of " +
+                            std::to_string(pool->capacity()) + " bytes");
+    }
+    std::lock_guard lock(mu);
+    if (closing) return closed_error();
+    if (options.queue_records) {
+      if (in_flight >= *options.queue_records) {
+        return make_error(ErrorKind::kFull, "the appender's queue holds " +
+                                                std::to_string(in_flight) + " records (its bound)");
+      }
+    } else if (pool->available() == 0) {
+      return make_error(ErrorKind::kFull, "the appender's memory pool has no bytes available");
+    }
+    in_flight += count;
+    return {};
+  }
+
+  std::unexpected<Error> closed_error() const {
+    if (fatal) return make_error(ErrorKind::kClosed, "the appender stopped: " + fatal->to_string());
+    return make_error(ErrorKind::kClosed, "the appender is closed");
+  }
+
+  // Queues records already charged to `lease`; fails if closed meanwhile.
+  Status push(std::span<AppendRecord> records, Lease lease,
+              std::shared_ptr<CommitToken::State> token) {
+    std::vector<Record> staged;
+    staged.reserve(records.size());
+    for (AppendRecord& r : records) {
+      Record record;
+      record.lease = lease.split(std::min(lease.size(), charge(r)));
+      record.key = std::move(r.key);
+      record.value = std::move(r.value);
+      record.diff = r.diff;
+      staged.push_back(std::move(record));
+    }
+    if (!staged.empty()) staged.back().token = std::move(token);
+    {
+      std::lock_guard lock(mu);
+      if (closing) {
+        in_flight -= staged.size();
+        capacity_cv.notify_all();
+        return closed_error();
+      }
+      for (Record& record : staged) {
+        record.seq = next_seq++;
+        queue.push_back(std::move(record));
+      }
+    }
+    work_cv.notify_one();
+    return {};
+  }
+
+  // --- builder ---
+
+  void run_builder() {
+    for (;;) {
+      std::vector<Record> records;
+      {
+        std::unique_lock lock(mu);
+        work_cv.wait(lock, [&] {
+          return fatal || (!queue.empty() && built.size() < kMaxBuiltBatches) ||
+                 (closing && queue.empty());
+        });
+        if (fatal || queue.empty()) break;
+        std::uint64_t bytes = 0;
+        while (!queue.empty() && records.size() < options.batch_max_records &&
+               bytes < options.batch_max_bytes) {
+          bytes += queue.front().key.size() + queue.front().value.size();
+          records.push_back(std::move(queue.front()));
+          queue.pop_front();
+        }
+      }
+      auto batch = std::make_shared<Built>();
+      batch->records = std::move(records);
+      batch->time = take_time(0);
+      Built* raw = batch.get();
+      batch->upload = std::async(std::launch::async, [this, raw] { return build(*raw); });
+      {
+        std::lock_guard lock(mu);
+        built.push_back(std::move(batch));
+      }
+      built_cv.notify_all();
+    }
+    {
+      std::lock_guard lock(mu);
+      builder_done = true;
+    }
+    built_cv.notify_all();
+  }
+
+  // The next batch time: monotonic, at least `at_least` and the clock.
+  Time take_time(Time at_least) {
+    std::lock_guard lock(mu);
+    Time t = std::max({now(), next_time, at_least});
+    next_time = t + 1;
+    return t;
+  }
+
+  // Uploads `batch` at batch.time, retrying infrastructure failures.
+  Status build(Built& batch) {
+    for (int attempt = 0;; ++attempt) {
+      auto result = build_once(batch);
+      if (result) return {};
+      const Error& error = result.error();
+      bool retryable = error.is(ErrorKind::kDeterminate) || error.is(ErrorKind::kIndeterminate);
+      if (!retryable || attempt >= options.max_retries) return result;
+      backoff(attempt);
+    }
+  }
+
+  Status build_once(Built& batch) {
+    BatchBuilder builder = writer->builder(Frontier::at(batch.time));
+    for (const Record& r : batch.records) {
+      TM_TRY(builder.add(r.key, r.value, batch.time, r.diff));
+    }
+    TM_ASSIGN(Batch built_batch, builder.finish(Frontier::at(batch.time + 1)));
+    batch.batch = std::move(built_batch);
+    return {};
+  }
+
+  // --- committer ---
+
+  void run_committer() {
+    for (;;) {
+      std::vector<std::shared_ptr<Built>> taken;
+      {
+        std::unique_lock lock(mu);
+        built_cv.wait(lock, [&] { return fatal || !built.empty() || builder_done; });
+        if (fatal || built.empty()) break;
+        taken.push_back(std::move(built.front()));
+        built.pop_front();
+      }
+      // Wait for the oldest batch's upload; with batch_appends, take every
+      // later one that has finished uploading too.
+      taken.front()->upload.wait();
+      if (options.batch_appends) {
+        std::lock_guard lock(mu);
+        while (!built.empty() && built.front()->upload.wait_for(std::chrono::seconds(0)) ==
+                                     std::future_status::ready) {
+          taken.push_back(std::move(built.front()));
+          built.pop_front();
+        }
+      }
+      work_cv.notify_all();  // room for the builder
+      std::vector<Built> group;
+      std::optional<Error> fatal_error;
+      for (auto& batch : taken) {
+        Status uploaded = batch->upload.get();
+        if (!uploaded && uploaded.error().is(ErrorKind::kInvalidUsage)) {
+          // A bad record (e.g. diffs that overflow together) fails its batch only.
+          finish(*batch, std::unexpected(uploaded.error()));
+        } else if (!uploaded) {
+          fatal_error = uploaded.error();
+          group.push_back(std::move(*batch));
+        } else {
+          group.push_back(std::move(*batch));
+        }
+      }
+      if (fatal_error) {
+        set_fatal(*fatal_error, nullptr, &group);
+        break;
+      }
+      if (!group.empty()) commit(group);
+    }
+    // Uploads still running hold pointers into batches: wait for them.
+    std::deque<std::shared_ptr<Built>> rest;
+    {
+      std::lock_guard lock(mu);
+      rest.swap(built);
+    }
+    for (auto& batch : rest) {
+      if (batch->upload.valid()) batch->upload.wait();
+      finish(*batch, std::unexpected(closed_error().error()));
+    }
+  }
+
+  void commit(std::vector<Built>& group) {
+    const std::string token = random_id();
+    int failures_in_a_row = 0;
+    for (;;) {
+      // Every batch must lie at or above the upper, in increasing time.
+      Frontier upper = writer->upper();
+      if (upper.is_closed()) {
+        set_fatal(Error{ErrorKind::kInvalidUsage, "the shard is closed to appends", std::nullopt,
+                        std::nullopt},
+                  nullptr, &group);
+        return;
+      }
+      Time required = upper.time();
+      for (Built& batch : group) {
+        if (batch.time < required) {
+          auto retimed = retime(batch, required);
+          if (!retimed) {
+            set_fatal(retimed.error(), nullptr, &group);
+            return;
+          }
+        }
+        required = batch.time + 1;
+      }
+      std::vector<Batch> batches;
+      for (Built& batch : group) batches.push_back(std::move(*batch.batch));
+      auto result = writer->compare_and_append(batches, upper, Frontier::at(required), token);
+      for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
+      if (result) {
+        for (Built& batch : group) finish(batch, batch.time);
+        std::lock_guard lock(mu);
+        ++stats.commits;
+        return;
+      }
+      const Error& error = result.error();
+      if (error.is(ErrorKind::kUpperMismatch)) {
+        {
+          std::lock_guard lock(mu);
+          ++stats.mismatches;
+          if (error.current_upper) next_time = std::max(next_time, *error.current_upper);
+        }
+        if (options.on_mismatch == MismatchPolicy::kBail) {
+          Error bail{ErrorKind::kUpperMismatch,
+                     "another writer moved the shard's upper (" + error.message +
+                         "); these records were not appended (bail policy)",
+                     error.expected_upper, error.current_upper};
+          for (Built& batch : group) finish(batch, std::unexpected(bail));
+          return;
+        }
+        failures_in_a_row = 0;
+        continue;  // re-timed at the top of the loop
+      }
+      bool retryable = error.is(ErrorKind::kDeterminate) || error.is(ErrorKind::kIndeterminate);
+      if (!retryable || ++failures_in_a_row > options.max_retries) {
+        set_fatal(error, nullptr, &group);
+        return;
+      }
+      backoff(failures_in_a_row);
+    }
+  }
+
+  // Rebuilds `batch` at a time >= at_least (after a definite mismatch: its
+  // old parts were never committed and are deleted when replaced).
+  Status retime(Built& batch, Time at_least) {
+    batch.time = take_time(at_least);
+    batch.batch.reset();
+    {
+      std::lock_guard lock(mu);
+      ++stats.retimed_batches;
+    }
+    return build(batch);
+  }
+
+  // Resolves a batch's records: leases first, then tokens and canaries.
+  void finish(Built& batch, Result<Time> outcome) {
+    std::uint64_t last_seq = batch.records.empty() ? 0 : batch.records.back().seq;
+    std::vector<std::shared_ptr<CommitToken::State>> tokens;
+    for (Record& r : batch.records) {
+      r.lease.release();
+      if (r.token) tokens.push_back(std::move(r.token));
+    }
+    std::size_t count = batch.records.size();
+    std::uint64_t first_seq = batch.records.empty() ? 0 : batch.records.front().seq;
+    batch.records.clear();
+    batch.batch.reset();
+    for (auto& token : tokens) token->resolve(outcome);
+    std::vector<Canary> ready;
+    {
+      std::lock_guard lock(mu);
+      in_flight -= count;
+      if (outcome) {
+        last_commit_time = std::max(last_commit_time, *outcome);
+        stats.records_committed += count;
+        ++stats.batches_committed;
+      } else if (count > 0) {
+        failures.emplace_back(first_seq, outcome.error());
+        if (failures.size() > kMaxRememberedFailures) failures.pop_front();
+      }
+      if (count > 0) done_seq = std::max(done_seq, last_seq + 1);
+      collect_ready_canaries(&ready);
+    }
+    capacity_cv.notify_all();
+    resolve_canaries(ready);
+  }
+
+  // REQUIRES: mu held.
+  void collect_ready_canaries(std::vector<Canary>* ready) {
+    auto done = [&](const Canary& c) { return c.boundary <= done_seq || fatal; };
+    for (Canary& c : canaries) {
+      if (done(c)) ready->push_back(c);
+    }
+    std::erase_if(canaries, done);
+  }
+
+  void resolve_canaries(std::vector<Canary>& ready) {
+    for (Canary& c : ready) {
+      std::optional<Error> failure;
+      Time time;
+      {
+        std::lock_guard lock(mu);
+        if (fatal) failure = *fatal;
+        for (const auto& [seq, error] : failures) {
+          if (!failure && seq >= c.from && seq < c.boundary) failure = error;
+        }
+        time = last_commit_time;
+      }
+      if (failure) {
+        c.token->resolve(std::unexpected(*failure));
+      } else {
+        c.token->resolve(time);
+      }
+    }
+  }
+
+  // Fails everything pending and closes. `current` and `group` are batches
+  // held by the calling thread outside the queues.
+  void set_fatal(const Error& error, Built* current, std::vector<Built>* group = nullptr) {
+    std::deque<Record> queued;
+    {
+      std::lock_guard lock(mu);
+      if (!fatal) fatal = error;
+      closing = true;
+      queued.swap(queue);
+      // Built batches stay: the committer fails them once their uploads end.
+    }
+    work_cv.notify_all();
+    built_cv.notify_all();
+    capacity_cv.notify_all();
+    Error failed{ErrorKind::kClosed, "the appender stopped: " + error.to_string(), std::nullopt,
+                 std::nullopt};
+    if (current) finish(*current, std::unexpected(failed));
+    if (group) {
+      for (Built& batch : *group) finish(batch, std::unexpected(failed));
+    }
+    if (!queued.empty()) {
+      Built rest;
+      rest.records.assign(std::make_move_iterator(queued.begin()),
+                          std::make_move_iterator(queued.end()));
+      finish(rest, std::unexpected(failed));
+    }
+    std::vector<Canary> ready;
+    {
+      std::lock_guard lock(mu);
+      collect_ready_canaries(&ready);
+    }
+    resolve_canaries(ready);
+  }
+};
+
+// --- Appender ---------------------------------------------------------------
+
+Result<std::shared_ptr<Appender>> Appender::open(std::shared_ptr<Shard> shard,
+                                                 AppenderOptions options) {
+  if (!shard) return invalid_usage("an appender needs a shard");
+  if (options.batch_max_records == 0 || options.batch_max_bytes == 0) {
+    return invalid_usage("batch_max_records and batch_max_bytes must be positive");
+  }
+  if (options.queue_records && *options.queue_records == 0) {
+    return invalid_usage("queue_records must be positive");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->shard = shard;
+  impl->options = options;
+  // Records mode is bounded by count alone; its pool only measures.
+  std::uint64_t capacity = options.queue_records ? MemoryPool::kUnlimited : options.queue_bytes;
+  impl->pool =
+      options.parent_pool
+          ? options.parent_pool->child("appender " + shard->name(), capacity)
+          : (options.queue_records ? MemoryPool::unlimited("appender " + shard->name())
+                                   : MemoryPool::create("appender " + shard->name(), capacity));
+  TM_ASSIGN(impl->writer, shard->open_writer());
+  impl->next_time = impl->writer->upper().is_closed() ? 0 : impl->writer->upper().time();
+  std::shared_ptr<Appender> appender(new Appender());
+  appender->impl_ = std::move(impl);
+  Impl* raw = appender->impl_.get();
+  raw->builder_thread = std::thread([raw] { raw->run_builder(); });
+  raw->committer_thread = std::thread([raw] { raw->run_committer(); });
+  return appender;
+}
+
+Appender::~Appender() {
+  close();
+}
+
+void Appender::close() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->closing = true;
+  }
+  impl_->work_cv.notify_all();
+  impl_->built_cv.notify_all();
+  impl_->capacity_cv.notify_all();
+  if (impl_->builder_thread.joinable()) impl_->builder_thread.join();
+  if (impl_->committer_thread.joinable()) impl_->committer_thread.join();
+}
+
+AppendSender Appender::sender() {
+  return AppendSender(shared_from_this());
+}
+
+Status Appender::flush() {
+  AppendSender s = sender();
+  auto canary = s.canary();
+  if (!canary) return std::unexpected(canary.error());
+  auto result = canary->wait();
+  if (!result) return std::unexpected(result.error());
+  return {};
+}
+
+AppenderStats Appender::stats() const {
+  std::lock_guard lock(impl_->mu);
+  AppenderStats out = impl_->stats;
+  out.queued_records = impl_->in_flight;
+  out.pool = impl_->pool->stats();
+  return out;
+}
+
+const std::shared_ptr<MemoryPool>& Appender::pool() const {
+  return impl_->pool;
+}
+
+// --- AppendSender -----------------------------------------------------------
+
+AppendSender::AppendSender(std::shared_ptr<Appender> appender) : appender_(std::move(appender)) {}
+AppendSender::AppendSender(AppendSender&&) noexcept = default;
+AppendSender& AppendSender::operator=(AppendSender&&) noexcept = default;
+AppendSender::~AppendSender() = default;
+
+Status AppendSender::enqueue(AppendRecord record) {
+  return enqueue_many(std::span<AppendRecord>(&record, 1));
+}
+
+Status AppendSender::enqueue_many(std::span<AppendRecord> records) {
+  if (records.empty()) return {};
+  Appender::Impl& impl = *appender_->impl_;
+  std::uint64_t total = 0, largest = 0;
+  for (const AppendRecord& r : records) {
+    total += Appender::Impl::charge(r);
+    largest = std::max(largest, Appender::Impl::charge(r));
+  }
+  TM_TRY(impl.admit(records.size(), largest));
+  // Admission rule: checked that something is available, now charge the
+  // actual size; the overdraft is bounded by this one call.
+  Lease lease = impl.pool->force_reserve(total);
+  return impl.push(records, std::move(lease), nullptr);
+}
+
+Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord record) {
+  Appender::Impl& impl = *appender_->impl_;
+  std::uint64_t size = Appender::Impl::charge(record);
+  TM_TRY(impl.admit(1, size));
+  Lease lease = impl.pool->force_reserve(size);
+  auto state = std::make_shared<CommitToken::State>();
+  TM_TRY(impl.push(std::span<AppendRecord>(&record, 1), std::move(lease), state));
+  return CommitToken(state);
+}
+
+Result<CommitToken> AppendSender::canary() {
+  Appender::Impl& impl = *appender_->impl_;
+  auto state = std::make_shared<CommitToken::State>();
+  std::vector<Appender::Impl::Canary> ready;
+  {
+    std::lock_guard lock(impl.mu);
+    Appender::Impl::Canary canary{impl.last_canary_boundary, impl.next_seq, state};
+    impl.last_canary_boundary = impl.next_seq;
+    impl.canaries.push_back(canary);
+    impl.collect_ready_canaries(&ready);
+  }
+  impl.resolve_canaries(ready);
+  return CommitToken(state);
+}
+
+void AppendSender::wait_for_capacity() {
+  Appender::Impl& impl = *appender_->impl_;
+  if (impl.options.queue_records) {
+    std::unique_lock lock(impl.mu);
+    impl.capacity_cv.wait(
+        lock, [&] { return impl.closing || impl.in_flight < *impl.options.queue_records; });
+    return;
+  }
+  impl.pool->wait_until_available();
+}
+
+}  // namespace tidemark

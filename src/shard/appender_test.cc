@@ -1,0 +1,371 @@
+// The background appender: tokens, memory bounds, re-timing, faults.
+#include "tidemark/appender.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "location/faulty.h"
+#include "location/mem_blob.h"
+#include "location/mem_consensus.h"
+#include "shard/test_util.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+
+namespace tidemark {
+namespace {
+
+using testing::read_snapshot;
+
+class AppenderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    blob_ = std::make_shared<FaultyBlob>(std::make_shared<MemBlob>());
+    consensus_ = std::make_shared<FaultyConsensus>(std::make_shared<MemConsensus>());
+    ClientOptions options;
+    options.part_target_bytes = 64 << 10;
+    client_ = *Client::open(Location{blob_, consensus_}, options);
+    ASSERT_TRUE(client_->create_shard("s"));
+    shard_ = *client_->open_shard("s");
+  }
+
+  std::shared_ptr<Appender> open(AppenderOptions options = {}) {
+    auto appender = Appender::open(shard_, options);
+    EXPECT_TRUE(appender) << appender.error().to_string();
+    return *appender;
+  }
+
+  // Every (key, value) in the shard with its count, at its latest time.
+  testing::Collection contents() {
+    Frontier upper = *shard_->upper();
+    if (upper == Frontier::at(0)) return {};
+    return *read_snapshot(*shard_, upper.time() - 1);
+  }
+
+  static AppendRecord record(int i, std::size_t value_bytes = 8) {
+    return AppendRecord{"\"k" + std::to_string(i) + "\"", std::string(value_bytes, 'v'), 1};
+  }
+
+  std::shared_ptr<FaultyBlob> blob_;
+  std::shared_ptr<FaultyConsensus> consensus_;
+  std::shared_ptr<Client> client_;
+  std::shared_ptr<Shard> shard_;
+};
+
+TEST_F(AppenderTest, TokensResolveInOrderOnceDurable) {
+  auto appender = open();
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int i = 0; i < 2000; ++i) tokens.push_back(*sender.enqueue_with_token(record(i)));
+  Time previous = 0;
+  for (const CommitToken& token : tokens) {
+    auto time = token.wait();
+    ASSERT_TRUE(time) << time.error().to_string();
+    EXPECT_GE(*time, previous);  // enqueue order is commit order
+    previous = *time;
+  }
+  // Durable: a fresh client on the same location sees every record.
+  auto fresh = *(*Client::open(client_->location()))->open_shard("s");
+  auto seen = *read_snapshot(*fresh, previous);
+  EXPECT_EQ(seen.size(), 2000u);
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
+TEST_F(AppenderTest, TimesAreWallClockMillisAndAboveTheUpper) {
+  auto writer = *shard_->open_writer();
+  std::vector<Batch> none;
+  ASSERT_TRUE(writer->compare_and_append(none, Frontier::at(0), Frontier::at(5)));
+  AppenderOptions options;
+  options.clock = [] { return Time{3}; };  // behind the upper
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  auto first = *sender.enqueue_with_token(record(1));
+  ASSERT_EQ(*first.wait(), 5u);
+  auto second = *sender.enqueue_with_token(record(2));
+  EXPECT_GT(*second.wait(), 5u);
+
+  auto wall = open();
+  AppendSender wall_sender = wall->sender();
+  Time before = static_cast<Time>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      std::chrono::system_clock::now().time_since_epoch())
+                                      .count());
+  auto token = *wall_sender.enqueue_with_token(record(3));
+  auto time = token.wait();
+  ASSERT_TRUE(time);
+  EXPECT_GE(*time, before);
+}
+
+TEST_F(AppenderTest, LeasesAreReleasedBeforeTokensResolve) {
+  auto appender = open();
+  AppendSender sender = appender->sender();
+  std::atomic<std::uint64_t> used_at_resolution{UINT64_MAX};
+  auto token = *sender.enqueue_with_token(record(1, 1000));
+  token.on_complete([&](const Result<Time>&) { used_at_resolution = appender->pool()->used(); });
+  ASSERT_TRUE(token.wait());
+  appender->flush().value();
+  EXPECT_EQ(used_at_resolution.load(), 0u);
+}
+
+TEST_F(AppenderTest, CanaryResolvesAfterEverythingBeforeIt) {
+  blob_->set_config(FaultConfig{std::chrono::milliseconds(5)});
+  auto appender = open();
+  AppendSender sender = appender->sender();
+  for (int i = 0; i < 500; ++i) ASSERT_TRUE(sender.enqueue(record(i)));
+  auto canary = *sender.canary();
+  ASSERT_TRUE(canary.wait());
+  EXPECT_EQ(contents().size(), 500u);
+  // With nothing pending a canary resolves at once.
+  EXPECT_TRUE((*sender.canary()).poll().has_value());
+}
+
+TEST_F(AppenderTest, OverdraftIsBoundedByOneCall) {
+  blob_->set_config(FaultConfig{std::chrono::milliseconds(3)});
+  AppenderOptions options;
+  options.queue_bytes = 16 << 10;
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  const std::uint64_t one = 1000 + 3 + kRecordOverheadBytes;  // key "k..." is 3-6 bytes
+  int full = 0;
+  for (int i = 0; i < 400; ++i) {
+    for (;;) {
+      auto queued = sender.enqueue(record(i, 1000));
+      if (queued) break;
+      ASSERT_EQ(queued.error().kind, ErrorKind::kFull) << queued.error().to_string();
+      ++full;
+      sender.wait_for_capacity();
+    }
+    EXPECT_LE(appender->pool()->used(), options.queue_bytes + one + 8);
+  }
+  // enqueue_many: the overdraft is at most that call's records.
+  std::vector<AppendRecord> five;
+  for (int i = 0; i < 5; ++i) five.push_back(record(1000 + i, 1000));
+  sender.wait_for_capacity();
+  ASSERT_TRUE(sender.enqueue_many(five));
+  EXPECT_LE(appender->pool()->used(), options.queue_bytes + 5 * (one + 8));
+  ASSERT_TRUE(appender->flush());
+  EXPECT_GT(full, 0) << "the queue never filled: the test proves nothing";
+  EXPECT_LE(appender->stats().pool.peak_used, options.queue_bytes + 5 * (one + 8));
+  EXPECT_EQ(contents().size(), 405u);
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
+TEST_F(AppenderTest, ClosedFullAndTooLarge) {
+  AppenderOptions options;
+  options.queue_bytes = 4096;
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  auto huge = sender.enqueue(record(1, 5000));
+  ASSERT_FALSE(huge);
+  EXPECT_EQ(huge.error().kind, ErrorKind::kTooLarge);
+  appender->close();
+  auto closed = sender.enqueue(record(2));
+  ASSERT_FALSE(closed);
+  EXPECT_EQ(closed.error().kind, ErrorKind::kClosed);
+
+  AppenderOptions counted;
+  counted.queue_records = 3;
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(50)});
+  auto records_mode = open(counted);
+  AppendSender s = records_mode->sender();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.enqueue(record(i)));
+  auto full = s.enqueue(record(9));
+  ASSERT_FALSE(full);
+  EXPECT_EQ(full.error().kind, ErrorKind::kFull);
+  s.wait_for_capacity();
+  EXPECT_TRUE(s.enqueue(record(9)));
+}
+
+// Another writer moves the upper after the appender read it: its first
+// commit finds a different upper and must re-time its batch.
+TEST_F(AppenderTest, MismatchRetimesPendingBatches) {
+  AppenderOptions options;
+  options.clock = [] { return Time{0}; };
+  auto appender = open(options);
+  auto writer = *shard_->open_writer();
+  std::vector<Batch> none;
+  ASSERT_TRUE(writer->compare_and_append(none, Frontier::at(0), Frontier::at(10)));
+  AppendSender sender = appender->sender();
+  auto token = *sender.enqueue_with_token(record(1));
+  auto time = token.wait();
+  ASSERT_TRUE(time) << time.error().to_string();
+  EXPECT_EQ(*time, 10u);
+  EXPECT_EQ(appender->stats().mismatches, 1u);
+  EXPECT_GE(appender->stats().retimed_batches, 1u);
+  EXPECT_EQ(contents().size(), 1u);
+}
+
+// A second writer keeps moving the upper while the appender, its clock
+// stuck below, appends: whatever the interleaving, every record lands once.
+TEST_F(AppenderTest, RacingWriterNeverLosesOrDuplicates) {
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(2)});
+  AppenderOptions options;
+  options.clock = [] { return Time{0}; };
+  auto appender = open(options);
+  std::atomic<bool> stop{false};
+  std::atomic<int> other_records{0};
+  std::thread other([&] {
+    auto writer = *shard_->open_writer();
+    for (int i = 0; !stop; ++i) {
+      Time t = writer->upper().time();
+      std::vector<Update> one{Update{"\"other" + std::to_string(i) + "\"", "1", t, 1}};
+      std::vector<Batch> batches;
+      batches.push_back(*writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+      if (writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1))) {
+        ++other_records;
+      }
+    }
+  });
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int i = 0; i < 300; ++i) {
+    tokens.push_back(*sender.enqueue_with_token(record(i)));
+    if (i % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  for (const CommitToken& token : tokens) {
+    ASSERT_TRUE(token.wait()) << token.wait().error().to_string();
+  }
+  stop = true;
+  other.join();
+  auto all = contents();
+  int ours = 0;
+  for (const auto& [kv, diff] : all) {
+    EXPECT_EQ(diff, 1) << kv.first;  // nothing appended twice
+    if (kv.first.rfind("\"k", 0) == 0) ++ours;
+  }
+  EXPECT_EQ(ours, 300);
+  EXPECT_EQ(static_cast<int>(all.size()), 300 + other_records.load());
+  std::printf("racing writer: %llu mismatches, %llu batches re-timed\n",
+              static_cast<unsigned long long>(appender->stats().mismatches),
+              static_cast<unsigned long long>(appender->stats().retimed_batches));
+}
+
+TEST_F(AppenderTest, BailPolicyFailsTokensInsteadOfRetrying) {
+  AppenderOptions options;
+  options.clock = [] { return Time{0}; };
+  options.on_mismatch = MismatchPolicy::kBail;
+  // The appender opens its writer (upper 0); then another writer moves the
+  // shard, so the appender's first commit finds a different upper.
+  auto appender = open(options);
+  auto writer = *shard_->open_writer();
+  std::vector<Batch> none;
+  ASSERT_TRUE(writer->compare_and_append(none, Frontier::at(0), Frontier::at(10)));
+  AppendSender sender = appender->sender();
+  auto token = *sender.enqueue_with_token(record(1));
+  auto result = token.wait();
+  ASSERT_FALSE(result);
+  EXPECT_EQ(result.error().kind, ErrorKind::kUpperMismatch);
+  EXPECT_NE(result.error().message.find("bail"), std::string::npos);
+  EXPECT_TRUE(contents().empty());
+  // The appender goes on: its next batch is timed at the new upper.
+  auto next = *sender.enqueue_with_token(record(2));
+  EXPECT_TRUE(next.wait());
+  EXPECT_EQ(contents().size(), 1u);
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
+TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
+  FaultConfig faults;
+  faults.determinate_rate = 0.15;
+  faults.indeterminate_rate = 0.15;
+  faults.seed = 11;
+  blob_->set_config(faults);
+  faults.seed = 12;
+  consensus_->set_config(faults);
+  AppenderOptions options;
+  options.max_retries = 50;
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int i = 0; i < 500; ++i) {
+    tokens.push_back(*sender.enqueue_with_token(record(i)));
+    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (const CommitToken& token : tokens)
+    ASSERT_TRUE(token.wait()) << token.wait().error().to_string();
+  blob_->set_config({});
+  consensus_->set_config({});
+  EXPECT_GT(blob_->injected_determinate() + consensus_->injected_indeterminate(), 0u);
+  auto all = contents();
+  ASSERT_EQ(all.size(), 500u);
+  for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
+TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
+  AppenderOptions options;
+  options.max_retries = 2;
+  auto appender = open(options);
+  FaultConfig broken;
+  broken.determinate_rate = 1.0;
+  consensus_->set_config(broken);
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int i = 0; i < 50; ++i) {
+    auto token = sender.enqueue_with_token(record(i));
+    if (!token) break;  // closed already: also fine
+    tokens.push_back(*token);
+  }
+  ASSERT_FALSE(tokens.empty());
+  for (const CommitToken& token : tokens) {
+    auto result = token.wait();
+    ASSERT_FALSE(result);
+    EXPECT_EQ(result.error().kind, ErrorKind::kClosed);
+    EXPECT_NE(result.error().message.find("injected"), std::string::npos);
+  }
+  auto after = sender.enqueue(record(99));
+  ASSERT_FALSE(after);
+  EXPECT_EQ(after.error().kind, ErrorKind::kClosed);
+  EXPECT_FALSE(appender->flush());
+  consensus_->set_config({});
+  EXPECT_TRUE(contents().empty());  // nothing reported committed was, nor the reverse
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
+TEST_F(AppenderTest, BatchedAppendsCommitManyBatchesPerCall) {
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(30)});
+  for (bool batched : {true, false}) {
+    AppenderOptions options;
+    options.batch_appends = batched;
+    options.batch_max_records = 10;  // many small batches
+    auto appender = open(options);
+    AppendSender sender = appender->sender();
+    for (int i = 0; i < 200; ++i) ASSERT_TRUE(sender.enqueue(record(i)));
+    ASSERT_TRUE(appender->flush());
+    AppenderStats stats = appender->stats();
+    EXPECT_EQ(stats.records_committed, 200u);
+    EXPECT_GE(stats.batches_committed, 20u);  // more when a batch is cut before 10 arrive
+    if (batched) {
+      EXPECT_LT(stats.commits, stats.batches_committed);
+    } else {
+      EXPECT_EQ(stats.commits, stats.batches_committed);
+    }
+    appender->close();
+  }
+}
+
+TEST_F(AppenderTest, ManySendersFromManyThreads) {
+  auto appender = open();
+  std::vector<std::thread> producers;
+  std::atomic<int> ok{0};
+  for (int p = 0; p < 8; ++p) {
+    producers.emplace_back([&, p] {
+      AppendSender sender = appender->sender();
+      for (int i = 0; i < 100; ++i) {
+        auto token = sender.enqueue_with_token(record(p * 1000 + i));
+        if (token && token->wait()) ++ok;
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  EXPECT_EQ(ok.load(), 800);
+  EXPECT_EQ(contents().size(), 800u);
+}
+
+}  // namespace
+}  // namespace tidemark
