@@ -144,10 +144,12 @@ struct Appender::Impl {
     return r.key.size() + r.value.size() + kRecordOverheadBytes;
   }
 
-  // Checks that `count` records (the largest `bytes`) may be queued and, so
-  // that concurrent senders cannot all pass one check, counts them in
-  // flight at once; push() takes them from there.
-  Status admit(std::size_t count, std::uint64_t bytes) {
+  // Admission (DESIGN.md section 5): checks that `count` records (the
+  // largest `bytes`, `total` in all) may be queued, then charges `total`.
+  // Check and charge happen under one lock, so concurrent senders cannot all
+  // pass one check: the pool's overdraft is bounded by a single call. The
+  // records count as in flight from here; push() takes them on.
+  Result<Lease> admit(std::size_t count, std::uint64_t bytes, std::uint64_t total) {
     if (!options.queue_records && bytes > pool->capacity()) {
       return make_error(ErrorKind::kTooLarge,
                         "record of " + std::to_string(bytes) +
@@ -165,7 +167,7 @@ struct Appender::Impl {
       return make_error(ErrorKind::kFull, "the appender's memory pool has no bytes available");
     }
     in_flight += count;
-    return {};
+    return pool->force_reserve(total);
   }
 
   std::unexpected<Error> closed_error() const {
@@ -403,10 +405,14 @@ struct Appender::Impl {
   void finish(Built& batch, Result<Time> outcome) {
     std::uint64_t last_seq = batch.records.empty() ? 0 : batch.records.back().seq;
     std::vector<std::shared_ptr<CommitToken::State>> tokens;
+    // One release for the whole batch: each release wakes the pool's
+    // waiters, and a batch may hold thousands of records.
+    Lease leases;
     for (Record& r : batch.records) {
-      r.lease.release();
+      leases.merge(std::move(r.lease));
       if (r.token) tokens.push_back(std::move(r.token));
     }
+    leases.release();
     std::size_t count = batch.records.size();
     std::uint64_t first_seq = batch.records.empty() ? 0 : batch.records.front().seq;
     batch.records.clear();
@@ -586,18 +592,14 @@ Status AppendSender::enqueue_many(std::span<AppendRecord> records) {
     total += Appender::Impl::charge(r);
     largest = std::max(largest, Appender::Impl::charge(r));
   }
-  TM_TRY(impl.admit(records.size(), largest));
-  // Admission rule: checked that something is available, now charge the
-  // actual size; the overdraft is bounded by this one call.
-  Lease lease = impl.pool->force_reserve(total);
+  TM_ASSIGN(Lease lease, impl.admit(records.size(), largest, total));
   return impl.push(records, std::move(lease), nullptr);
 }
 
 Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord record) {
   Appender::Impl& impl = *appender_->impl_;
   std::uint64_t size = Appender::Impl::charge(record);
-  TM_TRY(impl.admit(1, size));
-  Lease lease = impl.pool->force_reserve(size);
+  TM_ASSIGN(Lease lease, impl.admit(1, size, size));
   auto state = std::make_shared<CommitToken::State>();
   TM_TRY(impl.push(std::span<AppendRecord>(&record, 1), std::move(lease), state));
   return CommitToken(state);
