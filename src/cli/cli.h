@@ -59,5 +59,7 @@ int run_append(const Globals& globals, const std::vector<std::string>& args);
 int run_snapshot(const Globals& globals, const std::vector<std::string>& args);
 int run_listen(const Globals& globals, const std::vector<std::string>& args);
 int run_bench(const Globals& globals, const std::vector<std::string>& args);
+// `bench appender`, dispatched by run_bench (bench/bench_appender.cc).
+int run_bench_appender(const Globals& globals, const std::vector<std::string>& args);
 
 }  // namespace tidemark::cli

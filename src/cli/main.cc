@@ -15,6 +15,9 @@ constexpr const char* kUsage =
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   bench engine [--json] [--updates N] [--appends N]
+  bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
+      [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
+      [--duration S] [--json]
 
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
