@@ -36,6 +36,11 @@ printf '{"key": "a", "value": 1, "time": 5}\n{"key": "b", "value": \n' | tm appe
 echo "exit status: $?"
 set -e
 
+step 'append orders   (managed: no times; the appender picks one and prints it)'
+tm append orders <<'JSON'
+{"key": "order-4", "value": {"item": "kiwi", "qty": 4}}
+JSON
+
 step snapshot orders --as-of 2
 tm snapshot orders --as-of 2
 step 'snapshot orders   (latest complete time: upper - 1)'
