@@ -4,7 +4,7 @@
 // the consensus (FaultyBlob / FaultyConsensus, latency only, no errors).
 //
 //   tidemark bench appender [--producers N] [--record-bytes B]
-//       [--queue bytes:SIZE|records:N] [--batch-appends on|off]
+//       [--queue bytes[:SIZE]|records[:N]] [--batch-appends on|off]
 //       [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S]
 //       [--json]
 //
@@ -65,7 +65,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kAppenderUsage =
-    "bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] "
+    "bench appender [--producers N] [--record-bytes B] [--queue bytes[:SIZE]|records[:N]] "
     "[--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L] "
     "[--duration S] [--json]";
 
@@ -161,6 +161,10 @@ Result<Options> parse_options(const Args& args) {
     } else if (v->starts_with("records:")) {
       TM_ASSIGN(std::uint64_t n, parse_count("--queue records:N", v->substr(8)));
       o.queue_records = static_cast<std::size_t>(n);
+    } else if (*v == "records") {
+      o.queue_records = kDefaultQueueRecords;
+    } else if (*v == "bytes") {
+      o.queue_bytes = AppenderOptions{}.queue_bytes;
     } else {
       return invalid_usage("--queue takes bytes:SIZE or records:N, got \"" + *v + "\"");
     }

@@ -59,6 +59,10 @@ struct AppendRecord {
 // bookkeeping.
 inline constexpr std::uint64_t kRecordOverheadBytes = 64;
 
+// The records-mode bound when none is given (records mode exists only to
+// compare against the byte bound).
+inline constexpr std::size_t kDefaultQueueRecords = 50;
+
 enum class MismatchPolicy : std::uint8_t {
   kRetime,  // re-time pending batches at the new upper and retry
   kBail,    // fail their tokens with a clear error

@@ -164,6 +164,7 @@ TEST_F(AppenderTest, ClosedFullAndTooLarge) {
   auto closed = sender.enqueue(record(2));
   ASSERT_FALSE(closed);
   EXPECT_EQ(closed.error().kind, ErrorKind::kClosed);
+  EXPECT_EQ(appender->pool()->used(), 0u);  // refused records hold nothing
 
   AppenderOptions counted;
   counted.queue_records = 3;
@@ -176,6 +177,8 @@ TEST_F(AppenderTest, ClosedFullAndTooLarge) {
   EXPECT_EQ(full.error().kind, ErrorKind::kFull);
   s.wait_for_capacity();
   EXPECT_TRUE(s.enqueue(record(9)));
+  records_mode->close();
+  EXPECT_EQ(records_mode->pool()->used(), 0u);
 }
 
 // Another writer moves the upper after the appender read it: its first
