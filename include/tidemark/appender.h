@@ -31,7 +31,9 @@
 //
 // Thread-safety: Appender is safe for concurrent use. An AppendSender is
 // move-only and used by one producer thread at a time; each producer takes
-// its own sender.
+// its own sender. Token callbacks run on the appender's threads: they must
+// not block for long, nor drop the last reference to the appender (its
+// destructor joins those threads).
 #pragma once
 
 #include <chrono>
@@ -166,7 +168,11 @@ class Appender : public std::enable_shared_from_this<Appender> {
 
  private:
   friend class AppendSender;
+
+ protected:
   Appender() = default;
+
+ private:
   std::unique_ptr<Impl> impl_;
 };
 

@@ -524,7 +524,9 @@ Result<std::shared_ptr<Appender>> Appender::open(std::shared_ptr<Shard> shard,
                                    : MemoryPool::create("appender " + shard->name(), capacity));
   TM_ASSIGN(impl->writer, shard->open_writer());
   impl->next_time = impl->writer->upper().is_closed() ? 0 : impl->writer->upper().time();
-  std::shared_ptr<Appender> appender(new Appender());
+  // The constructor is private; a local subclass lets make_shared reach it.
+  struct Constructible : Appender {};
+  std::shared_ptr<Appender> appender = std::make_shared<Constructible>();
   appender->impl_ = std::move(impl);
   Impl* raw = appender->impl_.get();
   raw->builder_thread = std::thread([raw] { raw->run_builder(); });
