@@ -357,9 +357,12 @@ struct Appender::Impl {
       auto result = writer->compare_and_append(batches, upper, Frontier::at(required), token);
       for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
       if (result) {
+        {
+          // Counted before any token resolves, so a flushed caller sees it.
+          std::lock_guard lock(mu);
+          ++stats.commits;
+        }
         for (Built& batch : group) finish(batch, batch.time);
-        std::lock_guard lock(mu);
-        ++stats.commits;
         return;
       }
       const Error& error = result.error();
@@ -417,7 +420,8 @@ struct Appender::Impl {
     std::uint64_t first_seq = batch.records.empty() ? 0 : batch.records.front().seq;
     batch.records.clear();
     batch.batch.reset();
-    for (auto& token : tokens) token->resolve(outcome);
+    // Figures first, so whoever a token wakes sees them; then tokens, then
+    // canaries (which come after everything before them).
     std::vector<Canary> ready;
     {
       std::lock_guard lock(mu);
@@ -434,6 +438,7 @@ struct Appender::Impl {
       collect_ready_canaries(&ready);
     }
     capacity_cv.notify_all();
+    for (auto& token : tokens) token->resolve(outcome);
     resolve_canaries(ready);
   }
 
