@@ -24,6 +24,8 @@ namespace tidemark {
 class WriteHandle;
 class SnapshotCursor;
 class Listener;
+class ReadHandle;
+struct ReaderOptions;
 struct ShardContext;
 
 struct ClientOptions {
@@ -72,6 +74,13 @@ class Shard {
 
   // Registers a new writer with the shard.
   [[nodiscard]] Result<std::unique_ptr<WriteHandle>> open_writer();
+
+  // A leased reader holding the shard's current since.
+  [[nodiscard]] Result<std::unique_ptr<ReadHandle>> open_reader(const ReaderOptions& options);
+  // A critical reader: `reader_id` names it across restarts; reopening
+  // finds its hold where it was left.
+  [[nodiscard]] Result<std::unique_ptr<ReadHandle>> open_critical_reader(
+      std::string_view reader_id);
 
   // Consolidated contents at `as_of`. NotReady when as_of >= upper (not yet
   // final); SinceViolation when as_of < since.

@@ -8,11 +8,20 @@
 // Listener streams the updates with times > from in time order, and a
 // progress event each time the upper advances; it waits for new appends.
 //
-// Thread-safety: a cursor or listener is used from one thread at a time.
+// ReadHandle holds a reader's lease and since hold: the shard's since (below
+// which history may be compacted) never passes an active hold. A leased
+// handle heartbeats in the background and its hold is dropped when the
+// handle is destroyed or its lease expires; a critical handle, opened by a
+// stable id, holds across restarts until expire() (e.g. a sink's progress).
+//
+// Thread-safety: a cursor or listener is used from one thread at a time. A
+// ReadHandle is safe for concurrent use.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "tidemark/error.h"
@@ -63,6 +72,43 @@ class Listener {
   // poll interval; nullopt inside the Result means "nothing yet".
   [[nodiscard]] virtual Result<std::optional<ListenEvent>> poll() = 0;
   virtual bool done() const = 0;
+};
+
+struct ReaderOptions {
+  // A leased reader whose lease runs out (no heartbeat for this long) loses
+  // its hold.
+  std::chrono::milliseconds lease{60'000};
+  // Heartbeat in the background every lease / 3. Off only in tests that
+  // let a lease expire.
+  bool heartbeat = true;
+};
+
+class ReadHandle {
+ public:
+  struct Impl;
+  explicit ReadHandle(std::unique_ptr<Impl> impl);
+  ~ReadHandle();  // leased: drops the hold; critical: keeps it
+  ReadHandle(const ReadHandle&) = delete;
+  ReadHandle& operator=(const ReadHandle&) = delete;
+
+  const std::string& id() const;
+  bool critical() const;
+  // This reader's hold, as the shard last recorded it.
+  [[nodiscard]] Result<Frontier> since();
+  // Lets history below `since` be compacted: moves the hold forward (never
+  // back). NotFound if the lease expired.
+  [[nodiscard]] Status downgrade_since(Frontier since);
+  // Extends the lease now (the background heartbeat does this too).
+  [[nodiscard]] Status heartbeat();
+  // Drops the hold now, critical or not.
+  [[nodiscard]] Status expire();
+
+  [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of);
+  [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
+                                                         std::optional<Time> until = std::nullopt);
+
+ private:
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace tidemark

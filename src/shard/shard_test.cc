@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <random>
+#include <thread>
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
@@ -147,6 +148,8 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
   state.upper = Frontier::at(20);
   state.since = Frontier::at(3);
   state.writers["w1"].last_token = "tok";
+  state.readers["r1"] = ReaderState{Frontier::at(3), 12345};
+  state.readers["c-sink"] = ReaderState{Frontier::at(4), 0};
   PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
   state.batches.push_back(HollowBatch{
       Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({part})});
@@ -184,6 +187,7 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   for (Time t = 0; t < 40; t += 4) before.batches.push_back(batch(t, t + 4));
   before.writers["a"].last_token = "1";
   before.writers["b"].last_token = "2";
+  before.readers["gone"] = ReaderState{Frontier::at(1), 50};
 
   std::vector<ShardState> afters;
   ShardState append = before;  // an append
@@ -200,6 +204,10 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   writers.writers.erase("b");
   writers.writers["c"];
   afters.push_back(writers);
+  ShardState readers = before;  // readers come, move and go
+  readers.readers["r1"] = ReaderState{Frontier::at(5), 99};
+  readers.readers["c-x"] = ReaderState{Frontier::at(2), 0};
+  afters.push_back(readers);
   ShardState same = before;  // nothing changed
   afters.push_back(same);
   ShardState cleared = before;  // everything gone
@@ -226,6 +234,39 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   }
   // An append's diff carries the new batch only, not the whole state.
   EXPECT_LT(encode_diff(before, append, 3).size() * 5, encode_state(append).size());
+}
+
+TEST(StateTest, SinceFollowsTheLeastHoldAndLeasesExpire) {
+  ShardState state;
+  state.name = "s";
+  state.upper = Frontier::at(100);
+  register_reader(state, "a", false, /*expires*/ 1000, /*now*/ 0);
+  register_reader(state, "b", false, 2000, 0);
+  register_reader(state, "c-sink", true, 0, 0);
+  ASSERT_TRUE(downgrade_reader_since(state, "a", Frontier::at(50), 10));
+  ASSERT_TRUE(downgrade_reader_since(state, "c-sink", Frontier::at(30), 10));
+  EXPECT_EQ(state.since, Frontier::at(0));  // b still holds 0
+  ASSERT_TRUE(downgrade_reader_since(state, "b", Frontier::at(40), 10));
+  EXPECT_EQ(state.since, Frontier::at(30));  // the critical hold
+  // A hold never moves back, and since never passes upper.
+  ASSERT_TRUE(downgrade_reader_since(state, "b", Frontier::at(5), 10));
+  EXPECT_EQ(state.readers["b"].since, Frontier::at(40));
+  ASSERT_TRUE(downgrade_reader_since(state, "c-sink", Frontier::at(500), 10));
+  EXPECT_EQ(state.since, Frontier::at(40));
+  // a's lease (1000) runs out: at 1500 it is gone and b (40) is the least.
+  ASSERT_TRUE(heartbeat_reader(state, "b", 3000, 1500));
+  EXPECT_FALSE(state.readers.contains("a"));
+  EXPECT_EQ(heartbeat_reader(state, "a", 3000, 1500).error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(downgrade_reader_since(state, "a", Frontier::at(60), 1500).error().kind,
+            ErrorKind::kNotFound);
+  // Critical readers never expire; a re-registered one keeps its hold.
+  register_reader(state, "c-sink", true, 0, 1'000'000);
+  EXPECT_EQ(state.readers["c-sink"].since, Frontier::at(500));
+  EXPECT_FALSE(state.readers.contains("b"));
+  EXPECT_EQ(state.since, Frontier::at(100));  // only the critical hold, capped at upper
+  remove_reader(state, "c-sink", 1'000'000);
+  EXPECT_TRUE(state.readers.empty());
+  EXPECT_EQ(state.since, Frontier::at(100));  // since never goes back
 }
 
 TEST(StateTest, UnknownWriterIsInvalidUsage) {
@@ -301,6 +342,45 @@ TEST_F(ShardTest, SnapshotRefusesIncompleteAndCompactedTimes) {
   EXPECT_EQ(compacted.error().kind, ErrorKind::kSinceViolation);
   EXPECT_TRUE(shard_->snapshot(2));
   EXPECT_EQ(shard_->listen(1, 5).error().kind, ErrorKind::kSinceViolation);
+}
+
+TEST_F(ShardTest, ReadHandlesHoldSinceAndCriticalOnesSurviveRestarts) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 3), 0, 10));
+  ASSERT_TRUE(append(batches, 0, 10));
+  auto leased = *shard_->open_reader(ReaderOptions{});
+  auto sink = *shard_->open_critical_reader("sink-a");
+  ASSERT_TRUE(sink->downgrade_since(Frontier::at(6)));
+  EXPECT_EQ(shard_->inspect()->since, Frontier::at(0));  // the leased reader holds 0
+  ASSERT_TRUE(leased->downgrade_since(Frontier::at(4)));
+  EXPECT_EQ(shard_->inspect()->since, Frontier::at(4));
+  EXPECT_EQ(leased->snapshot(3).error().kind, ErrorKind::kSinceViolation);
+  EXPECT_TRUE(leased->snapshot(4));
+  leased.reset();  // a leased hold goes with its handle
+  EXPECT_EQ(shard_->inspect()->since, Frontier::at(6));
+  // The sink's process restarts: its hold is where it left it.
+  sink.reset();
+  auto again = *shard_->open_critical_reader("sink-a");
+  EXPECT_EQ(*again->since(), Frontier::at(6));
+  ASSERT_TRUE(again->expire());
+  EXPECT_EQ(again->since().error().kind, ErrorKind::kNotFound);
+}
+
+TEST_F(ShardTest, AnExpiredLeaseStopsHoldingSince) {
+  ReaderOptions no_heartbeat;
+  no_heartbeat.lease = std::chrono::milliseconds(50);
+  no_heartbeat.heartbeat = false;
+  auto silent = *shard_->open_reader(no_heartbeat);
+  ReaderOptions beating;
+  beating.lease = std::chrono::milliseconds(60);
+  auto alive = *shard_->open_reader(beating);
+  std::vector<Batch> none;
+  ASSERT_TRUE(append(none, 0, 10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The live reader's heartbeats (every 20 ms) kept it; the silent one expired.
+  ASSERT_TRUE(alive->downgrade_since(Frontier::at(7)));
+  EXPECT_EQ(shard_->inspect()->since, Frontier::at(7));
+  EXPECT_EQ(silent->downgrade_since(Frontier::at(8)).error().kind, ErrorKind::kNotFound);
 }
 
 TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {

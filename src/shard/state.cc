@@ -61,6 +61,17 @@ void put_writer(Encoder& e, const std::string& id, const WriterState& writer) {
   e.put_bytes(writer.last_token);
 }
 
+void put_reader(Encoder& e, const std::string& id, const ReaderState& reader) {
+  e.put_bytes(id);
+  put_frontier(e, reader.since);
+  e.put_varint(reader.lease_expires_ms);
+}
+
+bool get_reader(Decoder& d, std::string* id, ReaderState* reader) {
+  return get_string(d, id) && get_frontier(d, &reader->since) &&
+         d.get_varint(&reader->lease_expires_ms);
+}
+
 // The invariants of ShardState (state.h); `bad` names what is wrong.
 Status validate_state(const ShardState& state,
                       const std::function<std::unexpected<Error>(std::string)>& bad) {
@@ -131,6 +142,8 @@ std::string encode_state(const ShardState& state) {
   put_frontier(e, state.since);
   e.put_varint(state.writers.size());
   for (const auto& [id, writer] : state.writers) put_writer(e, id, writer);
+  e.put_varint(state.readers.size());
+  for (const auto& [id, reader] : state.readers) put_reader(e, id, reader);
   e.put_varint(state.batches.size());
   for (const HollowBatch& batch : state.batches) put_batch(e, batch);
   return out;
@@ -161,6 +174,14 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
     WriterState writer;
     if (!get_string(d, &id) || !get_string(d, &writer.last_token)) return bad("malformed writer");
     state.writers.emplace(std::move(id), std::move(writer));
+  }
+  std::uint64_t readers;
+  if (!d.get_varint(&readers) || readers > d.remaining()) return bad("malformed reader count");
+  for (std::uint64_t i = 0; i < readers; ++i) {
+    std::string id;
+    ReaderState reader;
+    if (!get_reader(d, &id, &reader)) return bad("malformed reader");
+    state.readers.emplace(std::move(id), reader);
   }
   std::uint64_t batches;
   if (!d.get_varint(&batches) || batches > d.remaining()) return bad("malformed batch count");
@@ -211,6 +232,22 @@ std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo
   }
   e.put_varint(removed.size());
   for (const std::string* id : removed) e.put_bytes(*id);
+  // Readers added or changed, then readers removed.
+  std::vector<std::pair<const std::string*, const ReaderState*>> reader_upserts;
+  for (const auto& [id, reader] : after.readers) {
+    auto old = before.readers.find(id);
+    if (old == before.readers.end() || !(old->second == reader)) {
+      reader_upserts.emplace_back(&id, &reader);
+    }
+  }
+  e.put_varint(reader_upserts.size());
+  for (const auto& [id, reader] : reader_upserts) put_reader(e, *id, *reader);
+  std::vector<const std::string*> readers_removed;
+  for (const auto& [id, reader] : before.readers) {
+    if (!after.readers.contains(id)) readers_removed.push_back(&id);
+  }
+  e.put_varint(readers_removed.size());
+  for (const std::string* id : readers_removed) e.put_bytes(*id);
   // Batches as one splice: the common prefix and suffix stay.
   const auto& b = before.batches;
   const auto& a = after.batches;
@@ -266,6 +303,20 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
     if (!get_string(d, &id)) return bad("malformed removed writer");
     state.writers.erase(id);
   }
+  state.readers = before->readers;
+  if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed readers");
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string id;
+    ReaderState reader;
+    if (!get_reader(d, &id, &reader)) return bad("malformed reader");
+    state.readers[std::move(id)] = reader;
+  }
+  if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed readers");
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::string id;
+    if (!get_string(d, &id)) return bad("malformed removed reader");
+    state.readers.erase(id);
+  }
   std::uint64_t prefix, removed, inserted;
   if (!d.get_varint(&prefix) || !d.get_varint(&removed) || !d.get_varint(&inserted) ||
       prefix > before->batches.size() || removed > before->batches.size() - prefix ||
@@ -314,6 +365,73 @@ void register_writer(ShardState& state, std::string_view writer_id) {
   if (state.writers.find(writer_id) == state.writers.end()) {
     state.writers.emplace(std::string(writer_id), WriterState{});
   }
+}
+
+namespace {
+
+void expire_readers(ShardState& state, std::uint64_t now_ms) {
+  std::erase_if(state.readers, [&](const auto& entry) {
+    return !entry.second.critical() && entry.second.lease_expires_ms < now_ms;
+  });
+}
+
+// since = the least hold, never past upper and never backwards.
+void advance_since(ShardState& state) {
+  if (state.readers.empty()) return;
+  Frontier least = Frontier::closed();
+  for (const auto& [id, reader] : state.readers) least = std::min(least, reader.since);
+  least = std::min(least, state.upper);
+  if (state.since < least) state.since = least;
+}
+
+}  // namespace
+
+void register_reader(ShardState& state, std::string_view reader_id, bool critical,
+                     std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
+  expire_readers(state, now_ms);
+  auto it = state.readers.find(reader_id);
+  if (it == state.readers.end()) {
+    ReaderState reader{state.since, critical ? 0 : std::max<std::uint64_t>(lease_expires_ms, 1)};
+    state.readers.emplace(std::string(reader_id), reader);
+  } else if (!critical) {
+    it->second.lease_expires_ms = std::max<std::uint64_t>(lease_expires_ms, 1);
+  }
+  advance_since(state);
+}
+
+Status heartbeat_reader(ShardState& state, std::string_view reader_id,
+                        std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
+  expire_readers(state, now_ms);
+  auto it = state.readers.find(reader_id);
+  if (it == state.readers.end()) {
+    return make_error(ErrorKind::kNotFound, "reader " + std::string(reader_id) + " of shard " +
+                                                state.name + " has expired");
+  }
+  if (!it->second.critical()) {
+    it->second.lease_expires_ms = std::max(it->second.lease_expires_ms, lease_expires_ms);
+  }
+  advance_since(state);
+  return {};
+}
+
+Status downgrade_reader_since(ShardState& state, std::string_view reader_id, Frontier since,
+                              std::uint64_t now_ms) {
+  expire_readers(state, now_ms);
+  auto it = state.readers.find(reader_id);
+  if (it == state.readers.end()) {
+    return make_error(ErrorKind::kNotFound, "reader " + std::string(reader_id) + " of shard " +
+                                                state.name + " has expired");
+  }
+  if (it->second.since < since) it->second.since = since;
+  advance_since(state);
+  return {};
+}
+
+void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t now_ms) {
+  expire_readers(state, now_ms);
+  auto it = state.readers.find(reader_id);
+  if (it != state.readers.end()) state.readers.erase(it);
+  advance_since(state);
 }
 
 std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current) {

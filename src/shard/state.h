@@ -75,6 +75,18 @@ struct WriterState {
   bool operator==(const WriterState&) const = default;
 };
 
+// A reader's hold on history: the shard's since never passes `since` while
+// the reader lives. A leased reader lives until its lease expires (it
+// heartbeats to extend it); a critical reader (lease_expires_ms == 0) has no
+// lease and lives until it is removed, across restarts of its process.
+struct ReaderState {
+  Frontier since;
+  std::uint64_t lease_expires_ms = 0;  // wall-clock ms; 0 for critical
+
+  bool critical() const { return lease_expires_ms == 0; }
+  bool operator==(const ReaderState&) const = default;
+};
+
 struct ShardState {
   std::string name;
   SeqNo seqno = 0;  // of the consensus version holding this state
@@ -82,6 +94,7 @@ struct ShardState {
   Frontier since = Frontier::at(0);
   std::vector<HollowBatch> batches;
   std::map<std::string, WriterState, std::less<>> writers;
+  std::map<std::string, ReaderState, std::less<>> readers;
 
   bool operator==(const ShardState&) const = default;
 };
@@ -130,6 +143,24 @@ std::string encode_registry(const std::vector<std::string>& names);
 
 // Registers a writer (idempotent).
 void register_writer(ShardState& state, std::string_view writer_id);
+
+// Readers. Every reader transition first drops leased readers whose lease
+// expired before `now_ms`, and ends by advancing since to the least hold
+// (never past upper, never backwards; with no readers it stays).
+//
+// Registers a reader holding the current since. A critical reader that
+// exists already keeps its hold (a restarted sink finds it again).
+void register_reader(ShardState& state, std::string_view reader_id, bool critical,
+                     std::uint64_t lease_expires_ms, std::uint64_t now_ms);
+// Extends a leased reader's lease; NotFound when it has expired.
+[[nodiscard]] Status heartbeat_reader(ShardState& state, std::string_view reader_id,
+                                      std::uint64_t lease_expires_ms, std::uint64_t now_ms);
+// Moves a reader's hold forward to `since` (a hold never moves back: an
+// earlier frontier leaves it). NotFound when the reader has expired.
+[[nodiscard]] Status downgrade_reader_since(ShardState& state, std::string_view reader_id,
+                                            Frontier since, std::uint64_t now_ms);
+// Drops a reader (leased or critical) and its hold.
+void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t now_ms);
 
 struct AppendRequest {
   std::string_view writer_id;
