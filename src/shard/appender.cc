@@ -420,9 +420,9 @@ struct Appender::Impl {
     std::uint64_t first_seq = batch.records.empty() ? 0 : batch.records.front().seq;
     batch.records.clear();
     batch.batch.reset();
-    // Figures first, so whoever a token wakes sees them; then tokens, then
-    // canaries (which come after everything before them).
-    std::vector<Canary> ready;
+    // Figures first, so whoever a token wakes sees them; then the tokens;
+    // only then do these records count as done for canaries, so a canary
+    // never resolves before the tokens of the records ahead of it.
     {
       std::lock_guard lock(mu);
       in_flight -= count;
@@ -434,11 +434,15 @@ struct Appender::Impl {
         failures.emplace_back(first_seq, outcome.error());
         if (failures.size() > kMaxRememberedFailures) failures.pop_front();
       }
-      if (count > 0) done_seq = std::max(done_seq, last_seq + 1);
-      collect_ready_canaries(&ready);
     }
     capacity_cv.notify_all();
     for (auto& token : tokens) token->resolve(outcome);
+    std::vector<Canary> ready;
+    {
+      std::lock_guard lock(mu);
+      if (count > 0) done_seq = std::max(done_seq, last_seq + 1);
+      collect_ready_canaries(&ready);
+    }
     resolve_canaries(ready);
   }
 
