@@ -122,7 +122,7 @@ class ShardListener final : public Listener {
     TM_ASSIGN(MergeCursor merge,
               MergeCursor::open(context_->location.blob, next.parts.get(), window));
     if (window.min == window.max) {
-      merge_.emplace(std::move(merge));
+      merge_.emplace(std::move(merge), "listen");
       streaming_ = true;
       return {};
     }
@@ -150,39 +150,15 @@ class ShardListener final : public Listener {
     return {};
   }
 
-  // One window of a single time: consolidate equal (key, value) from the
-  // sorted merge and stream.
+  // One window of a single time: equal (key, value) consolidated, streamed.
   Result<std::optional<ListenEvent>> next_streamed() {
-    for (;;) {
-      if (!peek_) {
-        TM_ASSIGN(peek_, merge_->next());
-        if (!peek_) {
-          streaming_ = false;
-          merge_.reset();
-          return std::optional<ListenEvent>{};
-        }
-      }
-      key_.assign(peek_->key);
-      value_.assign(peek_->value);
-      Time time = peek_->time;
-      Diff sum = peek_->diff;
-      peek_.reset();
-      for (;;) {
-        TM_ASSIGN(auto update, merge_->next());
-        if (!update) break;
-        if (update->key != key_ || update->value != value_) {
-          peek_ = update;
-          break;
-        }
-        TM_ASSIGN(sum, checked_add_diff(sum, update->diff, "listen"));
-      }
-      if (sum != 0) return update_event(key_, value_, time, sum);
-      if (!peek_) {
-        streaming_ = false;
-        merge_.reset();
-        return std::optional<ListenEvent>{};
-      }
+    TM_ASSIGN(auto update, merge_->next());
+    if (!update) {
+      streaming_ = false;
+      merge_.reset();
+      return std::optional<ListenEvent>{};
     }
+    return update_event(update->key, update->value, update->time, update->diff);
   }
 
   static Result<std::optional<ListenEvent>> update_event(std::string_view key,
@@ -213,9 +189,7 @@ class ShardListener final : public Listener {
   Frontier pending_progress_;
   std::deque<Window> windows_;
   bool streaming_ = false;
-  std::optional<MergeCursor> merge_;
-  std::optional<UpdateView> peek_;
-  std::string key_, value_;
+  std::optional<ConsolidatingCursor> merge_;  // the one-time window streaming
   std::vector<Update> buffer_;
   std::size_t buffer_index_ = 0;
 };

@@ -122,4 +122,38 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
   return inputs_[*current_].head;
 }
 
+ConsolidatingCursor::ConsolidatingCursor(MergeCursor merge, std::string what)
+    : merge_(std::move(merge)), what_(std::move(what)) {}
+
+Result<std::optional<UpdateView>> ConsolidatingCursor::next() {
+  for (;;) {
+    if (!peek_) {
+      if (exhausted_) return std::optional<UpdateView>{};
+      TM_ASSIGN(peek_, merge_.next());
+      if (!peek_) {
+        exhausted_ = true;
+        return std::optional<UpdateView>{};
+      }
+    }
+    key_.assign(peek_->key);
+    value_.assign(peek_->value);
+    const Time time = peek_->time;
+    Diff sum = peek_->diff;
+    peek_.reset();
+    for (;;) {
+      TM_ASSIGN(auto update, merge_.next());
+      if (!update) {
+        exhausted_ = true;
+        break;
+      }
+      if (update->key != key_ || update->value != value_) {
+        peek_ = update;
+        break;
+      }
+      TM_ASSIGN(sum, checked_add_diff(sum, update->diff, what_));
+    }
+    if (sum != 0) return std::optional<UpdateView>{UpdateView{key_, value_, time, sum}};
+  }
+}
+
 }  // namespace tidemark

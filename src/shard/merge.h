@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "part/part.h"
@@ -58,6 +59,31 @@ class MergeCursor {
   std::optional<std::size_t> current_;
   bool started_ = false;
   bool advance_current_ = false;
+};
+
+// A MergeCursor whose consecutive updates with equal (key, value) are summed
+// into one, zero sums dropped: the consolidation a snapshot does (times
+// advanced to as_of) and a listen does within a window of one time. The
+// update returned carries the time of the first update of its group.
+//
+// Memory: the current key and value are copied into buffers reused across
+// updates (advancing the merge may invalidate the views it returned).
+class ConsolidatingCursor {
+ public:
+  // `what` names the read in a diff-overflow error.
+  ConsolidatingCursor(MergeCursor merge, std::string what);
+
+  // The next consolidated update, or nullopt at the end. Its views stay
+  // valid until the next call.
+  [[nodiscard]] Result<std::optional<UpdateView>> next();
+
+ private:
+  MergeCursor merge_;
+  std::string what_;
+  std::string key_;
+  std::string value_;
+  std::optional<UpdateView> peek_;  // the first update of the next group
+  bool exhausted_ = false;
 };
 
 }  // namespace tidemark

@@ -8,13 +8,7 @@ namespace tidemark {
 
 struct SnapshotCursor::Impl {
   Time as_of = 0;
-  std::optional<MergeCursor> merge;
-  // The (key, value) being summed is copied, since advancing the merge may
-  // invalidate the views it came from. Buffers are reused across rows.
-  std::string key;
-  std::string value;
-  std::optional<UpdateView> peek;  // the first update of the next group
-  bool exhausted = false;
+  std::optional<ConsolidatingCursor> rows;
 };
 
 SnapshotCursor::SnapshotCursor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -27,34 +21,9 @@ Time SnapshotCursor::as_of() const {
 }
 
 Result<std::optional<SnapshotRow>> SnapshotCursor::next() {
-  Impl& s = *impl_;
-  for (;;) {
-    if (!s.peek) {
-      if (s.exhausted) return std::optional<SnapshotRow>{};
-      TM_ASSIGN(s.peek, s.merge->next());
-      if (!s.peek) {
-        s.exhausted = true;
-        return std::optional<SnapshotRow>{};
-      }
-    }
-    s.key.assign(s.peek->key);
-    s.value.assign(s.peek->value);
-    Diff sum = s.peek->diff;
-    s.peek.reset();
-    for (;;) {
-      TM_ASSIGN(auto update, s.merge->next());
-      if (!update) {
-        s.exhausted = true;
-        break;
-      }
-      if (update->key != s.key || update->value != s.value) {
-        s.peek = update;
-        break;
-      }
-      TM_ASSIGN(sum, checked_add_diff(sum, update->diff, "snapshot"));
-    }
-    if (sum != 0) return std::optional<SnapshotRow>{SnapshotRow{s.key, s.value, sum}};
-  }
+  TM_ASSIGN(auto row, impl_->rows->next());
+  if (!row) return std::optional<SnapshotRow>{};
+  return std::optional<SnapshotRow>{SnapshotRow{row->key, row->value, row->diff}};
 }
 
 Result<SnapshotCursor> Shard::snapshot(Time as_of) {
@@ -81,7 +50,7 @@ Result<SnapshotCursor> Shard::snapshot(Time as_of) {
             MergeCursor::open(context_->location.blob, parts, TimeWindow{0, as_of}));
   auto impl = std::make_unique<SnapshotCursor::Impl>();
   impl->as_of = as_of;
-  impl->merge = std::move(merge);
+  impl->rows.emplace(std::move(merge), "snapshot");
   return SnapshotCursor(std::move(impl));
 }
 
