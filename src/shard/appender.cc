@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tidemark/write.h"
+#include "util/clock.h"
 #include "util/ids.h"
 
 namespace tidemark {
@@ -29,12 +30,6 @@ namespace {
 constexpr std::size_t kMaxBuiltBatches = 16;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
-
-Time wall_clock_millis() {
-  return static_cast<Time>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count());
-}
 
 void backoff(int attempt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 << std::min(attempt, 6), 320)));

@@ -7,18 +7,11 @@
 #include "shard/state.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
+#include "util/clock.h"
 #include "util/ids.h"
 
 namespace tidemark {
-namespace {
-
-std::uint64_t now_millis() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        std::chrono::system_clock::now().time_since_epoch())
-                                        .count());
-}
-
-}  // namespace
+namespace {}  // namespace
 
 struct ReadHandle::Impl {
   std::shared_ptr<ShardContext> context;
@@ -32,11 +25,13 @@ struct ReadHandle::Impl {
   bool stopping = false;  // GUARDED_BY(mu)
   std::thread heartbeats;
 
-  std::uint64_t expiry() const { return now_millis() + static_cast<std::uint64_t>(lease.count()); }
+  std::uint64_t expiry() const {
+    return wall_clock_millis() + static_cast<std::uint64_t>(lease.count());
+  }
 
   Status apply(const std::function<Status(ShardState&, std::uint64_t now)>& change) {
     TM_TRY(context->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      TM_TRY(change(state, now_millis()));
+      TM_TRY(change(state, wall_clock_millis()));
       return TransitionResult::kWrite;
     }));
     return {};
