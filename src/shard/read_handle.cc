@@ -11,7 +11,6 @@
 #include "util/ids.h"
 
 namespace tidemark {
-namespace {}  // namespace
 
 struct ReadHandle::Impl {
   std::shared_ptr<ShardContext> context;
