@@ -5,12 +5,31 @@
 namespace tidemark {
 
 // Small and flat, so comparisons during the merge touch little memory: the
-// reader (large, with its block buffers) lives behind a pointer.
+// reader (large, with its block buffers) and an ordered run's state live
+// behind pointers.
 struct MergeCursor::Input {
   std::optional<UpdateView> head;
-  Time min = 0;  // effective window, inclusive
+  Time min = 0;  // effective window of the open part, inclusive
   Time max = 0;
   std::unique_ptr<PartReader> reader;
+  std::unique_ptr<Run> run;  // set when the input is an ordered run
+};
+
+// The state of an ordered run, touched once per update (the countdown) and
+// otherwise once per part.
+struct MergeCursor::Run {
+  std::vector<PartRef> parts;
+  std::size_t next_part = 0;  // the first part not opened yet
+  std::uint64_t left = 0;     // updates the open part has not returned yet
+  // The open part has emitted nothing yet, so its first update must be
+  // checked against the last update of the part read before it.
+  bool check_order = false;
+  // An owned copy of the last update of the part read before (views die
+  // with the reader's block), and that part's key.
+  std::optional<std::string> last_part;
+  std::string last_key, last_value;
+  Time last_time = 0;
+  std::optional<Error> failed;  // sticky order corruption
 };
 
 MergeCursor::MergeCursor() = default;
@@ -33,53 +52,137 @@ bool to_inclusive(Frontier lower, Frontier upper, Time* min, Time* max) {
   return true;
 }
 
+struct OpenedPart {
+  std::unique_ptr<PartReader> reader;
+  Time min = 0;  // effective window, inclusive
+  Time max = 0;
+};
+
+// Opens the part `ref` filtered to the intersection of its registered
+// range, its inline description and `window`; nullopt, without opening it
+// when its stats allow, when nothing of it is wanted.
+Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, TimeWindow window) {
+  Time reg_min, reg_max;
+  if (!to_inclusive(ref.lower, ref.upper, &reg_min, &reg_max)) return std::nullopt;
+  Time min = std::max({reg_min, window.min, ref.time_min});
+  Time max = std::min({reg_max, window.max, ref.time_max});
+  if (ref.count == 0 || min > max) return std::nullopt;  // nothing of this part is wanted
+
+  TM_ASSIGN(PartReader reader, PartReader::open_blob(blob, ref.key, ref.size));
+  const Description& inline_desc = reader.inline_desc();
+  Time inline_min, inline_max;
+  if (!to_inclusive(inline_desc.lower, inline_desc.upper, &inline_min, &inline_max) ||
+      inline_min > reg_max || inline_max < reg_min) {
+    return corruption("part " + ref.key + ": registered range [" + ref.lower.to_string() + ", " +
+                      ref.upper.to_string() +
+                      ") cannot be reconciled with its inline description " +
+                      inline_desc.to_string());
+  }
+  if (reader.stats().count != ref.count) {
+    return corruption("part " + ref.key + ": holds " + std::to_string(reader.stats().count) +
+                      " updates but the shard registered " + std::to_string(ref.count));
+  }
+  OpenedPart part;
+  part.min = std::max(min, inline_min);
+  part.max = std::min(max, inline_max);
+  if (part.min > part.max) return std::nullopt;
+  part.reader = std::make_unique<PartReader>(std::move(reader));
+  return part;
+}
+
 }  // namespace
 
-Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRef>& parts,
+Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRun>& runs,
                                       TimeWindow window) {
   MergeCursor cursor;
   cursor.blob_ = std::move(blob);
-  cursor.inputs_.reserve(parts.size());
-  for (const PartRef& ref : parts) {
-    Time reg_min, reg_max;
-    if (!to_inclusive(ref.lower, ref.upper, &reg_min, &reg_max)) continue;  // truncated away
-    Time min = std::max({reg_min, window.min, ref.time_min});
-    Time max = std::min({reg_max, window.max, ref.time_max});
-    if (ref.count == 0 || min > max) continue;  // nothing of this part is wanted
-
-    TM_ASSIGN(PartReader reader, PartReader::open_blob(*cursor.blob_, ref.key, ref.size));
-    const Description& inline_desc = reader.inline_desc();
-    Time inline_min, inline_max;
-    if (!to_inclusive(inline_desc.lower, inline_desc.upper, &inline_min, &inline_max) ||
-        inline_min > reg_max || inline_max < reg_min) {
-      return corruption("part " + ref.key + ": registered range [" + ref.lower.to_string() + ", " +
-                        ref.upper.to_string() +
-                        ") cannot be reconciled with its inline description " +
-                        inline_desc.to_string());
+  cursor.window_ = window;
+  for (const PartRun& run : runs) {
+    if (run.ordered) {
+      Input input;
+      input.run = std::make_unique<Run>();
+      input.run->parts = run.parts;
+      TM_TRY(cursor.open_next_part(input));
+      if (input.reader) cursor.inputs_.push_back(std::move(input));
+      continue;
     }
-    if (reader.stats().count != ref.count) {
-      return corruption("part " + ref.key + ": holds " + std::to_string(reader.stats().count) +
-                        " updates but the shard registered " + std::to_string(ref.count));
+    for (const PartRef& ref : run.parts) {
+      TM_ASSIGN(auto part, open_part(*cursor.blob_, ref, window));
+      if (!part) continue;
+      Input input;
+      input.min = part->min;
+      input.max = part->max;
+      input.reader = std::move(part->reader);
+      cursor.inputs_.push_back(std::move(input));
     }
-    Input input;
-    input.min = std::max(min, inline_min);
-    input.max = std::min(max, inline_max);
-    if (input.min > input.max) continue;
-    input.reader = std::make_unique<PartReader>(std::move(reader));
-    cursor.inputs_.push_back(std::move(input));
   }
   return cursor;
 }
 
+Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRef>& parts,
+                                      TimeWindow window) {
+  return open(std::move(blob), std::vector<PartRun>{PartRun{parts, /*ordered=*/false}}, window);
+}
+
+Status MergeCursor::open_next_part(Input& input) {
+  Run& run = *input.run;
+  while (run.next_part < run.parts.size()) {
+    // next_part moves on only once the part is opened or skipped, so a
+    // failed fetch is retried by the next call.
+    TM_ASSIGN(auto part, open_part(*blob_, run.parts[run.next_part], window_));
+    const PartRef& ref = run.parts[run.next_part++];
+    if (!part) continue;
+    input.min = part->min;
+    input.max = part->max;
+    input.reader = std::move(part->reader);
+    run.left = ref.count;  // open_part checked the part holds this many
+    run.check_order = run.last_part.has_value();
+    return {};
+  }
+  return {};
+}
+
 Status MergeCursor::advance(Input& input) {
+  Run* run = input.run.get();
+  if (run && run->failed) return std::unexpected(*run->failed);
   for (;;) {
+    if (!input.reader) {
+      if (run) {
+        TM_TRY(open_next_part(input));
+      }
+      if (!input.reader) {
+        input.head.reset();
+        return {};
+      }
+    }
     TM_ASSIGN(auto update, input.reader->next());
     if (!update) {
-      input.head.reset();
       input.reader.reset();  // release its block buffers early
-      return {};
+      continue;
     }
-    if (update->time >= input.min && update->time <= input.max) {
+    const bool wanted = update->time >= input.min && update->time <= input.max;
+    if (wanted && run && run->check_order) [[unlikely]] {
+      // The first update the part emits; its own order the reader checks.
+      run->check_order = false;
+      if (compare_key_value_time(update->key, update->value, update->time, run->last_key,
+                                 run->last_value, run->last_time) <= 0) {
+        run->failed = corruption("part " + input.reader->name() +
+                                 ": out of order within its run: its first update (at time " +
+                                 std::to_string(update->time) +
+                                 ") does not sort after the last update of part " + *run->last_part)
+                          .error();
+        return std::unexpected(*run->failed);
+      }
+    }
+    if (run && --run->left == 0) {
+      // The part's last update: keep a copy for the order check against the
+      // next part, before the reader's next call invalidates the view.
+      run->last_part = input.reader->name();
+      run->last_key.assign(update->key);
+      run->last_value.assign(update->value);
+      run->last_time = update->time;
+    }
+    if (wanted) {
       input.head = *update;
       return {};
     }

@@ -6,9 +6,18 @@
 // whose registered range and inline description do not overlap, or whose
 // footer disagrees with its reference, is a Corruption error naming it.
 //
+// Inputs: each part is an input of its own, except the parts of an ordered
+// run (a batch written by compaction: each part's updates all sort strictly
+// before the next part's), which form one input that opens its parts one
+// after another, each when the one before is exhausted. The run's order is
+// checked across part boundaries: a part whose first update (after
+// filtering) does not sort strictly after the previous part's last update
+// is a Corruption error naming it.
+//
 // Memory: one decoded block per open part (PartReader streams by ranged
-// reads), plus a heap of part indices: O(parts x block size), never O(data).
-// Parts whose time range misses the window are never opened.
+// reads), and at most one open part per run, plus a heap of input indices:
+// O((unordered parts + runs) x block size), never O(data). Parts whose time
+// range misses the window are never opened.
 //
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
@@ -36,6 +45,20 @@ struct TimeWindow {
 
 class MergeCursor {
  public:
+  // Parts read as one input of the merge. ordered: the parts form one sorted
+  // run (each part's updates all sort before the next part's), so they are
+  // opened one after another; otherwise each part is an input of its own.
+  struct PartRun {
+    std::vector<PartRef> parts;
+    bool ordered = false;
+  };
+
+  // Opens every unordered part and the first wanted part of each ordered
+  // run; the rest of a run is opened (and validated) as next() reaches it.
+  [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
+                                                const std::vector<PartRun>& runs,
+                                                TimeWindow window);
+  // Every part an input of its own.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRef>& parts,
                                                 TimeWindow window);
@@ -49,11 +72,16 @@ class MergeCursor {
 
  private:
   struct Input;
+  struct Run;
   MergeCursor();
   [[nodiscard]] Status advance(Input& input);
+  // Opens the run's next wanted part into `input`, or leaves it without a
+  // reader when the run has no part left.
+  [[nodiscard]] Status open_next_part(Input& input);
   bool less(std::size_t a, std::size_t b) const;
 
-  std::shared_ptr<Blob> blob_;
+  std::shared_ptr<Blob> blob_;  // the parts' readers fetch from *blob_
+  TimeWindow window_;
   std::vector<Input> inputs_;
   std::vector<std::size_t> heap_;  // min-heap of input indices, excluding current_
   std::optional<std::size_t> current_;

@@ -1,0 +1,282 @@
+// Tests of MergeCursor over ordered runs of parts: a run merges like its
+// parts taken one by one, filters and validates each part like an unordered
+// one, rejects parts out of order, and keeps at most one of its parts open.
+#include "shard/merge.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "part/part.h"
+#include "tidemark/location.h"
+
+namespace tidemark {
+namespace {
+
+using PartRun = MergeCursor::PartRun;
+
+Description description(Time lower, Time upper) {
+  return Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)};
+}
+
+// "<prefix><index>" with the index zero-padded, so keys sort as numbers do.
+std::string numbered_key(const std::string& prefix, int index) {
+  char digits[16];
+  std::snprintf(digits, sizeof digits, "%04d", index);
+  return prefix + digits;
+}
+
+// A Blob that forwards to another and records the key of every ranged read,
+// in order: the reads of a PartReader.
+class RecordingBlob final : public Blob {
+ public:
+  explicit RecordingBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
+
+  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                std::uint64_t length) override {
+    fetches.emplace_back(key);
+    return inner_->get_range(key, offset, length);
+  }
+  Status set(std::string_view key, std::string_view bytes) override {
+    return inner_->set(key, bytes);
+  }
+  Status remove(std::string_view key) override { return inner_->remove(key); }
+  Status list(std::string_view prefix,
+              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
+    return inner_->list(prefix, visit);
+  }
+
+  std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
+
+  std::vector<std::string> fetches;
+
+ private:
+  std::shared_ptr<Blob> inner_;
+};
+
+class MergeRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto mem = open_blob("mem://");
+    ASSERT_TRUE(mem) << mem.error().to_string();
+    blob_ = std::make_shared<RecordingBlob>(*mem);
+  }
+
+  // Writes `updates` (sorted, consolidated) as the part "shard/s/part/<name>"
+  // with small blocks, registered with the part's own description.
+  PartRef write_part(const std::string& name, const Description& desc,
+                     const std::vector<Update>& updates) {
+    PartWriter writer(desc, PartOptions{.block_bytes = 64});
+    for (const Update& update : updates) {
+      EXPECT_TRUE(writer.add(UpdateView{update.key, update.value, update.time, update.diff}));
+    }
+    auto bytes = writer.finish();
+    EXPECT_TRUE(bytes) << bytes.error().to_string();
+    PartRef ref;
+    ref.key = "shard/s/part/" + name;
+    ref.size = bytes->size();
+    ref.count = writer.stats().count;
+    ref.bytes = writer.stats().bytes;
+    ref.time_min = writer.stats().time_min;
+    ref.time_max = writer.stats().time_max;
+    ref.lower = desc.lower;
+    ref.upper = desc.upper;
+    EXPECT_TRUE(blob_->set(ref.key, *bytes));
+    return ref;
+  }
+
+  // Every update of the merge, in order.
+  Result<std::vector<Update>> read_all(const std::vector<PartRun>& runs, TimeWindow window = {}) {
+    TM_ASSIGN(MergeCursor cursor, MergeCursor::open(blob_, runs, window));
+    std::vector<Update> out;
+    for (;;) {
+      TM_ASSIGN(auto update, cursor.next());
+      if (!update) return out;
+      out.push_back(update->to_owned());
+    }
+  }
+
+  std::shared_ptr<RecordingBlob> blob_;
+};
+
+// `count` updates with keys "<prefix>NNNN" from `first` on, times cycling
+// through [0, 10).
+std::vector<Update> run_updates(const std::string& prefix, int first, int count,
+                                const std::string& value = "v") {
+  std::vector<Update> out;
+  for (int i = first; i < first + count; ++i) {
+    out.push_back(Update{numbered_key(prefix, i), value, static_cast<Time>(i % 10), 1});
+  }
+  return out;
+}
+
+void expect_corruption_naming(const Result<std::vector<Update>>& result, const std::string& part,
+                              const std::string& fragment) {
+  ASSERT_FALSE(result.has_value()) << "expected a corruption naming " << part;
+  EXPECT_EQ(result.error().kind, ErrorKind::kCorruption) << result.error().to_string();
+  EXPECT_NE(result.error().message.find("part " + part), std::string::npos)
+      << result.error().to_string();
+  EXPECT_NE(result.error().message.find(fragment), std::string::npos) << result.error().to_string();
+}
+
+TEST_F(MergeRunTest, RunMergesLikeItsPartsUnordered) {
+  const Description desc = description(0, 10);
+  std::vector<PartRef> run;
+  for (int p = 0; p < 3; ++p)
+    run.push_back(write_part("run" + std::to_string(p), desc, run_updates("k", p * 30, 30)));
+  // Unordered parts overlapping the run's keys and each other, with values
+  // of their own so no (key, value, time) repeats and the order is total.
+  std::vector<PartRef> loose = {write_part("loose0", desc, run_updates("k", 10, 50, "w")),
+                                write_part("loose1", desc, run_updates("k", 0, 90, "x"))};
+
+  auto merged = read_all({PartRun{run, /*ordered=*/true}, PartRun{loose, /*ordered=*/false}});
+  ASSERT_TRUE(merged) << merged.error().to_string();
+
+  std::vector<PartRef> all = run;
+  all.insert(all.end(), loose.begin(), loose.end());
+  auto reference = read_all({PartRun{all, /*ordered=*/false}});
+  ASSERT_TRUE(reference) << reference.error().to_string();
+
+  EXPECT_EQ(merged->size(), 90u + 50u + 90u);
+  EXPECT_EQ(*merged, *reference);
+  for (std::size_t i = 1; i < merged->size(); ++i) {
+    const Update& a = (*merged)[i - 1];
+    const Update& b = (*merged)[i];
+    EXPECT_LT(compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time), 0) << i;
+  }
+}
+
+TEST_F(MergeRunTest, FiltersEachPartOfARunOnItsOwn) {
+  std::vector<PartRef> run = {
+      write_part("run0", description(0, 10), run_updates("k", 0, 20)),
+      write_part("run1", description(0, 10), run_updates("k", 20, 20)),
+      // Times [20, 30): outside the window, so never opened.
+      write_part("run2", description(20, 30),
+                 {Update{"k0040", "v", 20, 1}, Update{"k0041", "v", 25, 1}}),
+      write_part("run3", description(0, 10), run_updates("k", 50, 20)),
+  };
+  run[1].lower = Frontier::at(5);  // registered range narrower than its inline description
+  run[3].upper = Frontier::at(4);
+
+  auto merged = read_all({PartRun{run, /*ordered=*/true}}, TimeWindow{2, 7});
+  ASSERT_TRUE(merged) << merged.error().to_string();
+
+  std::vector<Update> expected;
+  const auto keep = [&](int first, Time min, Time max) {
+    for (const Update& update : run_updates("k", first, 20)) {
+      if (update.time >= min && update.time <= max) expected.push_back(update);
+    }
+  };
+  keep(0, 2, 7);
+  keep(20, 5, 7);
+  keep(50, 2, 3);
+  EXPECT_EQ(*merged, expected);
+  EXPECT_EQ(blob_->fetched_keys().count(run[2].key), 0u);
+}
+
+TEST_F(MergeRunTest, ValidatesEachPartOfARunWhenItOpens) {
+  std::vector<PartRef> run = {
+      write_part("run0", description(0, 10), run_updates("k", 0, 20)),
+      write_part("run1", description(0, 10), run_updates("k", 20, 20)),
+      write_part("run2", description(0, 10), run_updates("k", 40, 20)),
+  };
+  {
+    std::vector<PartRef> bad = run;
+    bad[1].lower = Frontier::at(10);  // [10, 20) misses its inline [0, 10)
+    bad[1].upper = Frontier::at(20);
+    bad[1].time_min = 10;
+    bad[1].time_max = 19;
+    expect_corruption_naming(read_all({PartRun{bad, true}}), bad[1].key, "cannot be reconciled");
+  }
+  {
+    std::vector<PartRef> bad = run;
+    bad[2].count += 1;
+    expect_corruption_naming(read_all({PartRun{bad, true}}), bad[2].key, "registered 21");
+  }
+}
+
+TEST_F(MergeRunTest, RejectsARunOutOfOrder) {
+  const Description desc = description(0, 10);
+  std::vector<PartRef> overlapping = {
+      write_part("run0", desc, run_updates("k", 0, 20)),
+      write_part("run1", desc, run_updates("k", 20, 20)),
+      write_part("run2", desc, run_updates("k", 30, 20)),  // starts inside run1
+  };
+  expect_corruption_naming(read_all({PartRun{overlapping, true}}), overlapping[2].key,
+                           "out of order within its run");
+  // The same parts unordered are a valid merge.
+  EXPECT_TRUE(read_all({PartRun{overlapping, false}}));
+
+  // A part starting with its predecessor's last update is out of order too.
+  std::vector<PartRef> touching = {
+      write_part("run3", desc, run_updates("k", 0, 20)),
+      write_part("run4", desc, run_updates("k", 19, 20)),
+  };
+  expect_corruption_naming(read_all({PartRun{touching, true}}), touching[1].key,
+                           "out of order within its run");
+
+  // Parts in reverse order.
+  std::vector<PartRef> reversed = {overlapping[1], overlapping[0]};
+  expect_corruption_naming(read_all({PartRun{reversed, true}}), overlapping[0].key,
+                           "out of order within its run");
+}
+
+TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
+  constexpr int kParts = 50;
+  constexpr int kPerPart = 10;
+  const Description desc = description(0, 10);
+  std::vector<PartRef> run;
+  for (int p = 0; p < kParts; ++p) {
+    run.push_back(
+        write_part(numbered_key("run", p), desc, run_updates("k", p * kPerPart, kPerPart)));
+  }
+  std::vector<PartRef> loose = {write_part("loose0", desc, run_updates("k", 0, 100, "w")),
+                                write_part("loose1", desc, run_updates("k", 200, 100, "w"))};
+  std::map<std::string, int> run_index;  // blob key -> position in the run
+  for (int p = 0; p < kParts; ++p) run_index[run[p].key] = p;
+  blob_->fetches.clear();
+
+  auto cursor = MergeCursor::open(blob_, {PartRun{run, true}, PartRun{loose, false}}, {});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  auto first = cursor->next();
+  ASSERT_TRUE(first && *first);
+  EXPECT_EQ(blob_->fetched_keys().size(), 1u + loose.size());
+
+  // Whenever the merge emits an update of run part k, the run has fetched
+  // from parts 0..k and at most k + 1 (opened once part k was exhausted).
+  std::size_t emitted = 1;
+  int last_run_part = 0;
+  for (;;) {
+    auto update = cursor->next();
+    ASSERT_TRUE(update) << update.error().to_string();
+    if (!*update) break;
+    ++emitted;
+    if ((*update)->value == "v")
+      last_run_part = std::stoi(std::string((*update)->key.substr(1))) / kPerPart;
+    int highest_fetched = -1;
+    for (const std::string& key : blob_->fetched_keys()) {
+      if (auto it = run_index.find(key); it != run_index.end()) {
+        highest_fetched = std::max(highest_fetched, it->second);
+      }
+    }
+    EXPECT_GE(highest_fetched, last_run_part);
+    EXPECT_LE(highest_fetched, last_run_part + 1) << "after " << emitted << " updates";
+  }
+  EXPECT_EQ(emitted, static_cast<std::size_t>(kParts * kPerPart) + 200u);
+
+  // Once a later part of the run is read, no earlier part is read again.
+  int previous = -1;
+  for (const std::string& key : blob_->fetches) {
+    if (auto it = run_index.find(key); it != run_index.end()) {
+      EXPECT_GE(it->second, previous) << key;
+      previous = it->second;
+    }
+  }
+  EXPECT_EQ(previous, kParts - 1);
+}
+
+}  // namespace
+}  // namespace tidemark
