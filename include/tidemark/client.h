@@ -42,6 +42,34 @@ struct ClientOptions {
   std::uint64_t listen_buffer_bytes = 8ull << 20;
   // How often a listener polls consensus for a new upper.
   std::chrono::milliseconds listen_poll_interval{50};
+  // Writers hold a lease they heartbeat every lease / 3. A writer whose
+  // process died loses it, and garbage collection then deletes the parts it
+  // wrote that the shard never took.
+  std::chrono::milliseconds writer_lease{60'000};
+  // Leased readers that snapshots and listens without a ReadHandle of
+  // their own open for their duration.
+  std::chrono::milliseconds reader_lease{60'000};
+  // A background compactor per opened shard: an append that leaves the
+  // spine out of shape hands it the merge, and it collects garbage after.
+  bool background_compaction = true;
+};
+
+// What Shard::compact did.
+struct CompactionReport {
+  std::uint64_t merges = 0;          // merges registered
+  std::uint64_t merges_lost = 0;     // outputs dropped: inputs changed meanwhile
+  std::uint64_t batches_merged = 0;  // input batches replaced
+  std::uint64_t parts_written = 0;
+  std::uint64_t bytes_written = 0;  // encoded bytes of the parts written
+};
+
+// What Shard::collect_garbage did.
+struct GcReport {
+  std::uint64_t parts_deleted = 0;    // replaced by compaction, no reader left
+  std::uint64_t orphans_deleted = 0;  // never registered, writer gone
+  std::uint64_t rollups_deleted = 0;
+  std::uint64_t versions_truncated = 0;
+  std::uint64_t parts_live = 0;  // referenced by a version still needed
 };
 
 // What `tidemark shard inspect` prints.
@@ -72,7 +100,8 @@ class Shard {
   // The shard's current upper, read from consensus.
   [[nodiscard]] Result<Frontier> upper();
 
-  // Registers a new writer with the shard.
+  // Registers a new writer with the shard, leased (ClientOptions::writer_lease)
+  // and heartbeating until the handle is destroyed.
   [[nodiscard]] Result<std::unique_ptr<WriteHandle>> open_writer();
 
   // A leased reader holding the shard's current since.
@@ -88,8 +117,19 @@ class Shard {
 
   // Updates at times > from, in time order, with progress as the upper
   // advances; stops at `until` when given (updates at times < until only).
+  // Both open a leased reader of their own for their duration, so garbage
+  // collection never deletes a part they may still fetch.
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt);
+
+  // Runs the merges the spine needs (DESIGN.md 7) until it is in shape,
+  // each streaming in bounded memory and registered only if its inputs are
+  // still there. What the background compactor and `tidemark compact` run.
+  [[nodiscard]] Result<CompactionReport> compact();
+  // Deletes the parts no live state version references (once no leased
+  // reader may fetch them), the parts of writers that are gone which the
+  // shard never took, old rollups, and truncates old consensus versions.
+  [[nodiscard]] Result<GcReport> collect_garbage();
 
  private:
   std::shared_ptr<ShardContext> context_;

@@ -103,11 +103,20 @@ class ReadHandle {
   // Drops the hold now, critical or not.
   [[nodiscard]] Status expire();
 
+  // Reads under this reader's lease: garbage collection keeps every part
+  // they may fetch while the lease lives. A critical handle has no lease
+  // and reads through a leased reader of its own.
   [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of);
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt);
 
  private:
+  friend class Shard;
+  // Reads that own `self` (this handle) and drop its hold when done.
+  [[nodiscard]] Result<SnapshotCursor> snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self);
+  [[nodiscard]] Result<std::unique_ptr<Listener>> listen_owned(Time from, std::optional<Time> until,
+                                                               std::unique_ptr<ReadHandle> self);
+
   std::unique_ptr<Impl> impl_;
 };
 

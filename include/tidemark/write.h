@@ -32,10 +32,13 @@
 namespace tidemark {
 
 struct ShardContext;
+class PeriodicTask;
 
 class BatchBuilder {
  public:
-  BatchBuilder(std::shared_ptr<ShardContext> context, Frontier lower);
+  // Parts are named after `writer_id` (garbage collection deletes the
+  // unreferenced parts of writers that are gone).
+  BatchBuilder(std::shared_ptr<ShardContext> context, std::string writer_id, Frontier lower);
   BatchBuilder(BatchBuilder&&) noexcept;
   BatchBuilder& operator=(BatchBuilder&&) noexcept;
   // Abandons the batch: waits for uploads in flight and deletes every part.
@@ -59,7 +62,11 @@ class BatchBuilder {
 
 class WriteHandle {
  public:
+  // REQUIRES: `writer_id` registered (Shard::open_writer does it). Starts
+  // the lease heartbeat.
   WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id);
+  // Stops the heartbeat and removes the writer from the shard (best
+  // effort: otherwise its lease runs out).
   ~WriteHandle();
   WriteHandle(const WriteHandle&) = delete;
   WriteHandle& operator=(const WriteHandle&) = delete;
@@ -89,9 +96,12 @@ class WriteHandle {
                                           Frontier new_upper, std::string_view idempotency_token);
 
  private:
+  std::uint64_t lease_expiry() const;
+
   std::shared_ptr<ShardContext> context_;
   std::string writer_id_;
   Frontier upper_;
+  std::unique_ptr<PeriodicTask> heartbeat_;
 };
 
 }  // namespace tidemark

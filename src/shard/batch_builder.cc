@@ -31,7 +31,8 @@ struct PartBuffer {
 };
 
 // Sorts, consolidates and encodes one part, then writes it to Blob.
-Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context, PartBuffer buffer,
+Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
+                           const std::string& writer_id, PartBuffer buffer,
                            Description inline_desc) {
   std::sort(buffer.entries.begin(), buffer.entries.end(),
             [&](const PartBuffer::Entry& a, const PartBuffer::Entry& b) {
@@ -59,7 +60,7 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context, PartBuf
   if (writer.count() == 0) return PartRef{};  // everything cancelled out
   TM_ASSIGN(std::string encoded, writer.finish());
   PartRef ref;
-  ref.key = shard_part_prefix(context->name) + random_id();
+  ref.key = part_key(context->name, writer_id);
   ref.size = encoded.size();
   ref.count = writer.stats().count;
   ref.bytes = writer.stats().bytes;
@@ -73,6 +74,7 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context, PartBuf
 
 struct BatchBuilder::State {
   std::shared_ptr<ShardContext> context;
+  std::string writer_id;
   Frontier lower;
   PartBuffer buffer;
   std::deque<std::future<Result<PartRef>>> uploads;
@@ -99,10 +101,11 @@ struct BatchBuilder::State {
     }
     PartBuffer full = std::move(buffer);
     buffer = PartBuffer{};
-    uploads.push_back(std::async(std::launch::async,
-                                 [ctx = context, full = std::move(full), inline_desc]() mutable {
-                                   return write_part(ctx, std::move(full), inline_desc);
-                                 }));
+    uploads.push_back(std::async(
+        std::launch::async,
+        [ctx = context, writer = writer_id, full = std::move(full), inline_desc]() mutable {
+          return write_part(ctx, writer, std::move(full), inline_desc);
+        }));
   }
 
   void abandon() {
@@ -112,9 +115,11 @@ struct BatchBuilder::State {
   }
 };
 
-BatchBuilder::BatchBuilder(std::shared_ptr<ShardContext> context, Frontier lower)
+BatchBuilder::BatchBuilder(std::shared_ptr<ShardContext> context, std::string writer_id,
+                           Frontier lower)
     : state_(std::make_unique<State>()) {
   state_->context = std::move(context);
+  state_->writer_id = std::move(writer_id);
   state_->lower = lower;
 }
 

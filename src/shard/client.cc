@@ -2,10 +2,12 @@
 
 #include <algorithm>
 
+#include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "util/clock.h"
 #include "util/ids.h"
 
 namespace tidemark {
@@ -93,7 +95,11 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->name = std::string(name);
   context->location = location_;
   context->options = options_;
-  context->machine = std::make_shared<ShardMachine>(context->name, location_.consensus);
+  context->machine =
+      std::make_shared<ShardMachine>(context->name, location_.consensus, location_.blob);
+  if (options_.background_compaction) {
+    context->compactor = std::make_unique<BackgroundCompactor>(context.get());
+  }
   return std::make_shared<Shard>(std::move(context));
 }
 
@@ -129,9 +135,12 @@ Result<Frontier> Shard::upper() {
 }
 
 Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
-  std::string writer_id = random_id();
+  std::string writer_id = "w" + random_id();
+  const auto lease = static_cast<std::uint64_t>(context_->options.writer_lease.count());
+  if (lease == 0) return invalid_usage("a writer lease must be positive");
   TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-    register_writer(state, writer_id);
+    const std::uint64_t now = wall_clock_millis();
+    register_writer(state, writer_id, now + lease, now);
     return TransitionResult::kWrite;
   }));
   auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));

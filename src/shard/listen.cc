@@ -14,6 +14,7 @@
 
 #include "shard/context.h"
 #include "shard/merge.h"
+#include "shard/read_internal.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
 
@@ -22,13 +23,23 @@ namespace {
 
 class ShardListener final : public Listener {
  public:
-  ShardListener(std::shared_ptr<ShardContext> context, Time from, std::optional<Time> until)
+  ShardListener(std::shared_ptr<ShardContext> context, Time from, std::optional<Time> until,
+                ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner)
       : context_(std::move(context)),
         from_(from),
         until_(until),
         reported_(Frontier::at(from)),
-        pending_progress_(Frontier::at(from)) {
+        pending_progress_(Frontier::at(from)),
+        pin_(std::move(pin)),
+        owner_(std::move(owner)) {
     if (until_ && *until_ <= from_) done_ = true;
+  }
+
+  ~ShardListener() override {
+    merge_.reset();
+    windows_.clear();
+    pin_ = ReaderPins::Pin();
+    owner_.reset();
   }
 
   Result<std::optional<ListenEvent>> next() override {
@@ -91,6 +102,8 @@ class ShardListener final : public Listener {
   // reported and the new upper (capped at `until`). False when the upper
   // has not moved.
   Result<bool> refresh() {
+    // Nothing of an older state is read any more.
+    pin_.renew();
     TM_ASSIGN(StatePtr state, context_->machine->fetch());
     Frontier target = state->upper;
     if (until_ && Frontier::at(*until_) < target) target = Frontier::at(*until_);
@@ -109,7 +122,10 @@ class ShardListener final : public Listener {
       }
       Time min = std::max({lo, batch_min, data_min});
       Time max = std::min({hi, batch_max, data_max});
-      if (min <= max) windows_.push_back(Window{batch.parts, TimeWindow{min, max}});
+      if (min <= max) {
+        windows_.push_back(
+            Window{MergeCursor::PartRun{batch.parts.get(), batch.ordered}, TimeWindow{min, max}});
+      }
     }
     pending_progress_ = target;
     return true;
@@ -120,7 +136,8 @@ class ShardListener final : public Listener {
     windows_.pop_front();
     const TimeWindow window = next.window;
     TM_ASSIGN(MergeCursor merge,
-              MergeCursor::open(context_->location.blob, next.parts.get(), window));
+              MergeCursor::open(context_->location.blob,
+                                std::vector<MergeCursor::PartRun>{next.parts}, window));
     if (window.min == window.max) {
       merge_.emplace(std::move(merge), "listen");
       streaming_ = true;
@@ -175,7 +192,7 @@ class ShardListener final : public Listener {
 
   // A time range of one batch still to emit.
   struct Window {
-    PartList parts;
+    MergeCursor::PartRun parts;
     TimeWindow window;
   };
 
@@ -192,12 +209,18 @@ class ShardListener final : public Listener {
   std::optional<ConsolidatingCursor> merge_;  // the one-time window streaming
   std::vector<Update> buffer_;
   std::size_t buffer_index_ = 0;
+  ReaderPins::Pin pin_;
+  std::unique_ptr<ReadHandle> owner_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until) {
-  auto listener = std::make_unique<ShardListener>(context_, from, until);
+Result<std::unique_ptr<Listener>> open_listener(const std::shared_ptr<ShardContext>& context,
+                                                Time from, std::optional<Time> until,
+                                                ReaderPins::Pin pin,
+                                                std::unique_ptr<ReadHandle> owner) {
+  auto listener =
+      std::make_unique<ShardListener>(context, from, until, std::move(pin), std::move(owner));
   TM_TRY(listener->check_since());
   return std::unique_ptr<Listener>(std::move(listener));
 }

@@ -16,10 +16,24 @@ void backoff(int attempt) {
 
 }  // namespace
 
-ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus)
+ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus,
+                           std::shared_ptr<Blob> blob)
     : shard_(std::move(shard)),
       key_(shard_consensus_key(shard_)),
-      consensus_(std::move(consensus)) {}
+      consensus_(std::move(consensus)),
+      blob_(std::move(blob)) {}
+
+Result<ShardState> ShardMachine::load_rollup(SeqNo rollup) {
+  TM_ASSIGN(auto bytes, blob_->get(rollup_key(shard_, rollup)));
+  if (bytes) return decode_state(shard_, VersionedData{rollup, std::move(*bytes)});
+  TM_ASSIGN(auto versions, consensus_->scan(key_, rollup, 1));
+  if (!versions.empty() && versions.front().seqno == rollup &&
+      is_full_version(versions.front().data)) {
+    return decode_state(shard_, versions.front());
+  }
+  return make_error(ErrorKind::kNotFound, "rollup of shard " + shard_ + " at seqno " +
+                                              std::to_string(rollup) + " is gone");
+}
 
 void ShardMachine::remember(const StatePtr& state, SeqNo rollup_seqno) {
   std::lock_guard lock(mu_);
@@ -44,7 +58,22 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
     remember(shared, rollup);
     return shared;
   }
-  SeqNo from = base ? base->seqno + 1 : rollup;
+  if (!base) {
+    auto loaded = load_rollup(rollup);
+    if (!loaded && loaded.error().is(ErrorKind::kNotFound)) {
+      // Garbage collection moved on while we read: the caller reads the
+      // head again.
+      return make_error(ErrorKind::kDeterminate,
+                        "state of shard " + shard_ + " changed while it was read; retry");
+    }
+    if (!loaded) return std::unexpected(loaded.error());
+    base = std::make_shared<const ShardState>(std::move(*loaded));
+    if (base->seqno == head.seqno) {
+      remember(base, rollup);
+      return base;
+    }
+  }
+  SeqNo from = base->seqno + 1;
   TM_ASSIGN(auto versions, consensus_->scan(key_, from, head.seqno - from + 1));
   if (versions.empty() || versions.front().seqno != from || versions.back().seqno < head.seqno) {
     // Truncated underneath us: the caller reads the head again.
@@ -52,7 +81,7 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
                       "state of shard " + shard_ + " changed while it was read; retry");
   }
   for (const VersionedData& version : versions) {
-    if (base && version.seqno != base->seqno + 1) {
+    if (version.seqno != base->seqno + 1) {
       return corruption("state of shard " + shard_ + " has a gap before seqno " +
                         std::to_string(version.seqno));
     }
@@ -119,11 +148,17 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
         std::lock_guard lock(mu_);
         rollup = cache_ && cache_->seqno == current->seqno ? cache_rollup_ : 0;
       }
-      // A diff, unless the chain is long enough for a new full state (or the
-      // rollup of `current` is unknown).
-      const bool full =
-          current->seqno == 0 || rollup == 0 || next->seqno - rollup >= kRollupInterval;
-      if (full) rollup = next->seqno;
+      // A diff, unless this is the shard's first version. When the chain is
+      // long (or the rollup of `current` is unknown), `current` becomes the
+      // new rollup: written to blob before any version names it.
+      const bool full = current->seqno == 0;
+      if (full) {
+        rollup = next->seqno;
+      } else if (rollup == 0 || next->seqno - rollup >= kRollupInterval) {
+        auto written = blob_->set(rollup_key(shard_, current->seqno), encode_state(*current));
+        if (!written) return infrastructure_error(written.error());
+        rollup = current->seqno;
+      }
       std::string encoded = full ? encode_state(*next) : encode_diff(*current, *next, rollup);
       std::optional<SeqNo> expected;
       if (current->seqno > 0) expected = current->seqno;

@@ -1,9 +1,11 @@
 // ShardMachine: commits pure state transitions through Consensus.
 //
-// States are stored as a chain of versions (state.h): a full state every
-// kRollupInterval versions and diffs in between. fetch() reads the head,
-// then folds the diffs since the newest full state (or since the cached
-// state, when that is recent enough) onto it.
+// States are stored as a chain of versions (state.h): diffs in consensus,
+// each naming the rollup (a full state in blob) its chain starts from; the
+// machine writes a new rollup every kRollupInterval versions, before the
+// diff that first names it. fetch() reads the head, then folds the diffs
+// since its rollup (or since the cached state, when that is on the same
+// chain) onto it.
 //
 // apply(transition) runs the transition on a copy of the latest known
 // state and commits the result with compare_and_set(expected = its seqno).
@@ -41,7 +43,7 @@ using StatePtr = std::shared_ptr<const ShardState>;
 class ShardMachine {
  public:
   // REQUIRES: the shard exists (see Client::create_shard).
-  ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus);
+  ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus, std::shared_ptr<Blob> blob);
   ShardMachine(const ShardMachine&) = delete;
   ShardMachine& operator=(const ShardMachine&) = delete;
 
@@ -54,6 +56,11 @@ class ShardMachine {
   // the transition left it unchanged).
   [[nodiscard]] Result<StatePtr> apply(const Transition& transition);
 
+  // The full state at rollup seqno `rollup`: the blob rollup, or the
+  // consensus version at that seqno when it is a full state. NotFound when
+  // neither exists (garbage collection moved past it).
+  [[nodiscard]] Result<ShardState> load_rollup(SeqNo rollup);
+
  private:
   // The cached state, fetching it if there is none yet.
   [[nodiscard]] Result<StatePtr> cached();
@@ -65,6 +72,7 @@ class ShardMachine {
   const std::string shard_;
   const std::string key_;
   const std::shared_ptr<Consensus> consensus_;
+  const std::shared_ptr<Blob> blob_;
   std::mutex mu_;
   StatePtr cache_;          // GUARDED_BY(mu_)
   SeqNo cache_rollup_ = 0;  // GUARDED_BY(mu_): rollup of cache_'s chain

@@ -1,68 +1,57 @@
-// ReadHandle: a reader's lease and since hold (include/tidemark/read.h).
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-
+// ReadHandle: a reader's lease, since hold and seqno hold
+// (include/tidemark/read.h, src/shard/pins.h).
 #include "shard/context.h"
+#include "shard/pins.h"
+#include "shard/read_internal.h"
 #include "shard/state.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "util/clock.h"
 #include "util/ids.h"
+#include "util/periodic.h"
 
 namespace tidemark {
 
 struct ReadHandle::Impl {
   std::shared_ptr<ShardContext> context;
-  std::shared_ptr<Shard> shard;
   std::string id;
   bool critical = false;
   std::chrono::milliseconds lease{0};
-
-  std::mutex mu;
-  std::condition_variable stop_cv;
-  bool stopping = false;  // GUARDED_BY(mu)
-  std::thread heartbeats;
+  std::shared_ptr<ReaderPins> pins;  // leased readers only
+  PeriodicTask heartbeats;
 
   std::uint64_t expiry() const {
     return wall_clock_millis() + static_cast<std::uint64_t>(lease.count());
   }
 
-  Status apply(const std::function<Status(ShardState&, std::uint64_t now)>& change) {
-    TM_TRY(context->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+  Result<StatePtr> apply(const std::function<Status(ShardState&, std::uint64_t now)>& change) {
+    return context->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
       TM_TRY(change(state, wall_clock_millis()));
       return TransitionResult::kWrite;
-    }));
+    });
+  }
+
+  void record_hold(const StatePtr& state) {
+    auto it = state->readers.find(id);
+    if (pins && it != state->readers.end()) pins->set_recorded(it->second.seqno);
+  }
+
+  Status heartbeat() {
+    if (critical) return {};
+    auto lock = pins->lock_for_heartbeat();
+    const std::optional<SeqNo> pinned = pins->least_pinned();
+    TM_ASSIGN(StatePtr state, apply([&](ShardState& s, std::uint64_t now) {
+                return heartbeat_reader(s, id, expiry(), now, pinned);
+              }));
+    record_hold(state);
     return {};
-  }
-
-  void run_heartbeats() {
-    std::unique_lock lock(mu);
-    for (;;) {
-      if (stop_cv.wait_for(lock, lease / 3, [&] { return stopping; })) return;
-      lock.unlock();
-      auto beat = apply([&](ShardState& state, std::uint64_t now) {
-        return heartbeat_reader(state, id, expiry(), now);
-      });
-      lock.lock();
-      if (!beat && beat.error().is(ErrorKind::kNotFound)) return;  // expired: nothing to keep
-    }
-  }
-
-  void stop_heartbeats() {
-    {
-      std::lock_guard lock(mu);
-      stopping = true;
-    }
-    stop_cv.notify_all();
-    if (heartbeats.joinable()) heartbeats.join();
   }
 };
 
 ReadHandle::ReadHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ReadHandle::~ReadHandle() {
-  impl_->stop_heartbeats();
+  impl_->heartbeats.stop();
   if (!impl_->critical) {
     // Best effort: a hold that cannot be dropped now expires with its lease.
     (void)impl_->apply([&](ShardState& state, std::uint64_t now) -> Status {
@@ -89,72 +78,98 @@ Result<Frontier> ReadHandle::since() {
 }
 
 Status ReadHandle::downgrade_since(Frontier since) {
-  return impl_->apply([&](ShardState& state, std::uint64_t now) {
+  TM_TRY(impl_->apply([&](ShardState& state, std::uint64_t now) {
     return downgrade_reader_since(state, impl_->id, since, now);
-  });
+  }));
+  return {};
 }
 
 Status ReadHandle::heartbeat() {
-  if (impl_->critical) return {};
-  return impl_->apply([&](ShardState& state, std::uint64_t now) {
-    return heartbeat_reader(state, impl_->id, impl_->expiry(), now);
-  });
+  return impl_->heartbeat();
 }
 
 Status ReadHandle::expire() {
-  impl_->stop_heartbeats();
-  return impl_->apply([&](ShardState& state, std::uint64_t now) -> Status {
+  impl_->heartbeats.stop();
+  TM_TRY(impl_->apply([&](ShardState& state, std::uint64_t now) -> Status {
     remove_reader(state, impl_->id, now);
     return {};
-  });
+  }));
+  return {};
 }
 
 Result<SnapshotCursor> ReadHandle::snapshot(Time as_of) {
-  return impl_->shard->snapshot(as_of);
+  if (impl_->critical) return Shard(impl_->context).snapshot(as_of);
+  return open_snapshot(impl_->context, as_of, impl_->pins->pin(), nullptr);
 }
 
 Result<std::unique_ptr<Listener>> ReadHandle::listen(Time from, std::optional<Time> until) {
-  return impl_->shard->listen(from, until);
+  if (impl_->critical) return Shard(impl_->context).listen(from, until);
+  return open_listener(impl_->context, from, until, impl_->pins->pin(), nullptr);
+}
+
+Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self) {
+  ReaderPins::Pin pin = impl_->pins->pin();
+  return open_snapshot(impl_->context, as_of, std::move(pin), std::move(self));
+}
+
+Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(Time from, std::optional<Time> until,
+                                                           std::unique_ptr<ReadHandle> self) {
+  ReaderPins::Pin pin = impl_->pins->pin();
+  return open_listener(impl_->context, from, until, std::move(pin), std::move(self));
 }
 
 namespace {
 
 Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardContext>& context,
-                                                std::shared_ptr<Shard> shard, std::string id,
-                                                bool critical, const ReaderOptions& options) {
+                                                std::string id, bool critical,
+                                                const ReaderOptions& options) {
   if (!critical && options.lease.count() <= 0)
     return invalid_usage("a reader lease must be positive");
   auto impl = std::make_unique<ReadHandle::Impl>();
   impl->context = context;
-  impl->shard = std::move(shard);
   impl->id = std::move(id);
   impl->critical = critical;
   impl->lease = options.lease;
   ReadHandle::Impl* raw = impl.get();
-  TM_TRY(raw->apply([&](ShardState& state, std::uint64_t now) -> Status {
-    register_reader(state, raw->id, raw->critical, raw->expiry(), now);
+  TM_ASSIGN(StatePtr state, raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
+    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
     return {};
   }));
-  if (!critical && options.heartbeat)
-    raw->heartbeats = std::thread([raw] { raw->run_heartbeats(); });
+  if (!critical) {
+    raw->pins = std::make_shared<ReaderPins>(state->readers.at(raw->id).seqno);
+    if (options.heartbeat) {
+      raw->heartbeats.start(std::max(raw->lease / 3, std::chrono::milliseconds(1)), [raw] {
+        auto beat = raw->heartbeat();
+        return beat || !beat.error().is(ErrorKind::kNotFound);  // expired: nothing to keep
+      });
+    }
+  }
   return std::make_unique<ReadHandle>(std::move(impl));
 }
 
 }  // namespace
 
 Result<std::unique_ptr<ReadHandle>> Shard::open_reader(const ReaderOptions& options) {
-  // The handle keeps a Shard of its own for snapshots and listens.
-  auto shard = std::make_shared<Shard>(context_);
-  return open_handle(context_, std::move(shard), "r-" + random_id(), false, options);
+  return open_handle(context_, "r-" + random_id(), false, options);
 }
 
 Result<std::unique_ptr<ReadHandle>> Shard::open_critical_reader(std::string_view reader_id) {
   if (reader_id.empty() || reader_id.size() > 256) {
     return invalid_usage("a critical reader id must be 1 to 256 bytes");
   }
-  auto shard = std::make_shared<Shard>(context_);
-  return open_handle(context_, std::move(shard), "c-" + std::string(reader_id), true,
-                     ReaderOptions{});
+  return open_handle(context_, "c-" + std::string(reader_id), true, ReaderOptions{});
+}
+
+Result<SnapshotCursor> Shard::snapshot(Time as_of) {
+  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
+  ReadHandle* raw = handle.get();
+  return raw->snapshot_owned(as_of, std::move(handle));
+}
+
+Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until) {
+  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
+  ReadHandle* raw = handle.get();
+  return raw->listen_owned(from, until, std::move(handle));
 }
 
 }  // namespace tidemark

@@ -71,6 +71,9 @@ class ShardTest : public ::testing::Test {
     options.part_target_bytes = 4096;  // several parts per batch
     options.block_bytes = 512;         // several blocks per part
     options.listen_poll_interval = std::chrono::milliseconds(1);
+    // These tests count batches and parts as appended; compaction has tests
+    // of its own (compaction_test.cc).
+    options.background_compaction = false;
     client_ = *Client::open(Location{blob_, consensus_}, options);
     ASSERT_TRUE(client_->create_shard("orders"));
     shard_ = *client_->open_shard("orders");
@@ -79,7 +82,8 @@ class ShardTest : public ::testing::Test {
 
   std::size_t part_objects() {
     std::size_t n = 0;
-    EXPECT_TRUE(blob_->list("shard/", [&](std::string_view, std::uint64_t) { ++n; }));
+    EXPECT_TRUE(
+        blob_->list(shard_part_prefix("orders"), [&](std::string_view, std::uint64_t) { ++n; }));
     return n;
   }
 
@@ -332,7 +336,8 @@ TEST_F(ShardTest, SnapshotRefusesIncompleteAndCompactedTimes) {
   EXPECT_EQ(not_ready.error().kind, ErrorKind::kNotReady);
   EXPECT_NE(not_ready.error().message.find("upper is 5"), std::string::npos);
 
-  auto context = std::make_shared<ShardMachine>("orders", client_->location().consensus);
+  auto context = std::make_shared<ShardMachine>("orders", client_->location().consensus,
+                                                client_->location().blob);
   ASSERT_TRUE(context->apply([](ShardState& s) -> Result<TransitionResult> {
     s.since = Frontier::at(2);
     return TransitionResult::kWrite;
@@ -397,21 +402,29 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
     batches.push_back(make_batch(one, t, t + 1));
     ASSERT_TRUE(append(batches, t, t + 1));
   }
-  // Every version is small except the rollups, one per kRollupInterval.
+  // Every consensus version but the first is a small diff; the full states
+  // (rollups), one per kRollupInterval versions, are in blob.
   auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 10'000);
   ASSERT_GT(versions.size(), static_cast<std::size_t>(appends));
-  std::size_t full = 0, largest_diff = 0, largest_full = 0;
+  std::size_t full = 0, largest_diff = 0;
   for (const VersionedData& v : versions) {
     if (is_full_version(v.data)) {
       ++full;
-      largest_full = std::max(largest_full, v.data.size());
     } else {
       largest_diff = std::max(largest_diff, v.data.size());
     }
   }
-  EXPECT_EQ(full, versions.size() / kRollupInterval + 1);
+  EXPECT_EQ(full, 1u);
   EXPECT_LT(largest_diff, 300u) << "a diff grew with the shard";
-  EXPECT_GT(largest_full, 20 * largest_diff);
+  std::size_t rollups = 0, largest_rollup = 0;
+  ASSERT_TRUE(
+      blob_->list(shard_rollup_prefix("orders"), [&](std::string_view key, std::uint64_t size) {
+        ++rollups;
+        largest_rollup = std::max<std::size_t>(largest_rollup, size);
+        EXPECT_TRUE(rollup_key_seqno(key, shard_rollup_prefix("orders")));
+      }));
+  EXPECT_EQ(rollups, (versions.size() - 1) / kRollupInterval);
+  EXPECT_GT(largest_rollup, 20 * largest_diff);
   // A fresh client, the early handle and the writer's handle agree.
   auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
   auto info = *fresh->inspect();
@@ -564,7 +577,7 @@ TEST_F(ShardTest, IrreconcilablePartIsACorruptionNamingIt) {
   std::string key = batches[0].parts()[0].key;
   ASSERT_TRUE(append(batches, 0, 2));
   // Re-register the part at [50, 60): its inline description says [0, 2).
-  ShardMachine machine("orders", client_->location().consensus);
+  ShardMachine machine("orders", client_->location().consensus, client_->location().blob);
   ASSERT_TRUE(machine.apply([](ShardState& s) -> Result<TransitionResult> {
     s.upper = Frontier::at(60);
     HollowBatch moved = s.batches[0];
@@ -618,7 +631,7 @@ TEST_F(ShardTest, ListenEmitsInTimeOrderWithProgress) {
     auto client = *Client::open(client_->location(), options);
     auto shard = *client->open_shard("orders");
     auto listener = shard->listen(1, 9);
-    ASSERT_TRUE(listener);
+    ASSERT_TRUE(listener) << listener.error().to_string();
     auto out = read_listen(**listener);
     ASSERT_TRUE(out) << out.error().to_string();
     std::vector<Update> expected;

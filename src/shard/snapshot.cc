@@ -1,6 +1,7 @@
 // Shard::snapshot and SnapshotCursor: consolidation on top of MergeCursor.
 #include "shard/context.h"
 #include "shard/merge.h"
+#include "shard/read_internal.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
 
@@ -9,6 +10,16 @@ namespace tidemark {
 struct SnapshotCursor::Impl {
   Time as_of = 0;
   std::optional<ConsolidatingCursor> rows;
+  // Destroyed after the rows: the pin keeps the parts from garbage
+  // collection, the owner (if any) is the leased reader the pin is of.
+  ReaderPins::Pin pin;
+  std::unique_ptr<ReadHandle> owner;
+
+  ~Impl() {
+    rows.reset();
+    pin = ReaderPins::Pin();
+    owner.reset();
+  }
 };
 
 SnapshotCursor::SnapshotCursor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -26,7 +37,8 @@ Result<std::optional<SnapshotRow>> SnapshotCursor::next() {
   return std::optional<SnapshotRow>{SnapshotRow{row->key, row->value, row->diff}};
 }
 
-Result<SnapshotCursor> Shard::snapshot(Time as_of) {
+Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& context_, Time as_of,
+                                     ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner) {
   TM_ASSIGN(StatePtr state_ptr, context_->machine->fetch());
   const ShardState& state = *state_ptr;
   if (!state.upper.is_past(as_of)) {
@@ -41,16 +53,18 @@ Result<SnapshotCursor> Shard::snapshot(Time as_of) {
                           " is below its since " + state.since.to_string() +
                           ": that history has been compacted");
   }
-  std::vector<PartRef> parts;
+  std::vector<MergeCursor::PartRun> runs;
   for (const HollowBatch& batch : state.batches) {
     if (!batch.desc.lower.includes(as_of)) break;  // batches are in time order
-    parts.insert(parts.end(), batch.parts.begin(), batch.parts.end());
+    runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
   }
   TM_ASSIGN(MergeCursor merge,
-            MergeCursor::open(context_->location.blob, parts, TimeWindow{0, as_of}));
+            MergeCursor::open(context_->location.blob, runs, TimeWindow{0, as_of}));
   auto impl = std::make_unique<SnapshotCursor::Impl>();
   impl->as_of = as_of;
   impl->rows.emplace(std::move(merge), "snapshot");
+  impl->pin = std::move(pin);
+  impl->owner = std::move(owner);
   return SnapshotCursor(std::move(impl));
 }
 

@@ -1,15 +1,18 @@
 #include "shard/state.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 
 #include "util/coding.h"
+#include "util/ids.h"
 
 namespace tidemark {
 namespace {
 
-constexpr std::uint8_t kStateFormatVersion = 1;
-constexpr std::uint8_t kDiffFormatVersion = 2;
+// 3 and 4: leases on writers, seqno holds, ordered batches, rollups in blob.
+constexpr std::uint8_t kStateFormatVersion = 3;
+constexpr std::uint8_t kDiffFormatVersion = 4;
 constexpr std::uint8_t kRegistryFormatVersion = 1;
 
 bool get_string(Decoder& d, std::string* s) {
@@ -23,6 +26,7 @@ void put_batch(Encoder& e, const HollowBatch& batch) {
   put_frontier(e, batch.desc.lower);
   put_frontier(e, batch.desc.upper);
   put_frontier(e, batch.desc.since);
+  e.put_u8(batch.ordered ? 1 : 0);
   e.put_varint(batch.parts.size());
   for (const PartRef& part : batch.parts) {
     e.put_bytes(part.key);
@@ -41,6 +45,9 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
       !get_frontier(d, &batch->desc.since)) {
     return false;
   }
+  std::uint8_t ordered;
+  if (!d.get_u8(&ordered) || ordered > 1) return false;
+  batch->ordered = ordered == 1;
   std::uint64_t count;
   if (!d.get_varint(&count) || count > d.remaining()) return false;
   std::vector<PartRef> parts(count);
@@ -59,17 +66,24 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
 void put_writer(Encoder& e, const std::string& id, const WriterState& writer) {
   e.put_bytes(id);
   e.put_bytes(writer.last_token);
+  e.put_varint(writer.lease_expires_ms);
+}
+
+bool get_writer(Decoder& d, std::string* id, WriterState* writer) {
+  return get_string(d, id) && get_string(d, &writer->last_token) &&
+         d.get_varint(&writer->lease_expires_ms);
 }
 
 void put_reader(Encoder& e, const std::string& id, const ReaderState& reader) {
   e.put_bytes(id);
   put_frontier(e, reader.since);
   e.put_varint(reader.lease_expires_ms);
+  e.put_varint(reader.seqno);
 }
 
 bool get_reader(Decoder& d, std::string* id, ReaderState* reader) {
   return get_string(d, id) && get_frontier(d, &reader->since) &&
-         d.get_varint(&reader->lease_expires_ms);
+         d.get_varint(&reader->lease_expires_ms) && d.get_varint(&reader->seqno);
 }
 
 // The invariants of ShardState (state.h); `bad` names what is wrong.
@@ -111,6 +125,42 @@ std::string shard_part_prefix(std::string_view shard) {
 }
 std::string registry_consensus_key() {
   return "registry";
+}
+
+std::string part_key(std::string_view shard, std::string_view writer_id) {
+  return shard_part_prefix(shard) + std::string(writer_id) + "_" + random_id();
+}
+
+std::string_view part_key_writer(std::string_view key, std::string_view prefix) {
+  if (!key.starts_with(prefix)) return {};
+  std::string_view rest = key.substr(prefix.size());
+  std::size_t underscore = rest.find('_');
+  if (underscore == std::string_view::npos || underscore == 0) return {};
+  return rest.substr(0, underscore);
+}
+
+std::string shard_rollup_prefix(std::string_view shard) {
+  return "shard/" + std::string(shard) + "/rollup/";
+}
+
+std::string rollup_key(std::string_view shard, SeqNo seqno) {
+  // Zero-padded so keys sort by seqno.
+  char digits[21];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(seqno));
+  return shard_rollup_prefix(shard) + digits;
+}
+
+std::optional<SeqNo> rollup_key_seqno(std::string_view key, std::string_view prefix) {
+  if (!key.starts_with(prefix)) return std::nullopt;
+  std::string_view digits = key.substr(prefix.size());
+  if (digits.size() != 20) return std::nullopt;
+  SeqNo seqno = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (seqno > (UINT64_MAX - 9) / 10) return std::nullopt;
+    seqno = seqno * 10 + static_cast<SeqNo>(c - '0');
+  }
+  return seqno;
 }
 
 Status validate_shard_name(std::string_view name) {
@@ -172,7 +222,7 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   for (std::uint64_t i = 0; i < writers; ++i) {
     std::string id;
     WriterState writer;
-    if (!get_string(d, &id) || !get_string(d, &writer.last_token)) return bad("malformed writer");
+    if (!get_writer(d, &id, &writer)) return bad("malformed writer");
     state.writers.emplace(std::move(id), std::move(writer));
   }
   std::uint64_t readers;
@@ -294,7 +344,7 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   for (std::uint64_t i = 0; i < count; ++i) {
     std::string id;
     WriterState writer;
-    if (!get_string(d, &id) || !get_string(d, &writer.last_token)) return bad("malformed writer");
+    if (!get_writer(d, &id, &writer)) return bad("malformed writer");
     state.writers[std::move(id)] = std::move(writer);
   }
   if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed writers");
@@ -361,18 +411,13 @@ Result<std::vector<std::string>> decode_registry(std::string_view data) {
   return names;
 }
 
-void register_writer(ShardState& state, std::string_view writer_id) {
-  if (state.writers.find(writer_id) == state.writers.end()) {
-    state.writers.emplace(std::string(writer_id), WriterState{});
-  }
-}
-
 namespace {
 
-void expire_readers(ShardState& state, std::uint64_t now_ms) {
-  std::erase_if(state.readers, [&](const auto& entry) {
-    return !entry.second.critical() && entry.second.lease_expires_ms < now_ms;
-  });
+Error expired(const ShardState& state, std::string_view what, std::string_view id) {
+  return Error{ErrorKind::kNotFound,
+               std::string(what) + " " + std::string(id) + " of shard " + state.name +
+                   " has expired (its lease ran out or it was removed)",
+               std::nullopt, std::nullopt};
 }
 
 // since = the least hold, never past upper and never backwards.
@@ -386,12 +431,51 @@ void advance_since(ShardState& state) {
 
 }  // namespace
 
+bool expire_leases(ShardState& state, std::uint64_t now_ms) {
+  std::size_t dropped = std::erase_if(state.readers, [&](const auto& entry) {
+    return !entry.second.critical() && entry.second.lease_expires_ms < now_ms;
+  });
+  dropped += std::erase_if(
+      state.writers, [&](const auto& entry) { return entry.second.lease_expires_ms < now_ms; });
+  return dropped > 0;
+}
+
+void register_writer(ShardState& state, std::string_view writer_id, std::uint64_t lease_expires_ms,
+                     std::uint64_t now_ms) {
+  expire_leases(state, now_ms);
+  WriterState& writer = state.writers[std::string(writer_id)];
+  writer.lease_expires_ms = std::max(writer.lease_expires_ms, lease_expires_ms);
+  advance_since(state);
+}
+
+Status heartbeat_writer(ShardState& state, std::string_view writer_id,
+                        std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
+  expire_leases(state, now_ms);
+  auto it = state.writers.find(writer_id);
+  if (it == state.writers.end()) return std::unexpected(expired(state, "writer", writer_id));
+  it->second.lease_expires_ms = std::max(it->second.lease_expires_ms, lease_expires_ms);
+  advance_since(state);
+  return {};
+}
+
+void remove_writer(ShardState& state, std::string_view writer_id, std::uint64_t now_ms) {
+  expire_leases(state, now_ms);
+  auto it = state.writers.find(writer_id);
+  if (it != state.writers.end()) state.writers.erase(it);
+  advance_since(state);
+}
+
 void register_reader(ShardState& state, std::string_view reader_id, bool critical,
                      std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
-  expire_readers(state, now_ms);
+  expire_leases(state, now_ms);
   auto it = state.readers.find(reader_id);
   if (it == state.readers.end()) {
-    ReaderState reader{state.since, critical ? 0 : std::max<std::uint64_t>(lease_expires_ms, 1)};
+    ReaderState reader;
+    reader.since = state.since;
+    if (!critical) {
+      reader.lease_expires_ms = std::max<std::uint64_t>(lease_expires_ms, 1);
+      reader.seqno = state.seqno + 1;
+    }
     state.readers.emplace(std::string(reader_id), reader);
   } else if (!critical) {
     it->second.lease_expires_ms = std::max<std::uint64_t>(lease_expires_ms, 1);
@@ -400,15 +484,14 @@ void register_reader(ShardState& state, std::string_view reader_id, bool critica
 }
 
 Status heartbeat_reader(ShardState& state, std::string_view reader_id,
-                        std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
-  expire_readers(state, now_ms);
+                        std::uint64_t lease_expires_ms, std::uint64_t now_ms,
+                        std::optional<SeqNo> pinned) {
+  expire_leases(state, now_ms);
   auto it = state.readers.find(reader_id);
-  if (it == state.readers.end()) {
-    return make_error(ErrorKind::kNotFound, "reader " + std::string(reader_id) + " of shard " +
-                                                state.name + " has expired");
-  }
+  if (it == state.readers.end()) return std::unexpected(expired(state, "reader", reader_id));
   if (!it->second.critical()) {
     it->second.lease_expires_ms = std::max(it->second.lease_expires_ms, lease_expires_ms);
+    it->second.seqno = std::max(it->second.seqno, pinned.value_or(state.seqno + 1));
   }
   advance_since(state);
   return {};
@@ -416,22 +499,27 @@ Status heartbeat_reader(ShardState& state, std::string_view reader_id,
 
 Status downgrade_reader_since(ShardState& state, std::string_view reader_id, Frontier since,
                               std::uint64_t now_ms) {
-  expire_readers(state, now_ms);
+  expire_leases(state, now_ms);
   auto it = state.readers.find(reader_id);
-  if (it == state.readers.end()) {
-    return make_error(ErrorKind::kNotFound, "reader " + std::string(reader_id) + " of shard " +
-                                                state.name + " has expired");
-  }
+  if (it == state.readers.end()) return std::unexpected(expired(state, "reader", reader_id));
   if (it->second.since < since) it->second.since = since;
   advance_since(state);
   return {};
 }
 
 void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t now_ms) {
-  expire_readers(state, now_ms);
+  expire_leases(state, now_ms);
   auto it = state.readers.find(reader_id);
   if (it != state.readers.end()) state.readers.erase(it);
   advance_since(state);
+}
+
+SeqNo seqno_since(const ShardState& state) {
+  SeqNo least = state.seqno;
+  for (const auto& [id, reader] : state.readers) {
+    if (!reader.critical()) least = std::min(least, reader.seqno);
+  }
+  return least;
 }
 
 std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current) {
@@ -486,7 +574,70 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
   }
   state.upper = request.new_upper;
   writer->second.last_token = std::string(request.idempotency_token);
+  writer->second.lease_expires_ms =
+      std::max(writer->second.lease_expires_ms, request.lease_expires_ms);
   return AppendOutcome::kApplied;
+}
+
+namespace {
+
+std::uint64_t spine_size(const HollowBatch& batch) {
+  std::uint64_t bytes = 0;
+  for (const PartRef& part : batch.parts) bytes += part.size;
+  return std::max(bytes, kSpineMinBatchBytes);
+}
+
+}  // namespace
+
+std::optional<MergeRequest> next_merge(const ShardState& state) {
+  const auto& batches = state.batches;
+  if (batches.size() < 2) return std::nullopt;
+  // suffix[i] = total size of batches[i..]; find the oldest i whose batch is
+  // not more than kSpineGrowth times the batches after it.
+  std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
+  for (std::size_t i = batches.size(); i-- > 0;) {
+    suffix[i] = suffix[i + 1] + spine_size(batches[i]);
+  }
+  for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
+    const std::uint64_t after = suffix[i + 1];
+    if (spine_size(batches[i]) / kSpineGrowth <= after) {
+      return MergeRequest{i, batches.size()};
+    }
+  }
+  return std::nullopt;
+}
+
+Result<CompactionOutcome> apply_compaction(ShardState& state, std::string_view writer_id,
+                                           std::span<const HollowBatch> inputs,
+                                           const HollowBatch& output, std::uint64_t now_ms) {
+  expire_leases(state, now_ms);
+  if (!state.writers.contains(writer_id)) {
+    return std::unexpected(expired(state, "compaction writer", writer_id));
+  }
+  if (inputs.empty()) return invalid_usage("a compaction needs inputs");
+  if (output.desc.lower != inputs.front().desc.lower ||
+      output.desc.upper != inputs.back().desc.upper) {
+    return invalid_usage("compaction output " + output.desc.to_string() +
+                         " does not span its inputs");
+  }
+  auto& batches = state.batches;
+  // Our own write, landed in an attempt whose outcome we did not learn.
+  if (!output.parts.empty() && std::find(batches.begin(), batches.end(), output) != batches.end()) {
+    return CompactionOutcome::kAlreadyApplied;
+  }
+  auto first = std::find(batches.begin(), batches.end(), inputs.front());
+  if (first == batches.end() || static_cast<std::size_t>(batches.end() - first) < inputs.size() ||
+      !std::equal(inputs.begin(), inputs.end(), first)) {
+    return CompactionOutcome::kInputsGone;
+  }
+  auto last = first + static_cast<std::ptrdiff_t>(inputs.size());
+  if (output.parts.empty()) {
+    batches.erase(first, last);  // everything consolidated away
+  } else {
+    *first = output;
+    batches.erase(first + 1, last);
+  }
+  return CompactionOutcome::kApplied;
 }
 
 }  // namespace tidemark

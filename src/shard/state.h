@@ -8,16 +8,24 @@
 //
 // Invariants of a valid state:
 //   - since <= upper;
-//   - batches are in append order, one per compare_and_append that carried
-//     data, with disjoint increasing descriptions below upper:
-//     batches[i].desc.upper <= batches[i+1].desc.lower;
+//   - batches are in time order with disjoint increasing descriptions below
+//     upper: batches[i].desc.upper <= batches[i+1].desc.lower. Each is one
+//     compare_and_append that carried data, or the compaction of a run of
+//     adjacent ones (description: the first's lower to the last's upper);
 //   - a part's registered range lies within its batch's description.
+//
+// Leases: writers and leased readers expire when their lease runs out.
+// Every transition given a clock first drops expired entries; garbage
+// collection treats a writer absent from the state as gone for good (a
+// writer id is never registered twice), so its unreferenced parts are
+// orphans.
 //
 // Thread-safety: plain values and pure functions.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -44,6 +52,8 @@ class PartList {
   std::size_t size() const { return get().size(); }
   bool empty() const { return get().empty(); }
   const PartRef& operator[](std::size_t i) const { return get()[i]; }
+  // Copies of a list share one identity (nullptr for an empty list).
+  const void* identity() const { return parts_.get(); }
 
   friend bool operator==(const PartList& a, const PartList& b) {
     return a.parts_ == b.parts_ || a.get() == b.get();
@@ -62,6 +72,10 @@ class PartList {
 struct HollowBatch {
   Description desc;
   PartList parts;
+  // The parts form one sorted run (each part's updates sort before the
+  // next part's): compaction output. A merge reads such a batch with one
+  // part open at a time.
+  bool ordered = false;
 
   std::uint64_t count() const;
   bool operator==(const HollowBatch&) const = default;
@@ -72,6 +86,7 @@ struct WriterState {
   // append whose outcome was indeterminate finds its own token here and
   // knows it already committed.
   std::string last_token;
+  std::uint64_t lease_expires_ms = 0;  // wall-clock ms
   bool operator==(const WriterState&) const = default;
 };
 
@@ -79,9 +94,15 @@ struct WriterState {
 // the reader lives. A leased reader lives until its lease expires (it
 // heartbeats to extend it); a critical reader (lease_expires_ms == 0) has no
 // lease and lives until it is removed, across restarts of its process.
+//
+// A leased reader also holds a seqno: the oldest state version it may still
+// read parts from. Garbage collection keeps every part referenced by a
+// version at or above the least such hold. A critical reader holds no
+// seqno (it reads through leased readers of its own).
 struct ReaderState {
   Frontier since;
   std::uint64_t lease_expires_ms = 0;  // wall-clock ms; 0 for critical
+  SeqNo seqno = 0;                     // leased: seqno hold; critical: 0
 
   bool critical() const { return lease_expires_ms == 0; }
   bool operator==(const ReaderState&) const = default;
@@ -102,17 +123,30 @@ struct ShardState {
 // The consensus key of a shard's state, and the blob prefix of its parts.
 std::string shard_consensus_key(std::string_view shard);
 std::string shard_part_prefix(std::string_view shard);
+// A part's key names the writer that wrote it: <prefix><writer>_<random>.
+std::string part_key(std::string_view shard, std::string_view writer_id);
+// The writer named in a part key under `prefix`; empty if it names none.
+std::string_view part_key_writer(std::string_view key, std::string_view prefix);
+// Rollups: the full state at a seqno, stored in blob under a key derived
+// from it. Any process folding the chain to that seqno computes the same
+// bytes, so concurrent writers of one rollup agree.
+std::string shard_rollup_prefix(std::string_view shard);
+std::string rollup_key(std::string_view shard, SeqNo seqno);
+// The seqno of a rollup key under `prefix`; nullopt if it is not one.
+std::optional<SeqNo> rollup_key_seqno(std::string_view key, std::string_view prefix);
 
 // Shard names match [A-Za-z0-9._-]{1,128}; ".", ".." and names starting
 // with ".tmp-" (reserved for blob files being written) are refused too.
 [[nodiscard]] Status validate_shard_name(std::string_view name);
 
-// How states are stored in consensus. Each version is either a full state
-// (a rollup) or a diff against the version just before it, which names the
-// seqno of the rollup its chain starts from. Appends write diffs, so what a
-// compare_and_set writes does not grow with the shard; the machine writes a
-// rollup every kRollupInterval versions, so reading a state folds at most
-// that many diffs onto one full state.
+// How states are stored. Each consensus version is either a full state
+// (only the first version of a shard) or a diff against the version just
+// before it, which names the seqno r of the rollup its chain starts from.
+// The full state at r is the consensus version r itself when that is a full
+// state, else the blob object rollup_key(shard, r). Every consensus write is
+// a diff, so what a compare_and_set writes does not grow with the shard;
+// the machine writes a rollup to blob every kRollupInterval versions, so
+// reading a state fetches one rollup and folds at most that many diffs.
 inline constexpr SeqNo kRollupInterval = 128;
 
 // A full state: binary, with a leading format version. Decoding validates
@@ -141,26 +175,47 @@ std::string encode_registry(const std::vector<std::string>& names);
 
 // --- Pure transitions -------------------------------------------------------
 
-// Registers a writer (idempotent).
-void register_writer(ShardState& state, std::string_view writer_id);
+// Drops writers and leased readers whose lease ran out before `now_ms`.
+// True if it dropped any.
+bool expire_leases(ShardState& state, std::uint64_t now_ms);
+
+// Writers. Registers a writer (idempotent: a registered writer's lease is
+// extended).
+void register_writer(ShardState& state, std::string_view writer_id, std::uint64_t lease_expires_ms,
+                     std::uint64_t now_ms);
+// Extends a writer's lease; NotFound when it has expired.
+[[nodiscard]] Status heartbeat_writer(ShardState& state, std::string_view writer_id,
+                                      std::uint64_t lease_expires_ms, std::uint64_t now_ms);
+// Drops a writer: it can never append again.
+void remove_writer(ShardState& state, std::string_view writer_id, std::uint64_t now_ms);
 
 // Readers. Every reader transition first drops leased readers whose lease
 // expired before `now_ms`, and ends by advancing since to the least hold
 // (never past upper, never backwards; with no readers it stays).
 //
-// Registers a reader holding the current since. A critical reader that
-// exists already keeps its hold (a restarted sink finds it again).
+// Registers a reader holding the current since. A leased reader's seqno
+// hold starts at the version this transition writes (state.seqno + 1). A
+// critical reader that exists already keeps its hold (a restarted sink
+// finds it again).
 void register_reader(ShardState& state, std::string_view reader_id, bool critical,
                      std::uint64_t lease_expires_ms, std::uint64_t now_ms);
-// Extends a leased reader's lease; NotFound when it has expired.
+// Extends a leased reader's lease and moves its seqno hold forward to
+// `pinned` (the oldest version its open cursors use), or, with nothing
+// pinned, to the version this transition writes. NotFound when it expired.
 [[nodiscard]] Status heartbeat_reader(ShardState& state, std::string_view reader_id,
-                                      std::uint64_t lease_expires_ms, std::uint64_t now_ms);
+                                      std::uint64_t lease_expires_ms, std::uint64_t now_ms,
+                                      std::optional<SeqNo> pinned = std::nullopt);
 // Moves a reader's hold forward to `since` (a hold never moves back: an
 // earlier frontier leaves it). NotFound when the reader has expired.
 [[nodiscard]] Status downgrade_reader_since(ShardState& state, std::string_view reader_id,
                                             Frontier since, std::uint64_t now_ms);
 // Drops a reader (leased or critical) and its hold.
 void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t now_ms);
+
+// The oldest version any live reader may still read: the least seqno hold
+// of the leased readers, or the state's own seqno. Garbage collection keeps
+// everything versions at or after it reference.
+SeqNo seqno_since(const ShardState& state);
 
 struct AppendRequest {
   std::string_view writer_id;
@@ -170,6 +225,8 @@ struct AppendRequest {
   // The parts of every batch of the call, each carrying its batch's
   // registered range. They become one HollowBatch [expected, new_upper).
   std::span<const PartRef> parts;
+  // Extends the writer's lease when nonzero.
+  std::uint64_t lease_expires_ms = 0;
 };
 
 enum class AppendOutcome : std::uint8_t {
@@ -189,5 +246,41 @@ enum class AppendOutcome : std::uint8_t {
                                            std::span<const Description> batches, bool has_data);
 
 std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current);
+
+// --- Compaction (the spine) ----------------------------------------------
+//
+// Batches are kept in geometric size classes: after every merge the spine
+// satisfies size(b[i]) > kSpineGrowth x (total size of the batches after
+// b[i]) for all i, so sizes at least triple from the newest batch back and
+// n appends of similar size leave O(log n) batches. Sizes count encoded
+// bytes, with kSpineMinBatchBytes as a floor so tiny batches group.
+inline constexpr std::uint64_t kSpineGrowth = 2;
+inline constexpr std::uint64_t kSpineMinBatchBytes = 4096;
+
+// A run of adjacent batches [begin, end) to merge into one.
+struct MergeRequest {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+// The merge the spine needs next: the oldest batch that breaks the size
+// rule, with every batch after it. nullopt when the spine is in shape.
+std::optional<MergeRequest> next_merge(const ShardState& state);
+
+enum class CompactionOutcome : std::uint8_t {
+  kApplied,         // the inputs were replaced by the output
+  kAlreadyApplied,  // the output is registered already (a retried write)
+  kInputsGone,      // the inputs are no longer all there: nothing changed
+};
+
+// Replaces `inputs` (adjacent batches, exactly as the compactor read them)
+// with `output`, if they are still in the state. The writer must be live
+// (its parts would otherwise be orphans GC may delete): NotFound if not.
+// REQUIRES: output.desc spans the inputs' descriptions.
+[[nodiscard]] Result<CompactionOutcome> apply_compaction(ShardState& state,
+                                                         std::string_view writer_id,
+                                                         std::span<const HollowBatch> inputs,
+                                                         const HollowBatch& output,
+                                                         std::uint64_t now_ms);
 
 }  // namespace tidemark

@@ -1,14 +1,38 @@
 #include "shard/context.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
+#include "util/clock.h"
 #include "util/ids.h"
+#include "util/periodic.h"
 
 namespace tidemark {
 
 WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id)
-    : context_(std::move(context)), writer_id_(std::move(writer_id)) {}
+    : context_(std::move(context)),
+      writer_id_(std::move(writer_id)),
+      heartbeat_(std::make_unique<PeriodicTask>()) {
+  heartbeat_->start(
+      std::max(context_->options.writer_lease / 3, std::chrono::milliseconds(1)), [this] {
+        auto beat = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+          TM_TRY(heartbeat_writer(state, writer_id_, lease_expiry(), wall_clock_millis()));
+          return TransitionResult::kWrite;
+        });
+        // Expired: appends fail from now on; nothing to keep.
+        return beat || !beat.error().is(ErrorKind::kNotFound);
+      });
+}
 
-WriteHandle::~WriteHandle() = default;
+WriteHandle::~WriteHandle() {
+  heartbeat_->stop();
+  (void)context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    remove_writer(state, writer_id_, wall_clock_millis());
+    return TransitionResult::kWrite;
+  });
+}
+
+std::uint64_t WriteHandle::lease_expiry() const {
+  return wall_clock_millis() + static_cast<std::uint64_t>(context_->options.writer_lease.count());
+}
 
 Result<Frontier> WriteHandle::fetch_upper() {
   TM_ASSIGN(StatePtr state, context_->machine->fetch());
@@ -17,7 +41,7 @@ Result<Frontier> WriteHandle::fetch_upper() {
 }
 
 BatchBuilder WriteHandle::builder(Frontier lower) {
-  return BatchBuilder(context_, lower);
+  return BatchBuilder(context_, writer_id_, lower);
 }
 
 Result<Batch> WriteHandle::batch(std::span<const Update> updates, Frontier lower, Frontier upper) {
@@ -46,7 +70,8 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   }
   TM_TRY(validate_append_shape(expected_upper, new_upper, descs, !parts.empty()));
 
-  AppendRequest request{writer_id_, idempotency_token, expected_upper, new_upper, parts};
+  AppendRequest request{writer_id_, idempotency_token, expected_upper, new_upper,
+                        parts,      lease_expiry()};
   auto applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
     TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
     return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
@@ -55,6 +80,7 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   if (applied) {
     for (Batch& batch : batches) batch.mark_committed();
     upper_ = new_upper;
+    context_->request_compaction(**applied);
     return {};
   }
   const Error& error = applied.error();

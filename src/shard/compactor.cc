@@ -1,0 +1,272 @@
+#include "shard/compactor.h"
+
+#include <algorithm>
+
+#include "part/part.h"
+#include "shard/merge.h"
+#include "shard/state.h"
+#include "util/clock.h"
+#include "util/ids.h"
+
+namespace tidemark {
+namespace {
+
+// Passes of compact_shard stop after this many merges, so a shard under
+// heavy contention does not keep one caller forever.
+constexpr int kMaxMergesPerPass = 64;
+
+// The writer a compaction pass writes as: registered for the pass, its lease
+// renewed between parts, removed at the end.
+class PassWriter {
+ public:
+  explicit PassWriter(ShardContext& context)
+      : context_(context),
+        id_("c" + random_id()),
+        lease_ms_(static_cast<std::uint64_t>(context.options.writer_lease.count())) {}
+  PassWriter(const PassWriter&) = delete;
+  PassWriter& operator=(const PassWriter&) = delete;
+  ~PassWriter() {
+    if (!registered_) return;
+    (void)context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      remove_writer(state, id_, wall_clock_millis());
+      return TransitionResult::kWrite;
+    });
+  }
+
+  const std::string& id() const { return id_; }
+
+  Status open() {
+    if (lease_ms_ == 0) return invalid_usage("a writer lease must be positive");
+    const std::uint64_t now = wall_clock_millis();
+    TM_TRY(context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      register_writer(state, id_, now + lease_ms_, now);
+      return TransitionResult::kWrite;
+    }));
+    registered_ = true;
+    renewed_ms_ = now;
+    return {};
+  }
+
+  // Renews the lease once a third of it has passed.
+  Status keep_alive() {
+    const std::uint64_t now = wall_clock_millis();
+    if (now < renewed_ms_ + lease_ms_ / 3) return {};
+    TM_TRY(context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      TM_TRY(heartbeat_writer(state, id_, now + lease_ms_, wall_clock_millis()));
+      return TransitionResult::kWrite;
+    }));
+    renewed_ms_ = now;
+    return {};
+  }
+
+ private:
+  ShardContext& context_;
+  const std::string id_;
+  const std::uint64_t lease_ms_;
+  bool registered_ = false;
+  std::uint64_t renewed_ms_ = 0;
+};
+
+// Writes the merged updates as one ordered run of parts.
+class RunWriter {
+ public:
+  RunWriter(ShardContext& context, PassWriter& writer, Description desc)
+      : context_(context), writer_(writer), desc_(desc) {}
+  RunWriter(const RunWriter&) = delete;
+  RunWriter& operator=(const RunWriter&) = delete;
+
+  Status add(UpdateView update) {
+    if (!part_) {
+      part_.emplace(desc_, PartOptions{context_.options.block_bytes, context_.options.zstd_level});
+    }
+    TM_TRY(part_->add(update));
+    if (part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) TM_TRY(flush());
+    return {};
+  }
+
+  Status flush() {
+    if (!part_ || part_->count() == 0) return {};
+    PartRef ref;
+    ref.key = part_key(context_.name, writer_.id());
+    ref.count = part_->count();
+    ref.bytes = part_->stats().bytes;
+    ref.time_min = part_->stats().time_min;
+    ref.time_max = part_->stats().time_max;
+    ref.lower = desc_.lower;
+    ref.upper = desc_.upper;
+    TM_ASSIGN(std::string encoded, part_->finish());
+    part_.reset();
+    ref.size = encoded.size();
+    TM_TRY(context_.location.blob->set(ref.key, encoded));
+    bytes_ += ref.size;
+    written_.push_back(std::move(ref));
+    return writer_.keep_alive();
+  }
+
+  // Deletes every part written (the output was not registered).
+  void drop() {
+    for (const PartRef& part : written_) (void)context_.location.blob->remove(part.key);
+    written_.clear();
+  }
+
+  std::vector<PartRef>& written() { return written_; }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  ShardContext& context_;
+  PassWriter& writer_;
+  const Description desc_;
+  std::optional<PartWriter> part_;
+  std::vector<PartRef> written_;
+  std::uint64_t bytes_ = 0;
+};
+
+// Streams the merge of `inputs` into `out`: times advanced to `advance_to`
+// (when below it), equal (key, value, time) summed, zero sums dropped.
+Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs, Time advance_to,
+                  RunWriter& out) {
+  std::vector<MergeCursor::PartRun> runs;
+  runs.reserve(inputs.size());
+  for (const HollowBatch& batch : inputs)
+    runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
+  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.location.blob, runs, TimeWindow{}));
+  std::string key, value;
+  Time time = 0;
+  Diff sum = 0;
+  bool have = false;
+  for (;;) {
+    TM_ASSIGN(auto update, merge.next());
+    if (update) {
+      const Time t = std::max(update->time, advance_to);
+      if (have && t == time && update->key == key && update->value == value) {
+        TM_ASSIGN(sum, checked_add_diff(sum, update->diff, "a compaction"));
+        continue;
+      }
+    }
+    if (have && sum != 0) TM_TRY(out.add(UpdateView{key, value, time, sum}));
+    if (!update) break;
+    key.assign(update->key);
+    value.assign(update->value);
+    time = std::max(update->time, advance_to);
+    sum = update->diff;
+    have = true;
+  }
+  return out.flush();
+}
+
+// One merge, if the spine needs one. False when it is in shape.
+Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionReport& report) {
+  TM_ASSIGN(StatePtr state, context.machine->fetch());
+  const std::optional<MergeRequest> request = next_merge(*state);
+  if (!request) return false;
+  const std::vector<HollowBatch> inputs(
+      state->batches.begin() + static_cast<std::ptrdiff_t>(request->begin),
+      state->batches.begin() + static_cast<std::ptrdiff_t>(request->end));
+  const Description desc{inputs.front().desc.lower, inputs.back().desc.upper, state->since};
+  // Advancing to since, clamped into the description: every read at an
+  // as_of >= since sees the same collection.
+  const Time cap = desc.upper.is_closed() ? UINT64_MAX : desc.upper.time() - 1;
+  const Time advance_to = state->since.is_closed() ? cap : std::min(state->since.time(), cap);
+
+  RunWriter out(context, writer, desc);
+  if (auto merged = merge_into(context, inputs, advance_to, out); !merged) {
+    out.drop();
+    return std::unexpected(merged.error());
+  }
+  const HollowBatch output{desc, PartList(out.written()), true};
+  CompactionOutcome outcome = CompactionOutcome::kInputsGone;
+  auto applied = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+    TM_ASSIGN(outcome, apply_compaction(s, writer.id(), inputs, output, wall_clock_millis()));
+    return outcome == CompactionOutcome::kApplied ? TransitionResult::kWrite
+                                                  : TransitionResult::kUnchanged;
+  });
+  if (!applied) {
+    // Maybe registered: garbage collection sorts it out once this writer
+    // is gone.
+    if (!applied.error().is(ErrorKind::kIndeterminate)) out.drop();
+    return std::unexpected(applied.error());
+  }
+  if (outcome == CompactionOutcome::kInputsGone) {
+    // (kAlreadyApplied is our own earlier attempt: registered, keep it.)
+    out.drop();
+    ++report.merges_lost;
+    return true;
+  }
+  ++report.merges;
+  report.batches_merged += inputs.size();
+  report.parts_written += output.parts.size();
+  report.bytes_written += out.bytes();
+  return true;
+}
+
+}  // namespace
+
+Result<CompactionReport> compact_shard(ShardContext& context) {
+  CompactionReport report;
+  TM_ASSIGN(StatePtr state, context.machine->fetch());
+  if (!next_merge(*state)) return report;
+  PassWriter writer(context);
+  TM_TRY(writer.open());
+  for (int i = 0; i < kMaxMergesPerPass; ++i) {
+    TM_ASSIGN(bool merged, merge_once(context, writer, report));
+    if (!merged) break;
+  }
+  return report;
+}
+
+ShardContext::ShardContext() = default;
+ShardContext::~ShardContext() {
+  compactor.reset();
+}
+
+void ShardContext::request_compaction(const ShardState& state) {
+  if (compactor && next_merge(state)) compactor->request();
+}
+
+BackgroundCompactor::BackgroundCompactor(ShardContext* context) : context_(context) {}
+
+BackgroundCompactor::~BackgroundCompactor() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BackgroundCompactor::request() {
+  std::lock_guard lock(mu_);
+  if (stopping_) return;
+  requested_ = true;
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  cv_.notify_all();
+}
+
+std::optional<Error> BackgroundCompactor::last_error() {
+  std::lock_guard lock(mu_);
+  return last_error_;
+}
+
+void BackgroundCompactor::run() {
+  std::uint64_t last_gc_ms = 0;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return requested_ || stopping_; });
+    if (stopping_) return;
+    requested_ = false;
+    lock.unlock();
+    auto compacted = compact_shard(*context_);
+    std::optional<Error> error;
+    if (!compacted) error = compacted.error();
+    const std::uint64_t now = wall_clock_millis();
+    if (compacted && compacted->merges > 0 && now >= last_gc_ms + 1000) {
+      last_gc_ms = now;
+      auto collected = collect_garbage(*context_);
+      if (!collected) error = collected.error();
+    }
+    lock.lock();
+    if (error) last_error_ = std::move(error);
+  }
+}
+
+}  // namespace tidemark

@@ -1,0 +1,152 @@
+// collect_garbage: see src/shard/compactor.h for the rules and why they are
+// safe.
+#include <unordered_set>
+
+#include "shard/compactor.h"
+#include "shard/state.h"
+#include "util/clock.h"
+
+namespace tidemark {
+namespace {
+
+// How many versions one scan reads while folding.
+constexpr std::size_t kScanPage = 256;
+
+// Part keys referenced by some version, split at seqno_since. Copies of a
+// part list share an identity, so each list is walked once per side; the
+// lists are kept alive so an identity is never reused while it counts.
+class PartsSeen {
+ public:
+  explicit PartsSeen(SeqNo since) : since_(since) {}
+
+  void visit(const ShardState& state) {
+    const bool live = state.seqno >= since_;
+    auto& keys = live ? live_ : retired_;
+    auto& seen = live ? seen_live_ : seen_retired_;
+    for (const HollowBatch& batch : state.batches) {
+      if (batch.parts.empty() || !seen.insert(batch.parts.identity()).second) continue;
+      kept_.push_back(batch.parts);
+      for (const PartRef& part : batch.parts) keys.insert(part.key);
+    }
+  }
+
+  bool live(const std::string& key) const { return live_.contains(key); }
+  bool retired(const std::string& key) const { return retired_.contains(key); }
+
+ private:
+  const SeqNo since_;
+  std::unordered_set<std::string> live_, retired_;
+  std::unordered_set<const void*> seen_live_, seen_retired_;
+  std::vector<PartList> kept_;
+};
+
+Error retry_later(const std::string& shard, std::string what) {
+  return Error{ErrorKind::kDeterminate,
+               "garbage collection of shard " + shard + ": " + what + "; retry", std::nullopt,
+               std::nullopt};
+}
+
+}  // namespace
+
+Result<GcReport> collect_garbage(ShardContext& context) {
+  GcReport report;
+  const std::string& shard = context.name;
+  Blob& blob = *context.location.blob;
+  Consensus& consensus = *context.location.consensus;
+  const std::string key = shard_consensus_key(shard);
+
+  // 1. Expired writers and readers leave the state first.
+  TM_TRY(context.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    return expire_leases(state, wall_clock_millis()) ? TransitionResult::kWrite
+                                                     : TransitionResult::kUnchanged;
+  }));
+
+  // 2. List, then read the head (the order matters: see compactor.h).
+  const std::string part_prefix = shard_part_prefix(shard);
+  const std::string rollup_prefix = shard_rollup_prefix(shard);
+  std::vector<std::string> parts, rollups;
+  TM_TRY(blob.list(part_prefix, [&](std::string_view k, std::uint64_t) { parts.emplace_back(k); }));
+  TM_TRY(blob.list(rollup_prefix,
+                   [&](std::string_view k, std::uint64_t) { rollups.emplace_back(k); }));
+  TM_ASSIGN(StatePtr head, context.machine->fetch());
+  if (head->seqno == 0) return report;  // never written: no writer ever was
+
+  // 3. Fold every retained version, oldest first.
+  TM_ASSIGN(auto oldest, consensus.scan(key, 0, 1));
+  if (oldest.empty()) return std::unexpected(retry_later(shard, "its versions were truncated"));
+  const SeqNo first = oldest.front().seqno;
+  const SeqNo since = std::max(seqno_since(*head), first);
+  ShardState current;
+  if (is_full_version(oldest.front().data)) {
+    TM_ASSIGN(current, decode_state(shard, oldest.front()));
+  } else {
+    auto loaded = context.machine->load_rollup(first);
+    if (!loaded && loaded.error().is(ErrorKind::kNotFound)) {
+      return std::unexpected(retry_later(shard, "another pass truncated it meanwhile"));
+    }
+    if (!loaded) return std::unexpected(loaded.error());
+    current = std::move(*loaded);
+  }
+  PartsSeen seen(since);
+  seen.visit(current);
+  SeqNo keep_from = first;  // the rollup the version at `since` starts from
+  for (SeqNo next = first + 1; next <= head->seqno;) {
+    TM_ASSIGN(auto versions, consensus.scan(key, next, kScanPage));
+    if (versions.empty() || versions.front().seqno != next) {
+      return std::unexpected(retry_later(shard, "its versions were truncated"));
+    }
+    for (const VersionedData& version : versions) {
+      if (version.seqno > head->seqno) break;
+      if (version.seqno != next) {
+        return corruption("state of shard " + shard + " has a gap before seqno " +
+                          std::to_string(version.seqno));
+      }
+      TM_ASSIGN(current, apply_version(shard, &current, version));
+      seen.visit(current);
+      if (version.seqno == since) {
+        TM_ASSIGN(keep_from, version_rollup_seqno(shard, version));
+      }
+      ++next;
+    }
+  }
+
+  // 4. Parts: retired and no longer live, or orphans of writers gone.
+  for (const std::string& part : parts) {
+    if (seen.live(part)) {
+      ++report.parts_live;
+      continue;
+    }
+    if (seen.retired(part)) {
+      TM_TRY(blob.remove(part));
+      ++report.parts_deleted;
+      continue;
+    }
+    std::string_view writer = part_key_writer(part, part_prefix);
+    if (!writer.empty() && !head->writers.contains(writer)) {
+      TM_TRY(blob.remove(part));
+      ++report.orphans_deleted;
+    }
+  }
+  // Rollups the retained chain no longer starts from, then the versions.
+  for (const std::string& rollup : rollups) {
+    std::optional<SeqNo> seqno = rollup_key_seqno(rollup, rollup_prefix);
+    if (seqno && *seqno < keep_from) {
+      TM_TRY(blob.remove(rollup));
+      ++report.rollups_deleted;
+    }
+  }
+  if (keep_from > first) {
+    TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from));
+  }
+  return report;
+}
+
+Result<CompactionReport> Shard::compact() {
+  return compact_shard(*context_);
+}
+
+Result<GcReport> Shard::collect_garbage() {
+  return tidemark::collect_garbage(*context_);
+}
+
+}  // namespace tidemark
