@@ -63,7 +63,7 @@ class CliTest : public ::testing::Test {
     fs::path blob = dir_ / "data" / "blob";
     if (!fs::exists(blob)) return 0;
     for (const auto& entry : fs::recursive_directory_iterator(blob)) {
-      if (entry.is_regular_file()) ++n;
+      if (entry.is_regular_file() && entry.path().parent_path().filename() == "part") ++n;
     }
     return n;
   }
@@ -183,6 +183,47 @@ TEST_F(CliTest, ManagedAppendGoesThroughTheAppender) {
   EXPECT_NE(bad.err.find("nothing was appended"), std::string::npos);
   Outcome after = tidemark("snapshot s");
   EXPECT_EQ(after.out, snapshot.out);
+}
+
+// Each append compacts in the foreground: the shard stays O(log n) batches
+// and its blob holds only the parts the state references.
+TEST_F(CliTest, AppendsCompactAndCompactReports) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  std::string expected;
+  const int appends = 40;
+  for (int t = 0; t < appends; ++t) {
+    std::string line = "{\"key\":\"k" + std::to_string(t) +
+                       "\",\"value\":\"v\",\"time\":" + std::to_string(t) + ",\"diff\":1}\n";
+    Outcome append = tidemark(
+        "append s --lower " + std::to_string(t) + " --upper " + std::to_string(t + 1), line);
+    ASSERT_EQ(append.status, 0) << append.err;
+    EXPECT_EQ(append.err, "");
+  }
+  Outcome before = tidemark("snapshot s");
+  ASSERT_EQ(before.status, 0);
+  EXPECT_EQ(std::count(before.out.begin(), before.out.end(), '\n'), appends);
+
+  Outcome inspect = tidemark("shard inspect s --json");
+  auto field = [](const std::string& json, const std::string& name) {
+    auto at = json.find("\"" + name + "\":");
+    EXPECT_NE(at, std::string::npos) << name << " in " << json;
+    return std::stoull(json.substr(at + name.size() + 3));
+  };
+  EXPECT_LE(field(inspect.out, "batches"), 6u) << inspect.out;  // 40 appends: log3(40) + 2
+  EXPECT_EQ(field(inspect.out, "updates"), static_cast<unsigned long long>(appends));
+  EXPECT_EQ(part_files(), field(inspect.out, "parts")) << "unreferenced parts were left";
+
+  Outcome compact = tidemark("compact s");
+  ASSERT_EQ(compact.status, 0) << compact.err;
+  EXPECT_EQ(compact.out.rfind("{\"merges\":", 0), 0u) << compact.out;
+  EXPECT_EQ(field(compact.out, "parts"), part_files());
+  EXPECT_EQ(tidemark("snapshot s").out, before.out);
+
+  EXPECT_EQ(tidemark("compact").status, 2);
+  EXPECT_EQ(tidemark("compact a b").status, 2);
+  Outcome missing = tidemark("compact nope");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("no shard named nope"), std::string::npos) << missing.err;
 }
 
 TEST_F(CliTest, UsageErrors) {

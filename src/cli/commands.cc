@@ -97,7 +97,12 @@ Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
   }
   if (globals.blob_url) blob_url = *globals.blob_url;
   if (globals.consensus_url) consensus_url = *globals.consensus_url;
-  return Client::open(blob_url, consensus_url);
+  // A command is a short-lived process: it compacts in the foreground
+  // (after an append, or as `compact`) instead of leaving a merge half
+  // done when it exits.
+  ClientOptions options;
+  options.background_compaction = false;
+  return Client::open(blob_url, consensus_url, options);
 }
 
 namespace {
@@ -302,6 +307,8 @@ int run_managed_append(const Globals& globals, const Args& args) {
   auto upper = (*shard)->upper();
   if (upper) out += ",\"upper\":" + upper->to_json();
   std::printf("%s}\n", out.c_str());
+  std::fflush(stdout);
+  maintain(**shard);
   return kExitOk;
 }
 
@@ -378,6 +385,63 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   std::printf("{\"count\":%llu,\"lower\":%s,\"upper\":%s}\n",
               static_cast<unsigned long long>(count), desc.lower.to_json().c_str(),
               desc.upper.to_json().c_str());
+  std::fflush(stdout);
+  writer->reset();
+  maintain(**shard);
+  return kExitOk;
+}
+
+// --- compact ----------------------------------------------------------------
+
+namespace {
+
+std::string compaction_json(const CompactionReport& c, const GcReport& g) {
+  auto field = [](const char* name, std::uint64_t value) {
+    return std::string("\"") + name + "\":" + std::to_string(value);
+  };
+  return "{" + field("merges", c.merges) + "," + field("merges_lost", c.merges_lost) + "," +
+         field("batches_merged", c.batches_merged) + "," + field("parts_written", c.parts_written) +
+         "," + field("bytes_written", c.bytes_written) + "," +
+         field("parts_deleted", g.parts_deleted) + "," +
+         field("orphans_deleted", g.orphans_deleted) + "," +
+         field("rollups_deleted", g.rollups_deleted) + "," +
+         field("versions_truncated", g.versions_truncated) + "," +
+         field("parts_live", g.parts_live);
+}
+
+}  // namespace
+
+void maintain(Shard& shard) {
+  auto compacted = shard.compact();
+  if (!compacted) {
+    std::fprintf(stderr, "tidemark: warning: the append is durable, but compacting failed: %s\n",
+                 compacted.error().to_string().c_str());
+    return;
+  }
+  if (compacted->merges == 0) return;
+  auto collected = shard.collect_garbage();
+  if (!collected) {
+    std::fprintf(stderr,
+                 "tidemark: warning: the append is durable, but garbage collection failed: %s\n",
+                 collected.error().to_string().c_str());
+  }
+}
+
+int run_compact(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {}, {});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1) return usage_error("compact takes one NAME");
+  auto shard = open_named_shard(globals, args->positionals()[0]);
+  if (!shard) return report(shard.error());
+  auto compacted = (*shard)->compact();
+  if (!compacted) return report(compacted.error());
+  auto collected = (*shard)->collect_garbage();
+  if (!collected) return report(collected.error());
+  auto info = (*shard)->inspect();
+  if (!info) return report(info.error());
+  std::printf(
+      "%s,\"batches\":%llu,\"parts\":%llu}\n", compaction_json(*compacted, *collected).c_str(),
+      static_cast<unsigned long long>(info->batches), static_cast<unsigned long long>(info->parts));
   return kExitOk;
 }
 

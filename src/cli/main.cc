@@ -14,6 +14,7 @@ constexpr const char* kUsage =
   append NAME [--input FILE|-] [--lower T --upper T]
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
+  compact NAME
   bench engine [--json] [--updates N] [--appends N]
   bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   if (command == "append") return run_append(globals, rest);
   if (command == "snapshot") return run_snapshot(globals, rest);
   if (command == "listen") return run_listen(globals, rest);
+  if (command == "compact") return run_compact(globals, rest);
   if (command == "bench") return run_bench(globals, rest);
   return usage_error("unknown command \"" + command + "\" (see tidemark --help)");
 }

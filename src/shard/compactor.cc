@@ -201,13 +201,13 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
 
 }  // namespace
 
-Result<CompactionReport> compact_shard(ShardContext& context) {
+Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   if (!next_merge(*state)) return report;
   PassWriter writer(context);
   TM_TRY(writer.open());
-  for (int i = 0; i < kMaxMergesPerPass; ++i) {
+  for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
     TM_ASSIGN(bool merged, merge_once(context, writer, report));
     if (!merged) break;
   }
@@ -255,7 +255,10 @@ void BackgroundCompactor::run() {
     if (stopping_) return;
     requested_ = false;
     lock.unlock();
-    auto compacted = compact_shard(*context_);
+    auto compacted = compact_shard(*context_, [this] {
+      std::lock_guard stop_lock(mu_);
+      return stopping_;
+    });
     std::optional<Error> error;
     if (!compacted) error = compacted.error();
     const std::uint64_t now = wall_clock_millis();

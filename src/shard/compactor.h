@@ -37,6 +37,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -45,7 +46,10 @@
 
 namespace tidemark {
 
-[[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context);
+// `stop` (when given) is checked between merges: a pass ends early once it
+// returns true (the merge in flight finishes first).
+[[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
+                                                     const std::function<bool()>& stop = {});
 [[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context);
 
 class BackgroundCompactor {
