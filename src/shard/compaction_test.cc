@@ -1,0 +1,367 @@
+// Compaction, garbage collection and leases (DESIGN.md 6 and 7) over the
+// in-memory backends: the spine's shape, what a merge keeps, races between
+// compactors, GC against leased readers, orphans, rollups and truncation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "location/mem_blob.h"
+#include "location/mem_consensus.h"
+#include "part/part.h"
+#include "shard/context.h"
+#include "shard/machine.h"
+#include "shard/state.h"
+#include "shard/test_util.h"
+#include "tidemark/client.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+#include "util/clock.h"
+
+namespace tidemark {
+namespace {
+
+using testing::model_at;
+using testing::read_snapshot;
+
+// --- The spine as pure state --------------------------------------------
+
+HollowBatch batch_of_size(Time lower, Time upper, std::uint64_t bytes) {
+  PartRef part;
+  part.key = "p" + std::to_string(lower) + "-" + std::to_string(upper);
+  part.size = bytes;
+  part.count = 1;
+  part.lower = Frontier::at(lower);
+  part.upper = Frontier::at(upper);
+  return HollowBatch{Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)},
+                     PartList({part}), false};
+}
+
+// Appends batches of `sizes` one by one, running every merge next_merge
+// asks for (an output's size is the sum of its inputs').
+std::size_t simulate_spine(const std::vector<std::uint64_t>& sizes, std::uint64_t* rewritten) {
+  ShardState state;
+  state.name = "s";
+  *rewritten = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    state.batches.push_back(batch_of_size(i, i + 1, sizes[i]));
+    while (auto request = next_merge(state)) {
+      std::uint64_t total = 0;
+      for (std::size_t b = request->begin; b < request->end; ++b) {
+        total += state.batches[b].parts[0].size;
+      }
+      *rewritten += total;
+      HollowBatch merged = batch_of_size(state.batches[request->begin].desc.lower.time(),
+                                         state.batches.back().desc.upper.time(), total);
+      state.batches.erase(state.batches.begin() + static_cast<std::ptrdiff_t>(request->begin),
+                          state.batches.end());
+      state.batches.push_back(merged);
+    }
+  }
+  return state.batches.size();
+}
+
+TEST(SpineTest, TenThousandAppendsLeaveLogarithmicallyManyBatches) {
+  for (std::uint64_t size : {std::uint64_t{100}, std::uint64_t{1} << 20}) {
+    std::vector<std::uint64_t> sizes(10'000, size);
+    std::uint64_t rewritten = 0;
+    const std::size_t batches = simulate_spine(sizes, &rewritten);
+    // Sizes at least triple from the newest batch back.
+    const double bound = std::log(10'000.0) / std::log(3.0) + 2;
+    EXPECT_LE(batches, static_cast<std::size_t>(bound)) << "batch size " << size;
+    // Each byte is rewritten O(log n) times, not O(n).
+    EXPECT_LE(rewritten, 10'000 * std::max(size, kSpineMinBatchBytes) * 20)
+        << "batch size " << size;
+  }
+}
+
+TEST(SpineTest, IrregularSizesStayInShape) {
+  std::mt19937_64 rng(7);
+  std::vector<std::uint64_t> sizes;
+  for (int i = 0; i < 5'000; ++i) sizes.push_back(1 + rng() % (1 << (rng() % 24)));
+  std::uint64_t rewritten = 0;
+  EXPECT_LE(simulate_spine(sizes, &rewritten), 40u);
+}
+
+TEST(SpineTest, ApplyCompactionReplacesOnlyInputsStillThere) {
+  ShardState state;
+  state.name = "s";
+  register_writer(state, "c1", 1000, 0);
+  for (Time t = 0; t < 4; ++t) state.batches.push_back(batch_of_size(t, t + 1, 10));
+  std::vector<HollowBatch> inputs(state.batches.begin() + 1, state.batches.end());
+  HollowBatch output = batch_of_size(1, 4, 30);
+  output.ordered = true;
+
+  ShardState other = state;
+  other.batches.erase(other.batches.begin() + 2);  // an input is gone
+  other.batches[1].desc.upper = Frontier::at(3);
+  EXPECT_EQ(*apply_compaction(other, "c1", inputs, output, 0), CompactionOutcome::kInputsGone);
+
+  ASSERT_EQ(*apply_compaction(state, "c1", inputs, output, 0), CompactionOutcome::kApplied);
+  ASSERT_EQ(state.batches.size(), 2u);
+  EXPECT_EQ(state.batches[1], output);
+  // A retried write finds its own output.
+  EXPECT_EQ(*apply_compaction(state, "c1", inputs, output, 0), CompactionOutcome::kAlreadyApplied);
+  // An expired compaction writer cannot register anything.
+  EXPECT_EQ(apply_compaction(state, "c1", inputs, output, 5000).error().kind, ErrorKind::kNotFound);
+  EXPECT_FALSE(state.writers.contains("c1"));
+}
+
+// --- Through the engine ----------------------------------------------------
+
+class CompactionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    blob_ = std::make_shared<MemBlob>();
+    consensus_ = std::make_shared<MemConsensus>();
+    options_.part_target_bytes = 2048;
+    options_.block_bytes = 256;
+    options_.listen_poll_interval = std::chrono::milliseconds(1);
+    options_.background_compaction = false;
+    client_ = *Client::open(Location{blob_, consensus_}, options_);
+    ASSERT_TRUE(client_->create_shard("s"));
+    shard_ = *client_->open_shard("s");
+    writer_ = std::move(*shard_->open_writer());
+  }
+
+  // One append [t, t + 1) of `updates` (all at time t).
+  void append_at(Time t, const std::vector<Update>& updates) {
+    std::vector<Batch> batches;
+    batches.push_back(*writer_->batch(updates, Frontier::at(t), Frontier::at(t + 1)));
+    ASSERT_TRUE(writer_->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+    model_.insert(model_.end(), updates.begin(), updates.end());
+  }
+
+  std::set<std::string> listed(const std::string& prefix) {
+    std::set<std::string> keys;
+    EXPECT_TRUE(blob_->list(prefix, [&](std::string_view k, std::uint64_t) { keys.emplace(k); }));
+    return keys;
+  }
+  std::set<std::string> referenced() {
+    std::set<std::string> keys;
+    auto state = *ShardMachine("s", consensus_, blob_).fetch();
+    for (const HollowBatch& batch : state->batches) {
+      for (const PartRef& part : batch.parts) keys.insert(part.key);
+    }
+    return keys;
+  }
+
+  void expect_snapshots_match(Shard& shard) {
+    auto info = *shard.inspect();
+    ASSERT_FALSE(info.upper.is_closed());
+    // Every as_of of a short history; about 40 spread over a long one.
+    const Time step = std::max<Time>(1, (info.upper.time() - info.since.time()) / 40);
+    for (Time as_of = info.since.time(); as_of < info.upper.time(); as_of += step) {
+      auto got = read_snapshot(shard, as_of);
+      ASSERT_TRUE(got) << got.error().to_string();
+      EXPECT_EQ(*got, model_at(model_, as_of)) << "as_of " << as_of;
+    }
+  }
+
+  ClientOptions options_;
+  std::shared_ptr<MemBlob> blob_;
+  std::shared_ptr<MemConsensus> consensus_;
+  std::shared_ptr<Client> client_;
+  std::shared_ptr<Shard> shard_;
+  std::unique_ptr<WriteHandle> writer_;
+  std::vector<Update> model_;
+};
+
+TEST_F(CompactionTest, MergesKeepEveryReadableSnapshot) {
+  for (Time t = 0; t < 60; ++t) {
+    std::vector<Update> updates;
+    for (int i = 0; i < 30; ++i) {
+      updates.push_back(Update{"k" + std::to_string((t * 7 + i) % 50), "v" + std::to_string(i % 3),
+                               t, (i % 4 == 0) ? -1 : 1});
+    }
+    append_at(t, updates);
+    ASSERT_TRUE(shard_->compact());
+  }
+  auto info = *shard_->inspect();
+  EXPECT_LE(info.batches, 6u);
+  expect_snapshots_match(*shard_);
+  // Compaction output is one ordered run per batch.
+  auto state = *ShardMachine("s", consensus_, blob_).fetch();
+  EXPECT_TRUE(state->batches.front().ordered);
+  EXPECT_GT(state->batches.front().parts.size(), 1u) << "the test wants a multi-part run";
+}
+
+TEST_F(CompactionTest, TimesAdvanceToSinceAndConsolidate) {
+  auto reader = *shard_->open_reader(ReaderOptions{});
+  // (a, 1) inserted at 1 and retracted at 3; (b, 1) inserted at each time.
+  for (Time t = 0; t < 10; ++t) {
+    std::vector<Update> updates{Update{"b", "1", t, 1}};
+    if (t == 1) updates.push_back(Update{"a", "1", t, 1});
+    if (t == 3) updates.push_back(Update{"a", "1", t, -1});
+    append_at(t, updates);
+  }
+  ASSERT_TRUE(reader->downgrade_since(Frontier::at(5)));
+  EXPECT_EQ(shard_->inspect()->since, Frontier::at(5));
+  // Force one merge of everything.
+  while (shard_->inspect()->batches > 1) {
+    auto report = shard_->compact();
+    ASSERT_TRUE(report) << report.error().to_string();
+    if (report->merges == 0) break;
+  }
+  ASSERT_EQ(shard_->inspect()->batches, 1u);
+  // (a) cancelled out; (b) at times 0..5 became one update at 5.
+  EXPECT_EQ(shard_->inspect()->updates, 1u + 4u);
+  expect_snapshots_match(*shard_);
+  EXPECT_EQ(shard_->snapshot(4).error().kind, ErrorKind::kSinceViolation);
+  auto listener = shard_->listen(5, 10);
+  ASSERT_TRUE(listener);
+  auto out = *testing::read_listen(**listener);
+  ASSERT_EQ(out.updates.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(out.updates[i].time, 6 + i);
+}
+
+TEST_F(CompactionTest, ConcurrentCompactorsNeverLoseOrDoubleData) {
+  auto second = *(*Client::open(Location{blob_, consensus_}, options_))->open_shard("s");
+  for (Time t = 0; t < 40; ++t) {
+    append_at(t, {Update{"k" + std::to_string(t % 9), "v", t, 1}});
+  }
+  std::thread a([&] {
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(shard_->compact());
+  });
+  std::thread b([&] {
+    for (int i = 0; i < 20; ++i) ASSERT_TRUE(second->compact());
+  });
+  a.join();
+  b.join();
+  expect_snapshots_match(*shard_);
+  writer_.reset();
+  ASSERT_TRUE(shard_->collect_garbage());
+  // Losers dropped their outputs; GC removed the replaced inputs.
+  EXPECT_EQ(listed(shard_part_prefix("s")), referenced());
+}
+
+TEST_F(CompactionTest, GcNeverDeletesWhatALeasedReaderMayFetch) {
+  for (Time t = 0; t < 30; ++t) {
+    std::vector<Update> updates;
+    for (int i = 0; i < 40; ++i) updates.push_back(Update{"k" + std::to_string(i), "v", t, 1});
+    append_at(t, updates);
+  }
+  auto reader = *shard_->open_reader(ReaderOptions{});
+  std::optional<SnapshotCursor> cursor(*reader->snapshot(29));
+  // Mid-read: parts are open, more blocks to fetch.
+  testing::Collection read;
+  auto first = cursor->next();
+  ASSERT_TRUE(first && *first);
+  read[{std::string((*first)->key), std::string((*first)->value)}] = (*first)->diff;
+
+  ASSERT_GT(shard_->compact()->merges, 0u);
+  ASSERT_TRUE(reader->heartbeat());  // a pinned cursor keeps the hold
+  auto gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.parts_deleted, 0u) << "the open snapshot still needs the replaced parts";
+  // The cursor reads to the end, exactly.
+  for (;;) {
+    auto row = cursor->next();
+    ASSERT_TRUE(row) << row.error().to_string();
+    if (!*row) break;
+    read[{std::string((*row)->key), std::string((*row)->value)}] = (*row)->diff;
+  }
+  EXPECT_EQ(read, model_at(model_, 29));
+
+  // With the cursor gone, the next heartbeat moves the hold on and the
+  // replaced parts go.
+  cursor.reset();
+  ASSERT_TRUE(reader->heartbeat());
+  gc = *shard_->collect_garbage();
+  EXPECT_GT(gc.parts_deleted, 0u);
+  writer_.reset();
+  ASSERT_TRUE(shard_->collect_garbage());
+  EXPECT_EQ(listed(shard_part_prefix("s")), referenced());
+  expect_snapshots_match(*shard_);
+}
+
+TEST_F(CompactionTest, OrphansAreDeletedOnlyOnceTheirWriterIsGone) {
+  append_at(0, {Update{"a", "1", 0, 1}});
+  // A batch whose append ended indeterminate: its parts must survive.
+  auto other = std::move(*shard_->open_writer());
+  std::vector<Update> updates{Update{"x", "1", 1, 1}};
+  auto batch = *other->batch(updates, Frontier::at(1), Frontier::at(2));
+  batch.mark_maybe_committed();
+  const std::size_t orphan_parts = batch.parts().size();
+  ASSERT_GT(orphan_parts, 0u);
+  { Batch dropped = std::move(batch); }
+
+  auto gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.orphans_deleted, 0u) << "its writer may still append it";
+  EXPECT_EQ(listed(shard_part_prefix("s")).size(), referenced().size() + orphan_parts);
+
+  other.reset();  // the writer removes itself
+  gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.orphans_deleted, orphan_parts);
+  EXPECT_EQ(listed(shard_part_prefix("s")), referenced());
+
+  // A writer that died without removing itself: gone once its lease ran
+  // out, and GC drops it from the state.
+  ShardMachine machine("s", consensus_, blob_);
+  const std::uint64_t now = wall_clock_millis();
+  ASSERT_TRUE(machine.apply([&](ShardState& state) -> Result<TransitionResult> {
+    register_writer(state, "wdead", now + 30, now);
+    return TransitionResult::kWrite;
+  }));
+  const std::string dead = part_key("s", "wdead");
+  ASSERT_TRUE(blob_->set(dead, "not even a part"));
+  EXPECT_EQ(shard_->collect_garbage()->orphans_deleted, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_EQ(shard_->collect_garbage()->orphans_deleted, 1u);
+  EXPECT_FALSE(machine.fetch().value()->writers.contains("wdead"));
+  expect_snapshots_match(*shard_);
+}
+
+TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
+  ReaderOptions still;
+  still.heartbeat = false;
+  auto old_reader = *shard_->open_reader(still);  // holds the first versions
+  const Time appends = 3 * kRollupInterval;
+  for (Time t = 0; t < appends; ++t) append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
+  const std::string key = shard_consensus_key("s");
+  const auto versions_before = consensus_->scan(key, 0, 100'000)->size();
+
+  auto gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.versions_truncated, 0u) << "a reader holds the oldest versions";
+  EXPECT_EQ(consensus_->scan(key, 0, 100'000)->size(), versions_before);
+
+  old_reader.reset();
+  gc = *shard_->collect_garbage();
+  EXPECT_GT(gc.versions_truncated, 2 * kRollupInterval - 10);
+  EXPECT_GE(gc.rollups_deleted, 1u);
+  auto retained = *consensus_->scan(key, 0, 100'000);
+  EXPECT_LE(retained.size(), kRollupInterval + 4);
+  // The oldest retained version starts from a rollup still in blob.
+  EXPECT_EQ(listed(shard_rollup_prefix("s")).count(rollup_key("s", retained.front().seqno)), 1u);
+  // GC again finds nothing to do.
+  gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.parts_deleted + gc.orphans_deleted + gc.rollups_deleted + gc.versions_truncated, 0u);
+  // A fresh client opens from the rollup and reads everything.
+  auto fresh = *(*Client::open(Location{blob_, consensus_}, options_))->open_shard("s");
+  expect_snapshots_match(*fresh);
+}
+
+TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
+  ClientOptions background = options_;
+  background.background_compaction = true;
+  auto client = *Client::open(Location{blob_, consensus_}, background);
+  auto shard = *client->open_shard("s");
+  auto writer = *shard->open_writer();
+  for (Time t = 0; t < 500; ++t) {
+    std::vector<Update> one{Update{"k" + std::to_string(t % 37), "v", t, 1}};
+    std::vector<Batch> batches;
+    batches.push_back(*writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+    ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+    model_.push_back(one[0]);
+  }
+  // The last append's merge may still be running.
+  for (int i = 0; i < 500 && shard->inspect()->batches > 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_LE(shard->inspect()->batches, 8u);
+  expect_snapshots_match(*shard);
+}
+
+}  // namespace
+}  // namespace tidemark
