@@ -2,7 +2,7 @@
 # `make run`: a short end-to-end walk through the CLI on the embedded
 # default (files + SQLite in one data directory). It creates a shard,
 # appends with explicit frontiers, shows a mismatch being refused, reads
-# snapshots and a listen, and inspects the shard.
+# snapshots and a listen, compacts and inspects the shard.
 set -euo pipefail
 bin=${1:-build/tidemark}
 data=${TIDEMARK_DEMO_DATA:-$(mktemp -d /tmp/tidemark-demo.XXXXXX)}
@@ -47,6 +47,8 @@ step 'snapshot orders   (latest complete time: upper - 1)'
 tm snapshot orders
 step listen orders --from 0 --until 5
 tm listen orders --from 0 --until 5
+step 'compact orders   (appends already compact as they go; this runs a pass and GC by hand)'
+tm compact orders
 step shard inspect orders --json
 tm shard inspect orders --json
 step shard list
