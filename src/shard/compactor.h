@@ -23,10 +23,11 @@
 //      referenced at or after seqno_since (live) and before it (retired);
 //   4. deletes listed parts that are retired and not live, and parts no
 //      retained version references whose writer is not in the head (crash
-//      orphans); then rollups below the rollup seqno_since's version
-//      starts from; then truncates consensus below that rollup.
-// Deleting before truncating makes a pass that dies midway harmless: the
-// next pass finds the same versions and finishes the job.
+//      orphans); then truncates consensus below the rollup seqno_since's
+//      version starts from; then deletes the rollups below that one.
+// That order makes a pass that dies midway harmless: parts go while the
+// versions that show them retired are still there, and the oldest
+// retained version always finds its rollup. The next pass finishes.
 //
 // BackgroundCompactor: one thread per opened shard (when
 // ClientOptions::background_compaction), woken by appends whose state needs

@@ -127,16 +127,19 @@ Result<GcReport> collect_garbage(ShardContext& context) {
       ++report.orphans_deleted;
     }
   }
-  // Rollups the retained chain no longer starts from, then the versions.
+  // Versions below the rollup the chain from `since` starts at, and only
+  // then the rollups below it: the oldest retained version must always
+  // find its rollup (a pass killed between the two leaves stale rollups,
+  // which the next pass deletes).
+  if (keep_from > first) {
+    TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from));
+  }
   for (const std::string& rollup : rollups) {
     std::optional<SeqNo> seqno = rollup_key_seqno(rollup, rollup_prefix);
     if (seqno && *seqno < keep_from) {
       TM_TRY(blob.remove(rollup));
       ++report.rollups_deleted;
     }
-  }
-  if (keep_from > first) {
-    TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from));
   }
   return report;
 }
