@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -148,7 +149,10 @@ Status FileBlob::prepare_directories(std::string_view key) {
 
 Result<std::string> FileBlob::write_temporary(const std::string& directory,
                                               std::string_view bytes) {
-  std::string path = directory + "/" + std::string(kBlobTemporaryPrefix) + random_id();
+  // The writer's pid in the name lets list() tell a crash leftover from a
+  // write in flight.
+  std::string path = directory + "/" + std::string(kBlobTemporaryPrefix) +
+                     std::to_string(::getpid()) + "-" + random_id();
   FileDescriptor file(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!file.valid()) return determinate(errno_message("create", path, errno));
   // The target is untouched until the rename, so every failure here is
@@ -167,6 +171,34 @@ Result<std::string> FileBlob::write_temporary(const std::string& directory,
     return std::unexpected(written.error());
   }
   return path;
+}
+
+namespace {
+
+// How old a temporary must be before list() may take it for a crash
+// leftover, even when its writer's pid is gone (a guard against pids from
+// another pid namespace sharing the directory).
+constexpr std::int64_t kAbandonedTemporarySeconds = 60;
+
+}  // namespace
+
+void FileBlob::remove_if_abandoned(int directory_fd, std::string_view name) {
+  // ".tmp-<pid>-<random>"; older names without a pid are left alone.
+  std::string_view rest = name.substr(kBlobTemporaryPrefix.size());
+  std::size_t dash = rest.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash > 10) return;
+  long long pid = 0;
+  for (char c : rest.substr(0, dash)) {
+    if (c < '0' || c > '9') return;
+    pid = pid * 10 + (c - '0');
+  }
+  if (pid <= 0 || pid > INT32_MAX) return;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) return;  // alive, or unknown
+  const std::string file(name);
+  struct stat info {};
+  if (::fstatat(directory_fd, file.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) return;
+  if (::time(nullptr) - info.st_mtime < kAbandonedTemporarySeconds) return;
+  ::unlinkat(directory_fd, file.c_str(), 0);  // best effort
 }
 
 Result<std::optional<std::string>> FileBlob::get(std::string_view key) {
@@ -272,8 +304,12 @@ Status FileBlob::list(std::string_view prefix,
         break;
       }
       std::string_view name = entry->d_name;
-      // Skips ".", "..", ".tmp-" temporaries and anything else that is not
-      // a key component (files placed by hand), so list reports only keys.
+      if (name.starts_with(kBlobTemporaryPrefix)) {
+        remove_if_abandoned(::dirfd(directory.get()), name);
+        continue;
+      }
+      // Skips ".", ".." and anything else that is not a key component
+      // (files placed by hand), so list reports only keys.
       if (!validate_blob_key(name)) continue;
       std::string key = base + std::string(name);
       struct stat info {};

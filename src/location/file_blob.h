@@ -7,7 +7,7 @@
 // setting the second is InvalidUsage.
 //
 // Invariants:
-//   - set is atomic: the bytes go to <dir>/.tmp-<random id>, which is
+//   - set is atomic: the bytes go to <dir>/.tmp-<pid>-<random id>, which is
 //     fsynced and then renamed over the target, so a reader (in any process)
 //     sees the old file or the new one, never a mix;
 //   - set and remove are durable when they return: the containing directory
@@ -15,7 +15,8 @@
 //     has its parent fsynced before the object is written into it;
 //   - ".tmp-" files (in flight, or left by a crash) are never listed or
 //     read as objects; neither is any file whose name is not a valid key.
-//     Crash leftovers are not cleaned up automatically.
+//     list() deletes the crash leftovers it passes: temporaries whose
+//     writer's pid no longer exists and that are over a minute old.
 //   - directories are never removed, so they stay valid for concurrent sets.
 //
 // Errors: a failure before the rename (nothing visible changed) is
@@ -72,6 +73,9 @@ class FileBlob : public Blob {
   // last component) and makes each one's entry durable.
   [[nodiscard]] Status prepare_directories(std::string_view key);
 
+  // Deletes the temporary `name` in the directory if its writer is dead
+  // (see the invariants above).
+  static void remove_if_abandoned(int directory_fd, std::string_view name);
   // Writes `bytes` to a fresh temporary in `directory`; returns its path.
   [[nodiscard]] Result<std::string> write_temporary(const std::string& directory,
                                                     std::string_view bytes);

@@ -1,6 +1,8 @@
 #include "location/file_blob.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -77,6 +79,32 @@ TEST_F(FileBlobTest, LeftoverTemporaryFilesAreNeverListed) {
   auto got = blob_->get("shard/s/part/.tmp-x");
   ASSERT_FALSE(got.has_value());
   EXPECT_EQ(got.error().kind, ErrorKind::kInvalidUsage);
+}
+
+// list() deletes what crashed writers left: temporaries whose writer's pid
+// is gone and that are over a minute old. It keeps in-flight ones.
+TEST_F(FileBlobTest, ListDeletesTemporariesOfDeadWriters) {
+  ASSERT_TRUE(blob_->set("shard/s/part/a", "object").has_value());
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string dir = root_ + "/shard/s/part/";
+  const std::string old_dead = ".tmp-" + std::to_string(dead) + "-old";
+  const std::string new_dead = ".tmp-" + std::to_string(dead) + "-new";
+  const std::string old_alive = ".tmp-" + std::to_string(::getpid()) + "-old";
+  for (const std::string& name : {old_dead, new_dead, old_alive, std::string(".tmp-legacy")}) {
+    std::ofstream(dir + name) << "half written";
+  }
+  const auto two_minutes_ago = fs::file_time_type::clock::now() - std::chrono::minutes(2);
+  for (const std::string& name : {old_dead, old_alive, std::string(".tmp-legacy")}) {
+    fs::last_write_time(dir + name, two_minutes_ago);
+  }
+  EXPECT_EQ(list("shard/s/part/").size(), 1u);
+  EXPECT_FALSE(fs::exists(dir + old_dead)) << "a dead writer's old temporary stays";
+  EXPECT_TRUE(fs::exists(dir + new_dead)) << "too recent to judge";
+  EXPECT_TRUE(fs::exists(dir + old_alive)) << "its writer is alive";
+  EXPECT_TRUE(fs::exists(dir + ".tmp-legacy")) << "no pid: left alone";
 }
 
 TEST_F(FileBlobTest, KeysCannotEscapeTheRoot) {
