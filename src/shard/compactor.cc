@@ -15,20 +15,26 @@ namespace {
 // heavy contention does not keep one caller forever.
 constexpr int kMaxMergesPerPass = 64;
 
-// The writer a compaction pass writes as: registered for the pass, its lease
-// renewed between parts, removed at the end.
+// Who a compaction pass is to the shard: a writer (its parts are named
+// after it, so a dead compactor's parts are orphans GC recognizes) and a
+// leased reader (its seqno hold keeps GC from deleting the inputs of a
+// merge in progress). Registered for the pass, renewed between parts,
+// removed at the end.
 class PassWriter {
  public:
   explicit PassWriter(ShardContext& context)
       : context_(context),
         id_("c" + random_id()),
+        reader_id_("r-" + id_),
         lease_ms_(static_cast<std::uint64_t>(context.options.writer_lease.count())) {}
   PassWriter(const PassWriter&) = delete;
   PassWriter& operator=(const PassWriter&) = delete;
   ~PassWriter() {
     if (!registered_) return;
     (void)context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      remove_writer(state, id_, wall_clock_millis());
+      const std::uint64_t now = wall_clock_millis();
+      remove_writer(state, id_, now);
+      remove_reader(state, reader_id_, now);
       return TransitionResult::kWrite;
     });
   }
@@ -40,6 +46,7 @@ class PassWriter {
     const std::uint64_t now = wall_clock_millis();
     TM_TRY(context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
       register_writer(state, id_, now + lease_ms_, now);
+      register_reader(state, reader_id_, false, now + lease_ms_, now);
       return TransitionResult::kWrite;
     }));
     registered_ = true;
@@ -47,24 +54,37 @@ class PassWriter {
     return {};
   }
 
-  // Renews the lease once a third of it has passed.
+  // Moves the seqno hold to the version this writes: call it before
+  // fetching the state a merge reads, once the previous merge is done.
+  Status advance_hold() { return renew(std::nullopt); }
+
+  // Renews both leases once a third of them has passed, keeping the hold.
   Status keep_alive() {
+    if (wall_clock_millis() < renewed_ms_ + lease_ms_ / 3) return {};
+    return renew(hold_);
+  }
+
+ private:
+  Status renew(std::optional<SeqNo> hold) {
     const std::uint64_t now = wall_clock_millis();
-    if (now < renewed_ms_ + lease_ms_ / 3) return {};
-    TM_TRY(context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      TM_TRY(heartbeat_writer(state, id_, now + lease_ms_, wall_clock_millis()));
-      return TransitionResult::kWrite;
-    }));
+    TM_ASSIGN(StatePtr state,
+              context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+                TM_TRY(heartbeat_writer(s, id_, now + lease_ms_, wall_clock_millis()));
+                TM_TRY(heartbeat_reader(s, reader_id_, now + lease_ms_, wall_clock_millis(), hold));
+                return TransitionResult::kWrite;
+              }));
+    hold_ = state->readers.at(reader_id_).seqno;
     renewed_ms_ = now;
     return {};
   }
 
- private:
   ShardContext& context_;
   const std::string id_;
+  const std::string reader_id_;
   const std::uint64_t lease_ms_;
   bool registered_ = false;
   std::uint64_t renewed_ms_ = 0;
+  std::optional<SeqNo> hold_;
 };
 
 // Writes the merged updates as one ordered run of parts.
@@ -156,6 +176,7 @@ Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs,
 
 // One merge, if the spine needs one. False when it is in shape.
 Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionReport& report) {
+  TM_TRY(writer.advance_hold());
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<MergeRequest> request = next_merge(*state);
   if (!request) return false;

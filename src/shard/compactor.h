@@ -12,7 +12,9 @@
 //
 // The compactor writes as a writer of its own (registered for the pass,
 // leased, heartbeating between parts), so a compactor that dies leaves
-// parts garbage collection recognizes as orphans.
+// parts garbage collection recognizes as orphans; and it reads as a leased
+// reader whose seqno hold (moved up before each merge) keeps GC from
+// deleting the inputs of a merge in progress.
 //
 // collect_garbage (gc.cc):
 //   1. drops expired leases (committed only if any expired);
