@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -42,6 +43,29 @@ inline Result<Collection> read_snapshot(Shard& shard, Time as_of) {
     out[kv] = row->diff;
   }
   return out;
+}
+
+// Reads the rest of a cursor, checking that rows come sorted and
+// consolidated.
+inline Result<Collection> read_cursor(SnapshotCursor& cursor) {
+  Collection out;
+  std::optional<std::pair<std::string, std::string>> previous;
+  for (;;) {
+    TM_ASSIGN(auto row, cursor.next());
+    if (!row) break;
+    std::pair<std::string, std::string> kv{std::string(row->key), std::string(row->value)};
+    if (previous && !(*previous < kv)) return corruption("snapshot rows out of order");
+    if (row->diff == 0) return corruption("snapshot emitted a zero diff");
+    previous = kv;
+    out[kv] = row->diff;
+  }
+  return out;
+}
+
+// A whole snapshot read under a leased reader's own lease.
+inline Result<Collection> read_snapshot(ReadHandle& reader, Time as_of) {
+  TM_ASSIGN(SnapshotCursor cursor, reader.snapshot(as_of));
+  return read_cursor(cursor);
 }
 
 struct ListenOutput {
