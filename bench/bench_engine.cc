@@ -322,13 +322,17 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
 int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   if (argv.size() == 2 && argv[0] == "snapshot-child") return snapshot_child(argv[1]);
   if (!argv.empty() && argv[0] == "appender") return run_bench_appender(globals, argv);
+  if (!argv.empty() && (argv[0] == "compaction" || argv[0] == "compaction-child")) {
+    return run_bench_compaction(globals, argv);
+  }
   auto args = Args::parse(argv, {"--updates", "--appends", "--dir"}, {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"engine"}) {
     return usage_error(
         "bench engine [--json] [--updates N] [--appends N] [--dir DIR] | bench appender "
         "[--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] [--batch-appends "
-        "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--json]");
+        "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--json] | bench "
+        "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]");
   }
   std::uint64_t updates = 10'000'000;
   int appends = 200;

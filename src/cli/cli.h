@@ -65,5 +65,7 @@ int run_compact(const Globals& globals, const std::vector<std::string>& args);
 int run_bench(const Globals& globals, const std::vector<std::string>& args);
 // `bench appender`, dispatched by run_bench (bench/bench_appender.cc).
 int run_bench_appender(const Globals& globals, const std::vector<std::string>& args);
+// `bench compaction`, dispatched by run_bench (bench/bench_compaction.cc).
+int run_bench_compaction(const Globals& globals, const std::vector<std::string>& args);
 
 }  // namespace tidemark::cli

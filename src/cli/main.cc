@@ -19,6 +19,7 @@ constexpr const char* kUsage =
   bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
       [--duration S] [--json]
+  bench compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]
 
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
