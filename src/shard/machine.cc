@@ -35,12 +35,9 @@ Result<ShardState> ShardMachine::load_rollup(SeqNo rollup) {
                                               std::to_string(rollup) + " is gone");
 }
 
-void ShardMachine::remember(const StatePtr& state, SeqNo rollup_seqno) {
+void ShardMachine::remember(const StatePtr& state) {
   std::lock_guard lock(mu_);
-  if (!cache_ || cache_->seqno < state->seqno) {
-    cache_ = state;
-    cache_rollup_ = rollup_seqno;
-  }
+  if (!cache_ || cache_->seqno < state->seqno) cache_ = state;
 }
 
 Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
@@ -55,7 +52,7 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
   if (rollup == head.seqno) {
     TM_ASSIGN(ShardState state, decode_state(shard_, head));
     auto shared = std::make_shared<const ShardState>(std::move(state));
-    remember(shared, rollup);
+    remember(shared);
     return shared;
   }
   if (!base) {
@@ -69,7 +66,7 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
     if (!loaded) return std::unexpected(loaded.error());
     base = std::make_shared<const ShardState>(std::move(*loaded));
     if (base->seqno == head.seqno) {
-      remember(base, rollup);
+      remember(base);
       return base;
     }
   }
@@ -88,7 +85,7 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
     TM_ASSIGN(ShardState next, apply_version(shard_, base.get(), version));
     base = std::make_shared<const ShardState>(std::move(next));
   }
-  remember(base, rollup);
+  remember(base);
   return base;
 }
 
@@ -143,14 +140,10 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       return current;
     } else {
       next->seqno = current->seqno + 1;
-      SeqNo rollup;
-      {
-        std::lock_guard lock(mu_);
-        rollup = cache_ && cache_->seqno == current->seqno ? cache_rollup_ : 0;
-      }
+      SeqNo rollup = current->rollup;
       // A diff, unless this is the shard's first version. When the chain is
-      // long (or the rollup of `current` is unknown), `current` becomes the
-      // new rollup: written to blob before any version names it.
+      // long, `current` becomes the new rollup: written to blob before any
+      // version names it.
       const bool full = current->seqno == 0;
       if (full) {
         rollup = next->seqno;
@@ -159,13 +152,14 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
         if (!written) return infrastructure_error(written.error());
         rollup = current->seqno;
       }
+      next->rollup = rollup;
       std::string encoded = full ? encode_state(*next) : encode_diff(*current, *next, rollup);
       std::optional<SeqNo> expected;
       if (current->seqno > 0) expected = current->seqno;
       auto cas = consensus_->compare_and_set(key_, expected, VersionedData{next->seqno, encoded});
       if (cas && *cas == CasOutcome::kCommitted) {
         StatePtr committed = std::move(next);
-        remember(committed, rollup);
+        remember(committed);
         return committed;
       }
       if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) {
@@ -180,7 +174,7 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
         auto head = consensus_->head(key_);
         if (head && *head && (*head)->seqno == next->seqno && (*head)->data == encoded) {
           StatePtr committed = std::move(next);
-          remember(committed, rollup);
+          remember(committed);
           return committed;
         }
       }

@@ -64,7 +64,7 @@ class ShardMachine {
  private:
   // The cached state, fetching it if there is none yet.
   [[nodiscard]] Result<StatePtr> cached();
-  void remember(const StatePtr& state, SeqNo rollup_seqno);
+  void remember(const StatePtr& state);
   // Reads the versions after the cached state (or from the rollup) up to
   // at least `head` and folds them.
   [[nodiscard]] Result<StatePtr> fold_to(const VersionedData& head);
@@ -74,8 +74,7 @@ class ShardMachine {
   const std::shared_ptr<Consensus> consensus_;
   const std::shared_ptr<Blob> blob_;
   std::mutex mu_;
-  StatePtr cache_;          // GUARDED_BY(mu_)
-  SeqNo cache_rollup_ = 0;  // GUARDED_BY(mu_): rollup of cache_'s chain
+  StatePtr cache_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace tidemark

@@ -212,6 +212,7 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   }
   ShardState state;
   state.seqno = data.seqno;
+  state.rollup = data.seqno;
   if (!get_string(d, &state.name)) return bad("truncated name");
   if (state.name != shard) return bad("holds shard \"" + state.name + "\"");
   if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
@@ -335,6 +336,7 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   ShardState state;
   state.name = before->name;
   state.seqno = data.seqno;
+  state.rollup = rollup;
   if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
     return bad("malformed frontiers");
   }
@@ -584,7 +586,7 @@ namespace {
 std::uint64_t spine_size(const HollowBatch& batch) {
   std::uint64_t bytes = 0;
   for (const PartRef& part : batch.parts) bytes += part.size;
-  return std::max(bytes, kSpineMinBatchBytes);
+  return bytes;
 }
 
 }  // namespace
@@ -592,17 +594,16 @@ std::uint64_t spine_size(const HollowBatch& batch) {
 std::optional<MergeRequest> next_merge(const ShardState& state) {
   const auto& batches = state.batches;
   if (batches.size() < 2) return std::nullopt;
-  // suffix[i] = total size of batches[i..]; find the oldest i whose batch is
-  // not more than kSpineGrowth times the batches after it.
+  // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
   for (std::size_t i = batches.size(); i-- > 0;) {
     suffix[i] = suffix[i + 1] + spine_size(batches[i]);
   }
   for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
-    const std::uint64_t after = suffix[i + 1];
-    if (spine_size(batches[i]) / kSpineGrowth <= after) {
-      return MergeRequest{i, batches.size()};
-    }
+    const bool due = spine_size(batches[i]) <= kSpineGrowth * suffix[i + 1];
+    const bool worth_it =
+        suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
+    if (due && worth_it) return MergeRequest{i, batches.size()};
   }
   return std::nullopt;
 }

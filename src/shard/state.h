@@ -116,8 +116,17 @@ struct ShardState {
   std::vector<HollowBatch> batches;
   std::map<std::string, WriterState, std::less<>> writers;
   std::map<std::string, ReaderState, std::less<>> readers;
+  // Not stored: the seqno of the rollup this version's chain starts from
+  // (its own for a full state), set by decode_state and apply_version. The
+  // machine names it in the next diff it writes.
+  SeqNo rollup = 0;
 
-  bool operator==(const ShardState&) const = default;
+  // Equal when what is stored is equal (`rollup` is bookkeeping).
+  bool operator==(const ShardState& other) const {
+    return name == other.name && seqno == other.seqno && upper == other.upper &&
+           since == other.since && batches == other.batches && writers == other.writers &&
+           readers == other.readers;
+  }
 };
 
 // The consensus key of a shard's state, and the blob prefix of its parts.
@@ -249,13 +258,21 @@ std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current);
 
 // --- Compaction (the spine) ----------------------------------------------
 //
-// Batches are kept in geometric size classes: after every merge the spine
-// satisfies size(b[i]) > kSpineGrowth x (total size of the batches after
-// b[i]) for all i, so sizes at least triple from the newest batch back and
-// n appends of similar size leave O(log n) batches. Sizes count encoded
-// bytes, with kSpineMinBatchBytes as a floor so tiny batches group.
+// Batches are kept in geometric size classes: a merge is due when some
+// batch b[i] is at most kSpineGrowth times the total size of the batches
+// after it (sizes are encoded bytes); it takes b[i] and every batch after
+// it. Once merged, sizes at least triple from the newest batch back, so n
+// appends of similar size leave O(log n) batches, and each byte is
+// rewritten O(log n) times.
+//
+// Small merges wait for width: a due merge whose run totals less than
+// kSpineMinMergeBytes waits until it spans kSpineMinMergeBatches batches.
+// Without this, a stream of tiny appends merged its tail on nearly every
+// append (each merge a part write, a CaS and later a delete). So the spine
+// holds at most kSpineMinMergeBatches - 1 extra small batches at its tail.
 inline constexpr std::uint64_t kSpineGrowth = 2;
-inline constexpr std::uint64_t kSpineMinBatchBytes = 4096;
+inline constexpr std::uint64_t kSpineMinMergeBytes = 256 << 10;
+inline constexpr std::size_t kSpineMinMergeBatches = 8;
 
 // A run of adjacent batches [begin, end) to merge into one.
 struct MergeRequest {
@@ -264,7 +281,8 @@ struct MergeRequest {
 };
 
 // The merge the spine needs next: the oldest batch that breaks the size
-// rule, with every batch after it. nullopt when the spine is in shape.
+// rule (and whose run is wide or big enough), with every batch after it.
+// nullopt when the spine is in shape.
 std::optional<MergeRequest> next_merge(const ShardState& state);
 
 enum class CompactionOutcome : std::uint8_t {
