@@ -41,8 +41,6 @@
 // Benchmarks report figures; they never pass or fail on time. A snapshot
 // that does not hold exactly the N records is a correctness failure: the
 // command says so and exits 1.
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,12 +50,11 @@
 #include <mutex>
 #include <thread>
 
+#include "bench_child.h"
 #include "cli/cli.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
-
-extern char** environ;
 
 namespace tidemark::cli {
 namespace {
@@ -319,34 +316,10 @@ int open_child(const std::string& dir) {
 }
 
 Result<OpenRun> run_open_child(const std::filesystem::path& dir) {
-  int out[2];
-  if (pipe(out) != 0) return determinate("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string dir_arg = dir.string();
-  char* argv[] = {self.data(), const_cast<char*>("bench"), const_cast<char*>("compaction-child"),
-                  dir_arg.data(), nullptr};
   const auto start = Clock::now();
-  pid_t pid;
-  int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  if (spawned != 0) {
-    close(out[0]);
-    return determinate("cannot start the open child");
-  }
-  std::string text;
-  char buffer[256];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
+  TM_ASSIGN(std::string text, run_bench_child("compaction-child", dir));
   OpenRun run;
   run.process_seconds = seconds_since(start);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return determinate("the open child failed");
   unsigned long long batches = 0, parts = 0, heads = 0, scans = 0, versions = 0, gets = 0,
                      get_bytes = 0, rows = 0;
   long long diffs = 0;

@@ -17,9 +17,7 @@
 //
 // Benchmarks report figures; they never pass or fail on time.
 #include <fcntl.h>
-#include <spawn.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,11 +26,10 @@
 #include <filesystem>
 #include <random>
 
+#include "bench_child.h"
 #include "cli/cli.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
-
-extern char** environ;
 
 namespace tidemark::cli {
 namespace {
@@ -193,30 +190,7 @@ struct SnapshotRun {
 
 // Runs `tidemark bench snapshot-child DIR` and reads its figures.
 Result<SnapshotRun> run_snapshot_child(const std::filesystem::path& dir) {
-  int out[2];
-  if (pipe(out) != 0) return determinate("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_addclose(&actions, out[0]);
-  std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string dir_arg = dir.string();
-  char* argv[] = {self.data(), const_cast<char*>("bench"), const_cast<char*>("snapshot-child"),
-                  dir_arg.data(), nullptr};
-  pid_t pid;
-  int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(out[1]);
-  if (spawned != 0) return determinate("cannot start the snapshot child");
-  std::string text;
-  char buffer[256];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
-  close(out[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return determinate("the snapshot child failed");
-  }
+  TM_ASSIGN(std::string text, run_bench_child("snapshot-child", dir));
   SnapshotRun run;
   std::sscanf(text.c_str(), "%llu %lf %llu %llu %lf", &run.rows, &run.seconds, &run.bytes,
               &run.peak_rss_kib, &run.cpu_seconds);

@@ -28,23 +28,6 @@ inline Collection model_at(const std::vector<Update>& updates, Time as_of) {
   return out;
 }
 
-// Reads a whole snapshot, checking that rows come sorted and consolidated.
-inline Result<Collection> read_snapshot(Shard& shard, Time as_of) {
-  TM_ASSIGN(SnapshotCursor cursor, shard.snapshot(as_of));
-  Collection out;
-  std::optional<std::pair<std::string, std::string>> previous;
-  for (;;) {
-    TM_ASSIGN(auto row, cursor.next());
-    if (!row) break;
-    std::pair<std::string, std::string> kv{std::string(row->key), std::string(row->value)};
-    if (previous && !(*previous < kv)) return corruption("snapshot rows out of order");
-    if (row->diff == 0) return corruption("snapshot emitted a zero diff");
-    previous = kv;
-    out[kv] = row->diff;
-  }
-  return out;
-}
-
 // Reads the rest of a cursor, checking that rows come sorted and
 // consolidated.
 inline Result<Collection> read_cursor(SnapshotCursor& cursor) {
@@ -60,6 +43,12 @@ inline Result<Collection> read_cursor(SnapshotCursor& cursor) {
     out[kv] = row->diff;
   }
   return out;
+}
+
+// Reads a whole snapshot, checking that rows come sorted and consolidated.
+inline Result<Collection> read_snapshot(Shard& shard, Time as_of) {
+  TM_ASSIGN(SnapshotCursor cursor, shard.snapshot(as_of));
+  return read_cursor(cursor);
 }
 
 // A whole snapshot read under a leased reader's own lease.
