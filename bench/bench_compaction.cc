@@ -219,6 +219,13 @@ class CountingBlob : public Blob {
     return result;
   }
 
+  Status remove_many(const std::vector<std::string>& keys) override {
+    auto result = inner_->remove_many(keys);
+    std::lock_guard lock(mu_);
+    counts_.removes += keys.size();
+    return result;
+  }
+
   Status list(std::string_view prefix,
               const std::function<void(std::string_view key, std::uint64_t size)>& visit) override {
     return inner_->list(prefix, visit);

@@ -51,6 +51,15 @@ class Blob {
   // Deletes the object; deleting an absent key succeeds.
   [[nodiscard]] virtual Status remove(std::string_view key) = 0;
 
+  // Deletes every object named; durable when it returns, like remove(). A
+  // backend may do it in fewer round trips or syncs than one remove() per
+  // key (garbage collection deletes many objects at once). On an error
+  // some may be deleted and some not.
+  [[nodiscard]] virtual Status remove_many(const std::vector<std::string>& keys) {
+    for (const std::string& key : keys) TM_TRY(remove(key));
+    return {};
+  }
+
   // Calls `visit(key, size)` for every object whose key starts with
   // `prefix`, in no particular order.
   [[nodiscard]] virtual Status list(

@@ -187,6 +187,20 @@ TEST_P(BlobConformance, RemovePresentAndAbsent) {
   EXPECT_EQ(get("dir/key"), "again");
 }
 
+TEST_P(BlobConformance, RemoveMany) {
+  set("a/1", "1");
+  set("a/2", "2");
+  set("b/1", "3");
+  set("keep", "4");
+  ASSERT_TRUE(blob_->remove_many({"a/1", "b/1", "a/2", "absent", "never/here"}).has_value());
+  EXPECT_EQ(conformance::list_objects(*blob_, "").size(), 1u);
+  EXPECT_EQ(get("keep"), "4");
+  EXPECT_TRUE(blob_->remove_many({}).has_value());
+  auto bad = blob_->remove_many({"../escape"});
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_EQ(bad.error().kind, ErrorKind::kInvalidUsage);
+}
+
 TEST_P(BlobConformance, ListByPrefix) {
   const std::map<std::string, std::string> objects = {
       {"shard/a/part/1", "1"}, {"shard/a/part/2", "22"}, {"shard/a/rollup/1", "333"},

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -274,6 +275,31 @@ Status FileBlob::remove(std::string_view key) {
     if (::stat(directory.c_str(), &info) != 0 && errno == ENOENT) return {};  // nothing to sync
   }
   return synced;
+}
+
+Status FileBlob::remove_many(const std::vector<std::string>& keys) {
+  std::set<std::string> directories;
+  for (const std::string& key : keys) {
+    TM_TRY(validate_blob_key(key));
+    std::string target = path_of(key);
+    if (::unlink(target.c_str()) != 0) {
+      int error_number = errno;
+      if (error_number == ENOTDIR) continue;
+      if (error_number != ENOENT && error_number != EISDIR) {
+        return determinate(errno_message("unlink", target, error_number));
+      }
+    }
+    directories.insert(directory_path_of(key));
+  }
+  for (const std::string& directory : directories) {
+    auto synced = sync_directory(directory, ErrorKind::kIndeterminate);
+    if (!synced) {
+      struct stat info {};
+      if (::stat(directory.c_str(), &info) != 0 && errno == ENOENT) continue;  // nothing to sync
+      return synced;
+    }
+  }
+  return {};
 }
 
 Status FileBlob::list(std::string_view prefix,

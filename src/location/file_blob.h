@@ -51,6 +51,8 @@ class FileBlob : public Blob {
                                               std::uint64_t length) override;
   [[nodiscard]] Status set(std::string_view key, std::string_view bytes) override;
   [[nodiscard]] Status remove(std::string_view key) override;
+  // Unlinks every key, then syncs each directory once.
+  [[nodiscard]] Status remove_many(const std::vector<std::string>& keys) override;
   [[nodiscard]] Status list(
       std::string_view prefix,
       const std::function<void(std::string_view key, std::uint64_t size)>& visit) override;

@@ -111,22 +111,20 @@ Result<GcReport> collect_garbage(ShardContext& context) {
   }
 
   // 4. Parts: retired and no longer live, or orphans of writers gone.
-  for (const std::string& part : parts) {
+  std::vector<std::string> doomed;
+  for (std::string& part : parts) {
     if (seen.live(part)) {
       ++report.parts_live;
-      continue;
-    }
-    if (seen.retired(part)) {
-      TM_TRY(blob.remove(part));
+    } else if (seen.retired(part)) {
       ++report.parts_deleted;
-      continue;
-    }
-    std::string_view writer = part_key_writer(part, part_prefix);
-    if (!writer.empty() && !head->writers.contains(writer)) {
-      TM_TRY(blob.remove(part));
+      doomed.push_back(std::move(part));
+    } else if (std::string_view writer = part_key_writer(part, part_prefix);
+               !writer.empty() && !head->writers.contains(writer)) {
       ++report.orphans_deleted;
+      doomed.push_back(std::move(part));
     }
   }
+  TM_TRY(blob.remove_many(doomed));
   // Versions below the rollup the chain from `since` starts at, and only
   // then the rollups below it: the oldest retained version must always
   // find its rollup (a pass killed between the two leaves stale rollups,
@@ -134,13 +132,13 @@ Result<GcReport> collect_garbage(ShardContext& context) {
   if (keep_from > first) {
     TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from));
   }
-  for (const std::string& rollup : rollups) {
+  doomed.clear();
+  for (std::string& rollup : rollups) {
     std::optional<SeqNo> seqno = rollup_key_seqno(rollup, rollup_prefix);
-    if (seqno && *seqno < keep_from) {
-      TM_TRY(blob.remove(rollup));
-      ++report.rollups_deleted;
-    }
+    if (seqno && *seqno < keep_from) doomed.push_back(std::move(rollup));
   }
+  TM_TRY(blob.remove_many(doomed));
+  report.rollups_deleted = doomed.size();
   return report;
 }
 
