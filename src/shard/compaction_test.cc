@@ -193,6 +193,26 @@ TEST_F(CompactionTest, MergesKeepEveryReadableSnapshot) {
   EXPECT_GT(state->batches.front().parts.size(), 1u) << "the test wants a multi-part run";
 }
 
+// Through the engine, not a simulation: appends each followed by the
+// merges they ask for never leave more than log3(n) + 2 + 7 batches.
+TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
+  const Time appends = 10'000;
+  std::size_t most = 0;
+  for (Time t = 0; t < appends; ++t) {
+    append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
+    ASSERT_TRUE(shard_->compact());
+    const std::size_t batches = shard_->inspect()->batches;
+    most = std::max(most, batches);
+    const double bound = std::log(static_cast<double>(t + 1)) / std::log(3.0) + 2 +
+                         static_cast<double>(kSpineMinMergeBatches - 1);
+    ASSERT_LE(static_cast<double>(batches), bound) << "after " << t + 1 << " appends";
+  }
+  std::printf("%llu appends: at most %zu batches, %llu at the end\n",
+              static_cast<unsigned long long>(appends), most,
+              static_cast<unsigned long long>(shard_->inspect()->batches));
+  expect_snapshots_match(*shard_);
+}
+
 TEST_F(CompactionTest, TimesAdvanceToSinceAndConsolidate) {
   auto reader = *shard_->open_reader(ReaderOptions{});
   // (a, 1) inserted at 1 and retracted at 3; (b, 1) inserted at each time.
