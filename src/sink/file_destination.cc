@@ -1,0 +1,350 @@
+#include "sink/file_destination.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "location/posix_io.h"
+#include "util/ids.h"
+
+namespace tidemark {
+namespace {
+
+constexpr std::size_t kBoundDigits = 20;  // the decimal digits of u64's maximum
+constexpr std::string_view kTemporarySuffix = ".tmp";
+
+std::string_view extension_of(SinkFormat format) {
+  return format == SinkFormat::kJson ? "json" : "csv";
+}
+
+// A bound as it appears in a file name: 20 digits, zero-padded, so that
+// names sort as their times do.
+std::string bound_text(Time time) {
+  char digits[kBoundDigits + 1];
+  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(time));
+  return std::string(digits, kBoundDigits);
+}
+
+// A crashed sink's temporary (".<lower>-<random>.tmp"). Other dot-files are
+// not ours and are left alone.
+bool is_temporary_name(std::string_view name) {
+  return name.size() > 1 + kTemporarySuffix.size() && name.starts_with('.') &&
+         name.ends_with(kTemporarySuffix);
+}
+
+struct CommittedRange {
+  Time lower = 0;
+  Time upper = 0;
+  std::string name;
+};
+
+// 20 decimal digits; nullopt when they exceed u64.
+std::optional<Time> parse_bound(std::string_view digits) {
+  Time value = 0;
+  for (char c : digits) {
+    Time digit = static_cast<Time>(c - '0');
+    if (value > (UINT64_MAX - digit) / 10) return std::nullopt;
+    value = value * 10 + digit;
+  }
+  return value;
+}
+
+bool all_digits(std::string_view text) {
+  return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// nullopt for a name that is not `<20 digits>-<20 digits>.<extension>` (not
+// a committed file of this sink: ignored); Corruption for one that is but
+// does not hold a range [lower, upper) with lower < upper.
+Result<std::optional<CommittedRange>> parse_committed_name(const std::string& directory,
+                                                           std::string_view name,
+                                                           std::string_view extension) {
+  const std::size_t stem = 2 * kBoundDigits + 1;
+  if (name.size() != stem + 1 + extension.size() || name[kBoundDigits] != '-' ||
+      name[stem] != '.' || name.substr(stem + 1) != extension) {
+    return std::nullopt;
+  }
+  std::string_view lower_digits = name.substr(0, kBoundDigits);
+  std::string_view upper_digits = name.substr(kBoundDigits + 1, kBoundDigits);
+  if (!all_digits(lower_digits) || !all_digits(upper_digits)) return std::nullopt;
+  auto lower = parse_bound(lower_digits);
+  auto upper = parse_bound(upper_digits);
+  const std::string path = directory + "/" + std::string(name);
+  if (!lower || !upper) {
+    return corruption("file destination: committed file " + path +
+                      ": a bound is larger than any time");
+  }
+  if (*lower >= *upper) {
+    return corruption("file destination: committed file " + path + ": lower " +
+                      std::to_string(*lower) + " is not below upper " + std::to_string(*upper));
+  }
+  return CommittedRange{*lower, *upper, std::string(name)};
+}
+
+// Adds "file destination: " to a helper's error, keeping its kind.
+std::unexpected<Error> in_destination(Error error) {
+  error.message = "file destination: " + error.message;
+  return std::unexpected(std::move(error));
+}
+
+}  // namespace
+
+struct FileDestination::State {
+  // The file being written: a temporary in the directory, its descriptor,
+  // and what commit() must check.
+  struct OpenFile {
+    FileDescriptor file;
+    std::string temporary_path;
+    Time lower = 0;
+    std::optional<Time> max_time;  // the largest time written, if any
+    std::uint64_t flushed_bytes = 0;
+  };
+
+  State(std::string directory, Envelope envelope, SinkFormat format)
+      : directory(std::move(directory)),
+        encoder(envelope, format),
+        extension(extension_of(format)) {}
+
+  // Writes out the buffer. REQUIRES: open_file.
+  Status flush() {
+    std::string_view bytes = buffer;
+    while (!bytes.empty()) {
+      ssize_t n = ::write(open_file->file.get(), bytes.data(), bytes.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return determinate(
+            errno_message("file destination: write", open_file->temporary_path, errno));
+      }
+      if (n == 0) {
+        return determinate("file destination: write " + open_file->temporary_path +
+                           ": no progress");
+      }
+      bytes.remove_prefix(static_cast<std::size_t>(n));
+      open_file->flushed_bytes += static_cast<std::uint64_t>(n);
+    }
+    buffer.clear();
+    // A single message larger than the buffer grew it: give that back.
+    if (buffer.capacity() > 2 * kWriteBufferBytes) std::string().swap(buffer);
+    return {};
+  }
+
+  // Drops the open file: closes and deletes the temporary. Best effort: the
+  // temporary is never read as output, and open() deletes leftovers.
+  void abandon() {
+    if (!open_file) return;
+    open_file->file.close();
+    ::unlink(open_file->temporary_path.c_str());
+    open_file.reset();
+    buffer.clear();
+  }
+
+  // Abandons the open file and returns `error`, so that a failed write
+  // leaves nothing half-written behind.
+  std::unexpected<Error> fail(std::unexpected<Error> error) {
+    abandon();
+    abandoned_after_error = true;
+    return error;
+  }
+
+  const std::string directory;
+  MessageEncoder encoder;
+  const std::string_view extension;
+  std::optional<OpenFile> open_file;
+  // Lines not yet written to the open file. Flushed once it reaches
+  // kWriteBufferBytes.
+  std::string buffer;
+  // Set when an error abandoned the open file, for a clearer message if the
+  // caller keeps writing; cleared by begin().
+  bool abandoned_after_error = false;
+};
+
+Result<std::unique_ptr<FileDestination>> FileDestination::open(std::string directory,
+                                                               Envelope envelope,
+                                                               SinkFormat format) {
+  if (directory.empty()) return invalid_usage("file destination: empty directory");
+  std::error_code error;
+  std::filesystem::path absolute = std::filesystem::absolute(directory, error);
+  if (error) return determinate("file destination: resolve " + directory + ": " + error.message());
+  std::string root = absolute.lexically_normal().string();
+  while (root.size() > 1 && root.ends_with('/')) root.pop_back();
+  if (auto created = create_directories(root); !created) return in_destination(created.error());
+
+  auto state = std::make_unique<State>(root, envelope, format);
+  std::vector<CommittedRange> committed;
+  bool removed_temporaries = false;
+  {
+    std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(root.c_str()), &::closedir);
+    if (!listing)
+      return determinate(errno_message("file destination: open directory", root, errno));
+    while (true) {
+      errno = 0;
+      const dirent* entry = ::readdir(listing.get());
+      if (entry == nullptr) {
+        if (errno != 0) {
+          return determinate(errno_message("file destination: read directory", root, errno));
+        }
+        break;
+      }
+      std::string_view name = entry->d_name;
+      if (is_temporary_name(name)) {
+        // The directory belongs to this sink alone, so no other writer can
+        // be using it: a crashed run's leftover.
+        if (::unlinkat(::dirfd(listing.get()), entry->d_name, 0) != 0 && errno != ENOENT) {
+          return determinate(errno_message("file destination: delete leftover temporary",
+                                           root + "/" + std::string(name), errno));
+        }
+        removed_temporaries = true;
+        continue;
+      }
+      TM_ASSIGN(std::optional<CommittedRange> range,
+                parse_committed_name(root, name, state->extension));
+      if (range) committed.push_back(std::move(*range));
+    }
+  }
+  if (removed_temporaries) {
+    // Not needed for correctness (a temporary that comes back after a crash
+    // is deleted again), but it keeps the directory's state settled.
+    if (auto synced = sync_directory(root, ErrorKind::kDeterminate); !synced) {
+      return in_destination(synced.error());
+    }
+  }
+
+  std::sort(committed.begin(), committed.end(),
+            [](const CommittedRange& a, const CommittedRange& b) { return a.lower < b.lower; });
+  std::optional<Frontier> progress;
+  for (std::size_t i = 0; i < committed.size(); ++i) {
+    if (i > 0 && committed[i - 1].upper > committed[i].lower) {
+      return corruption("file destination: committed files " + root + "/" + committed[i - 1].name +
+                        " and " + root + "/" + committed[i].name + " overlap");
+    }
+    progress = Frontier::at(committed[i].upper);  // sorted and disjoint: uppers increase too
+  }
+
+  auto destination = std::unique_ptr<FileDestination>(new FileDestination(std::move(state)));
+  destination->progress_ = progress;
+  return destination;
+}
+
+FileDestination::FileDestination(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+FileDestination::~FileDestination() {
+  state_->abandon();
+}
+
+Status FileDestination::begin(Frontier lower) {
+  State& state = *state_;
+  if (state.open_file) {
+    return invalid_usage("file destination: begin at " + lower.to_string() +
+                         " while the file from " + std::to_string(state.open_file->lower) +
+                         " is open");
+  }
+  if (lower.is_closed()) return invalid_usage("file destination: begin at a closed lower");
+  if (progress_ && lower < *progress_) {
+    return invalid_usage("file destination: begin at " + lower.to_string() +
+                         " is below the progress " + progress_->to_string() +
+                         " (already committed)");
+  }
+  state.abandoned_after_error = false;
+  std::string path = state.directory + "/." + bound_text(lower.time()) + "-" + random_id() +
+                     std::string(kTemporarySuffix);
+  FileDescriptor file(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!file.valid()) return determinate(errno_message("file destination: create", path, errno));
+  state.open_file.emplace(
+      State::OpenFile{std::move(file), std::move(path), lower.time(), std::nullopt, 0});
+  state.buffer.reserve(kWriteBufferBytes);
+  state.buffer = state.encoder.file_header();
+  return {};
+}
+
+Status FileDestination::write(const DiffPair& pair) {
+  State& state = *state_;
+  if (!state.open_file) {
+    return invalid_usage(state.abandoned_after_error
+                             ? "file destination: write after an error abandoned the open file; "
+                               "begin a new one"
+                             : "file destination: write with no open file (call begin first)");
+  }
+  State::OpenFile& file = *state.open_file;
+  if (pair.time < file.lower) {
+    return invalid_usage("file destination: write at time " + std::to_string(pair.time) +
+                         " below the open file's lower " + std::to_string(file.lower));
+  }
+  state.encoder.append_file_line(pair, &state.buffer);
+  file.max_time = std::max(file.max_time.value_or(pair.time), pair.time);
+  if (state.buffer.size() >= kWriteBufferBytes) {
+    if (auto flushed = state.flush(); !flushed) return state.fail(std::unexpected(flushed.error()));
+  }
+  return {};
+}
+
+std::uint64_t FileDestination::open_file_bytes() const {
+  if (!state_->open_file) return 0;
+  return state_->open_file->flushed_bytes + state_->buffer.size();
+}
+
+Status FileDestination::commit(Frontier upper) {
+  State& state = *state_;
+  if (!state.open_file) {
+    return invalid_usage(state.abandoned_after_error
+                             ? "file destination: commit after an error abandoned the open file; "
+                               "begin a new one"
+                             : "file destination: commit with no open file (call begin first)");
+  }
+  State::OpenFile& file = *state.open_file;
+  if (upper.is_closed()) {
+    return invalid_usage(
+        "file destination: commit at a closed upper (a file name needs a finite upper: commit at "
+        "the last finite frontier)");
+  }
+  if (upper.time() <= file.lower) {
+    return invalid_usage("file destination: commit at " + upper.to_string() +
+                         " is not above the open file's lower " + std::to_string(file.lower));
+  }
+  if (file.max_time && upper.time() <= *file.max_time) {
+    return invalid_usage("file destination: commit at " + upper.to_string() +
+                         " is not above the time written " + std::to_string(*file.max_time));
+  }
+
+  // Until the rename nothing is visible: every failure here is Determinate.
+  if (auto flushed = state.flush(); !flushed) return state.fail(std::unexpected(flushed.error()));
+  if (::fdatasync(file.file.get()) != 0) {
+    return state.fail(
+        determinate(errno_message("file destination: fdatasync", file.temporary_path, errno)));
+  }
+  if (int error_number = file.file.close(); error_number != 0) {
+    return state.fail(
+        determinate(errno_message("file destination: close", file.temporary_path, error_number)));
+  }
+  const std::string target = state.directory + "/" + bound_text(file.lower) + "-" +
+                             bound_text(upper.time()) + "." + std::string(state.extension);
+  if (::rename(file.temporary_path.c_str(), target.c_str()) != 0) {
+    int error_number = errno;
+    return state.fail(indeterminate(errno_message(
+        "file destination: rename " + file.temporary_path + " to", target, error_number)));
+  }
+  // The file is visible under its final name now: it counts as progress
+  // even if the directory sync below fails (a restarted sink would see it
+  // too, unless a crash loses the entry, in which case it resumes earlier).
+  state.open_file.reset();
+  state.buffer.clear();
+  progress_ = upper;
+  if (auto synced = sync_directory(state.directory, ErrorKind::kIndeterminate); !synced) {
+    return in_destination(synced.error());
+  }
+  return {};
+}
+
+std::uint64_t FileDestination::primary_key_violations() const {
+  return state_->encoder.primary_key_violations();
+}
+
+}  // namespace tidemark

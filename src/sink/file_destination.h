@@ -1,0 +1,88 @@
+// FileDestination: a sink's output as rolling files in one directory
+// (`file:///dir`, DESIGN.md 8 and 9).
+//
+// Each file holds the pairs of the times in [lower, upper) and is named
+// `<lower>-<upper>.<json|csv>` (both 20-digit zero-padded decimals, so
+// names sort by time). It is written under a temporary name starting with
+// "." (never read as output), fsynced, renamed to its final name and the
+// directory fsynced: a committed file is never visible half-written. The
+// committed files are the sink's progress: the largest committed upper is
+// the frontier fully emitted, and a restarted sink resumes there.
+//
+// Memory: one write buffer, written out whenever it reaches
+// kWriteBufferBytes (so it holds at most that plus one message); a file of
+// any size streams through it.
+//
+// The directory belongs to this sink: open() deletes every ".*.tmp" in it.
+// Files that are not `<20 digits>-<20 digits>.<ext>` with this sink's
+// extension (another format's files, unrelated names, other dot-files) are
+// ignored. A pair at time 2^64-1 can never be committed: no finite upper is
+// above it.
+//
+// Errors: usage errors (a broken REQUIRES) are InvalidUsage and change
+// nothing. File-system errors are Determinate with the errno text and the
+// path, except commit()'s rename and the directory sync after it, which are
+// Indeterminate. Any file-system error while a file is open abandons it
+// (the temporary is deleted); write() and commit() then fail until the next
+// begin().
+//
+// Thread-safety: one sink uses a destination from one thread; two sinks
+// must not share a directory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sink/envelope.h"
+#include "tidemark/error.h"
+#include "tidemark/frontier.h"
+
+namespace tidemark {
+
+class FileDestination {
+ public:
+  static constexpr std::size_t kWriteBufferBytes = 1 << 20;
+
+  // Creates the directory if needed, deletes temporaries a crashed sink left
+  // ("." files), and reads the progress from the committed names. A
+  // committed-looking name that does not parse, or committed ranges that
+  // overlap, is a Corruption error naming the file.
+  [[nodiscard]] static Result<std::unique_ptr<FileDestination>> open(std::string directory,
+                                                                     Envelope envelope,
+                                                                     SinkFormat format);
+  ~FileDestination();  // an open file not committed is deleted
+
+  // The largest committed upper: everything before it is in committed
+  // files. nullopt when nothing is committed yet.
+  std::optional<Frontier> progress() const { return progress_; }
+
+  // Starts a file for times from `lower` on: creates its temporary and, for
+  // csv, buffers the header row. REQUIRES: no file open; lower is not closed;
+  // lower >= progress() (when set).
+  [[nodiscard]] Status begin(Frontier lower);
+  // Appends the message of one pair. REQUIRES: a file open; the pair's time
+  // >= its lower.
+  [[nodiscard]] Status write(const DiffPair& pair);
+  // Bytes written to the open file so far (for rolling).
+  std::uint64_t open_file_bytes() const;
+  // Makes the open file [lower, upper) durable and visible; progress()
+  // becomes upper. REQUIRES: a file open; upper > every time written;
+  // upper > lower; upper is not closed (a name needs a finite bound: a
+  // runner whose shard closed commits at the last finite frontier). An
+  // Indeterminate error means the file may be visible: progress() is upper
+  // if the rename happened (only the directory sync failed), unchanged
+  // otherwise.
+  [[nodiscard]] Status commit(Frontier upper);
+
+  std::uint64_t primary_key_violations() const;
+
+ private:
+  struct State;
+  explicit FileDestination(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+  std::optional<Frontier> progress_;
+};
+
+}  // namespace tidemark
