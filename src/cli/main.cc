@@ -15,6 +15,8 @@ constexpr const char* kUsage =
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
+  sink run NAME --to file:///DIR [--envelope upsert|debezium] [--format json|csv]
+      [--sink-name S] [--as-of T] [--until T]
   bench engine [--json] [--updates N] [--appends N]
   bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
   if (command == "snapshot") return run_snapshot(globals, rest);
   if (command == "listen") return run_listen(globals, rest);
   if (command == "compact") return run_compact(globals, rest);
+  if (command == "sink") return run_sink(globals, rest);
   if (command == "bench") return run_bench(globals, rest);
   return usage_error("unknown command \"" + command + "\" (see tidemark --help)");
 }

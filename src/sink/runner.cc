@@ -1,0 +1,149 @@
+#include "sink/runner.h"
+
+#include <thread>
+
+#include "sink/diff_pairs.h"
+#include "tidemark/read.h"
+
+namespace tidemark {
+namespace {
+
+// A snapshot at as_of as an update source: every row at time as_of.
+class SnapshotSource final : public UpdateSource {
+ public:
+  explicit SnapshotSource(SnapshotCursor cursor) : cursor_(std::move(cursor)) {}
+  Result<std::optional<UpdateView>> next() override {
+    TM_ASSIGN(auto row, cursor_.next());
+    if (!row) return std::optional<UpdateView>{};
+    return std::optional<UpdateView>{UpdateView{row->key, row->value, cursor_.as_of(), row->diff}};
+  }
+
+ private:
+  SnapshotCursor cursor_;
+};
+
+// The updates of a listen that ends at `until`, without its progress events:
+// time-major, and within a time sorted by (key, value).
+class ListenSource final : public UpdateSource {
+ public:
+  explicit ListenSource(std::unique_ptr<Listener> listener) : listener_(std::move(listener)) {}
+  Result<std::optional<UpdateView>> next() override {
+    for (;;) {
+      TM_ASSIGN(auto event, listener_->next());
+      if (!event) return std::optional<UpdateView>{};
+      if (event->kind == ListenEvent::Kind::kUpdate) {
+        return std::optional<UpdateView>{
+            UpdateView{event->key, event->value, event->time, event->diff}};
+      }
+    }
+  }
+
+ private:
+  std::unique_ptr<Listener> listener_;
+};
+
+Status emit_all(DiffPairWalker& walker, FileDestination& destination, SinkProgress& progress) {
+  for (;;) {
+    TM_ASSIGN(auto pair, walker.next());
+    if (!pair) return {};
+    TM_TRY(destination.write(*pair));
+    ++progress.pairs;
+  }
+}
+
+bool stopped(const FileSinkOptions& options) {
+  return options.stop && options.stop();
+}
+
+// Waits until the shard's upper passes `time`; false if stopped first.
+Result<bool> wait_for_upper_past(Shard& shard, Time time, const FileSinkOptions& options) {
+  for (;;) {
+    TM_ASSIGN(Frontier upper, shard.upper());
+    if (upper.is_past(time)) return true;
+    if (upper.is_closed() || stopped(options)) return false;
+    std::this_thread::sleep_for(options.poll_interval);
+  }
+}
+
+}  // namespace
+
+Result<SinkProgress> run_file_sink(Shard& shard, FileDestination& destination,
+                                   const FileSinkOptions& options) {
+  if (options.sink_name.empty()) return invalid_usage("a sink needs a name");
+  TM_ASSIGN(auto reader, shard.open_critical_reader("sink-" + options.sink_name));
+  SinkProgress progress;
+  progress.frontier = destination.progress().value_or(Frontier::at(0));
+  auto report = [&] {
+    progress.primary_key_violations = destination.primary_key_violations();
+    if (options.on_progress) options.on_progress(progress);
+  };
+  auto done = [&] { return options.until && !(progress.frontier < Frontier::at(*options.until)); };
+
+  if (!destination.progress()) {
+    // The snapshot, once: at as_of, committed as [0, as_of + 1).
+    Time as_of = options.as_of.value_or(0);
+    TM_ASSIGN(bool ready, wait_for_upper_past(shard, as_of, options));
+    if (!ready) return progress;
+    if (!options.as_of) {
+      TM_ASSIGN(Frontier upper, shard.upper());
+      if (!upper.is_closed()) as_of = upper.time() - 1;
+    }
+    TM_ASSIGN(DiffPairWalker walker,
+              DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
+                TM_ASSIGN(SnapshotCursor cursor, shard.snapshot(as_of));
+                return std::make_unique<SnapshotSource>(std::move(cursor));
+              }));
+    TM_TRY(destination.begin(Frontier::at(0)));
+    TM_TRY(emit_all(walker, destination, progress));
+    TM_TRY(destination.commit(Frontier::at(as_of + 1)));
+    ++progress.files;
+    progress.frontier = Frontier::at(as_of + 1);
+    TM_TRY(reader->downgrade_since(Frontier::at(as_of)));
+    report();
+  }
+
+  // Then the changes, one interval [frontier, upper) at a time, into files
+  // committed by size or age.
+  bool file_open = false;
+  auto opened_at = std::chrono::steady_clock::now();
+  Frontier written = progress.frontier;  // pairs below it are in the open file
+  auto commit = [&]() -> Status {
+    TM_TRY(destination.commit(written));
+    file_open = false;
+    ++progress.files;
+    progress.frontier = written;
+    TM_TRY(reader->downgrade_since(Frontier::at(written.time() - 1)));
+    report();
+    return {};
+  };
+  while (!done() && !stopped(options)) {
+    const Time from = written.time();
+    TM_ASSIGN(bool ready, wait_for_upper_past(shard, from, options));
+    if (!ready) break;
+    TM_ASSIGN(Frontier upper, shard.upper());
+    Time target = upper.is_closed() ? UINT64_MAX : upper.time();
+    if (options.until) target = std::min(target, *options.until);
+    if (target <= from) break;
+    // listen(from - 1, target): the updates at times in [from, target).
+    if (from == 0) return invalid_usage("a sink cannot follow from time 0 without a snapshot");
+    TM_ASSIGN(DiffPairWalker walker,
+              DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
+                TM_ASSIGN(auto listener, shard.listen(from - 1, target));
+                return std::make_unique<ListenSource>(std::move(listener));
+              }));
+    if (!file_open) {
+      TM_TRY(destination.begin(written));
+      file_open = true;
+      opened_at = std::chrono::steady_clock::now();
+    }
+    TM_TRY(emit_all(walker, destination, progress));
+    written = Frontier::at(target);
+    const bool big = destination.open_file_bytes() >= options.roll_bytes;
+    const bool old = std::chrono::steady_clock::now() - opened_at >= options.commit_interval;
+    if (big || old || (options.until && target >= *options.until)) TM_TRY(commit());
+  }
+  if (file_open && progress.frontier < written) TM_TRY(commit());
+  return progress;
+}
+
+}  // namespace tidemark
