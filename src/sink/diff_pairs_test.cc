@@ -352,7 +352,7 @@ WalkFigures walk_measuring(const std::vector<Update>& updates) {
 }
 
 TEST(DiffPairWalkerTest, TheMemoryProbeSeesAnEagerCollection) {
-#ifdef __SANITIZE_ADDRESS__
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the sanitizer's allocator is invisible to mallinfo2";
 #endif
   // What the regression in the Materialize sink did: collect a key's pairs
