@@ -299,6 +299,10 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   if (!argv.empty() && (argv[0] == "compaction" || argv[0] == "compaction-child")) {
     return run_bench_compaction(globals, argv);
   }
+  if (!argv.empty() &&
+      (argv[0] == "sink" || argv[0] == "sink-child" || argv[0] == "sink-debezium-child")) {
+    return run_bench_sink(globals, argv);
+  }
   auto args = Args::parse(argv, {"--updates", "--appends", "--dir"}, {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"engine"}) {
@@ -306,7 +310,8 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
         "bench engine [--json] [--updates N] [--appends N] [--dir DIR] | bench appender "
         "[--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] [--batch-appends "
         "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--json] | bench "
-        "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]");
+        "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json] | bench "
+        "sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]");
   }
   std::uint64_t updates = 10'000'000;
   int appends = 200;

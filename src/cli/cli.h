@@ -68,5 +68,7 @@ int run_bench(const Globals& globals, const std::vector<std::string>& args);
 int run_bench_appender(const Globals& globals, const std::vector<std::string>& args);
 // `bench compaction`, dispatched by run_bench (bench/bench_compaction.cc).
 int run_bench_compaction(const Globals& globals, const std::vector<std::string>& args);
+// `bench sink`, dispatched by run_bench (bench/bench_sink.cc).
+int run_bench_sink(const Globals& globals, const std::vector<std::string>& args);
 
 }  // namespace tidemark::cli
