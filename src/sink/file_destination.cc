@@ -260,7 +260,9 @@ Status FileDestination::begin(Frontier lower) {
   if (!file.valid()) return determinate(errno_message("file destination: create", path, errno));
   state.open_file.emplace(
       State::OpenFile{std::move(file), std::move(path), lower.time(), std::nullopt, 0});
-  state.buffer.reserve(kWriteBufferBytes);
+  // Room for the lines that take the buffer past kWriteBufferBytes, so a
+  // usual line never regrows it (only one over kLineSlackBytes does).
+  state.buffer.reserve(kWriteBufferBytes + kLineSlackBytes);
   state.buffer = state.encoder.file_header();
   return {};
 }
