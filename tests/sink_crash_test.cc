@@ -1,0 +1,667 @@
+// Crash test for `tidemark sink run` into a file:// destination: the sink
+// is killed with SIGKILL many times, mid-snapshot and mid-listen, and
+// restarted each time; the committed files must then hold exactly the
+// messages a single uninterrupted run would have written (no duplicate, no
+// gap, no overlapping ranges).
+//
+// Setup: a shard whose times 0..4 hold ~200,000 records (among them a hot
+// key with 300,000 copies, so the snapshot at as_of 4 fans out to ~500,000
+// lines), then a background thread appends the times 5..U-1 one
+// `tidemark append` process at a time while the sink is being killed. The
+// thread keeps a reference model of everything it appended, from which the
+// expected upsert messages are computed:
+//   - the snapshot: per key, the values consolidated at time 4; one line
+//     {"time":4,"key":K,"value":V} per copy of a positive value, one with
+//     value null per before copy left unpaired;
+//   - each later (key, time): its values' net diffs at that time; befores
+//     (negative) pair with afters (positive), so one line per after copy and
+//     a null line per before copy beyond the afters.
+// With the upsert envelope a line shows only the after, so the multiset of
+// lines does not depend on the order the pairs are formed in.
+//
+// Rounds: round 0 kills 1-20 ms after the spawn (startup), the next rounds
+// kill once the snapshot's temporary reached a random fraction of its
+// expected size (mid-snapshot write), the rest after a random 100-1800 ms
+// (mid-listen: the sink commits a file per second). After each kill the
+// committed files must be contiguous from 0, and every file committed
+// earlier must still be there, unchanged. The appender holds back its last
+// times until the kill rounds are over, so no killed run can reach U; a
+// final run then follows the shard to U and exits 0.
+//
+// TIDEMARK_SINK_CRASH_SEED=<n> replays a seed (printed at the start). The
+// scratch directory is kept when the test fails.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using Time = std::uint64_t;
+
+constexpr Time kAsOf = 4;
+constexpr Time kUntil = 5 + 300;    // U: the sink runs to it
+constexpr Time kHoldBack = 30;      // the last times wait for the kill rounds to end
+constexpr int kEarlyRounds = 1;     // killed 1-20 ms after the spawn
+constexpr int kSnapshotRounds = 3;  // killed mid-write of the snapshot
+constexpr int kListenRounds = 6;    // killed after 100-1800 ms
+constexpr char kSnapshotTemporaryPrefix[] = ".00000000000000000000-";
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Spawns `tidemark --data DATA args...` with stdin from `input` (or
+// /dev/null) and stdout/stderr into files. Returns the pid, or -1.
+pid_t spawn_tidemark(const fs::path& data, const std::vector<std::string>& args,
+                     const fs::path& out, const fs::path& err) {
+  std::vector<std::string> words = {TIDEMARK_BINARY, "--data", data.string()};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+// Runs a tidemark command to its end; returns its exit code (-1 if it did
+// not exit normally) and what it wrote to stderr in `err_text`.
+int run_tidemark(const fs::path& data, const std::vector<std::string>& args,
+                 const fs::path& scratch, const std::string& tag, std::string* err_text) {
+  const fs::path out = scratch / (tag + ".out"), err = scratch / (tag + ".err");
+  pid_t pid = spawn_tidemark(data, args, out, err);
+  if (pid < 0) {
+    *err_text = "spawn failed";
+    return -1;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  *err_text = slurp(err) + slurp(out);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// --- the reference model ----------------------------------------------------
+
+using Counts = std::map<std::string, std::int64_t>;  // value -> diff
+
+std::string upsert_line(Time time, const std::string& key, const std::string& value) {
+  return "{\"time\":" + std::to_string(time) + ",\"key\":" + key + ",\"value\":" + value + "}";
+}
+
+// The upsert lines of one (key, time) group with these net diffs.
+void expect_group(Time time, const std::string& key, const Counts& net,
+                  std::vector<std::string>* out) {
+  std::int64_t befores = 0, afters = 0;
+  for (const auto& [value, diff] : net) {
+    if (diff > 0) {
+      afters += diff;
+      for (std::int64_t i = 0; i < diff; ++i) out->push_back(upsert_line(time, key, value));
+    } else {
+      befores -= diff;
+    }
+  }
+  for (std::int64_t i = afters; i < befores; ++i) out->push_back(upsert_line(time, key, "null"));
+}
+
+// What was appended: the current contents, and batches of NDJSON records.
+class Model {
+ public:
+  explicit Model(std::uint64_t seed) : rng_(seed) {}
+
+  // Starts the records of time t.
+  void begin(Time t) {
+    time_ = t;
+    records_.clear();
+    net_.clear();
+    count_ = 0;
+  }
+  // The NDJSON of the time begun, and its record count.
+  const std::string& records() const { return records_; }
+  std::uint64_t count() const { return count_; }
+  // The expected lines of the time begun (for times after as_of).
+  void expect_time(std::vector<std::string>* out) const {
+    for (const auto& [key, net] : net_) {
+      Counts nonzero;
+      for (const auto& [value, diff] : net) {
+        if (diff != 0) nonzero[value] = diff;
+      }
+      expect_group(time_, key, nonzero, out);
+    }
+  }
+  // The expected lines of the snapshot at `as_of` (after its times).
+  void expect_snapshot(Time as_of, std::vector<std::string>* out) const {
+    for (const auto& [key, values] : state_) expect_group(as_of, key, values, out);
+  }
+
+  void add(const std::string& key, const std::string& value, std::int64_t diff) {
+    records_ += "{\"key\":" + key + ",\"value\":" + value + ",\"time\":" + std::to_string(time_) +
+                ",\"diff\":" + std::to_string(diff) + "}\n";
+    ++count_;
+    net_[key][value] += diff;
+    Counts& values = state_[key];
+    if ((values[value] += diff) == 0) values.erase(value);
+  }
+
+  // A key never used before: a string, a number or an object.
+  std::string new_key() {
+    const std::uint64_t n = next_key_++;
+    std::string key;
+    switch (n % 3) {
+      case 0:
+        key = "\"k" + std::to_string(n) + "\"";
+        break;
+      case 1:
+        key = std::to_string(1000000 + n);
+        break;
+      default:
+        key = "{\"id\":" + std::to_string(n) + "}";
+    }
+    keys_.push_back(key);
+    return key;
+  }
+  std::string new_value() {
+    const std::uint64_t n = next_value_++;
+    switch (pick(4)) {
+      case 0:
+        return std::to_string(n);
+      case 1:
+        return "\"s" + std::to_string(n) + "\"";
+      case 2:
+        return "{\"v\":" + std::to_string(n) + ",\"tags\":[\"a\",\"b\"]}";
+      default:
+        return "[" + std::to_string(n) + ",true]";
+    }
+  }
+  std::uint64_t pick(std::uint64_t n) {
+    return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng_);
+  }
+
+  // One random change of a few records: insert, update, delete, an insert
+  // retracted in the same time, or a double insert.
+  void random_op() {
+    const std::uint64_t kind = pick(100);
+    if (kind < 25 || keys_.empty()) {
+      add(new_key(), new_value(), 1);
+      return;
+    }
+    const std::string key = keys_[pick(keys_.size())];
+    const auto live = live_value(key);
+    if (kind < 70) {  // update (or re-insert of a deleted key)
+      if (live) add(key, *live, -1);
+      add(key, new_value(), 1);
+    } else if (kind < 85) {  // delete
+      if (live) add(key, *live, -1);
+    } else if (kind < 95) {  // inserted and retracted in the same time: no message
+      const std::string value = new_value();
+      add(key, value, 1);
+      add(key, value, -1);
+    } else {  // two copies: a primary-key violation, two lines
+      add(new_key(), new_value(), 2);
+    }
+  }
+
+  // Moves every copy of the hot key to one new value, or a part of them.
+  void hot_change(bool all) {
+    const Counts values = state_[kHot];
+    const std::string target = "\"h" + std::to_string(next_value_++) + "\"";
+    for (const auto& [value, count] : values) {
+      if (count <= 0) continue;
+      const std::int64_t moved = all ? count : std::min<std::int64_t>(count, 1000);
+      add(kHot, value, -moved);
+      add(kHot, target, all ? moved : moved / 2);
+      if (!all) break;
+    }
+  }
+
+  static constexpr const char* kHot = "\"hot\"";
+
+ private:
+  std::optional<std::string> live_value(const std::string& key) {
+    auto it = state_.find(key);
+    if (it == state_.end()) return std::nullopt;
+    for (const auto& [value, count] : it->second) {
+      if (count > 0) return value;
+    }
+    return std::nullopt;
+  }
+
+  std::mt19937_64 rng_;
+  Time time_ = 0;
+  std::string records_;
+  std::uint64_t count_ = 0;
+  std::map<std::string, Counts> net_;    // of the time begun
+  std::map<std::string, Counts> state_;  // everything appended
+  std::vector<std::string> keys_;
+  std::uint64_t next_key_ = 0;
+  std::uint64_t next_value_ = 0;
+};
+
+// --- the destination --------------------------------------------------------
+
+struct Committed {
+  Time lower = 0;
+  Time upper = 0;
+  std::string name;
+  std::uintmax_t size = 0;
+};
+
+struct Listing {
+  std::vector<Committed> committed;  // sorted by name (= by lower)
+  std::vector<std::string> temporaries;
+  std::vector<std::string> other;
+};
+
+std::optional<Committed> parse_name(const std::string& name) {
+  if (name.size() != 46 || name[20] != '-' || name.substr(41) != ".json") return std::nullopt;
+  for (std::size_t i : {std::size_t{0}, std::size_t{21}}) {
+    for (std::size_t j = i; j < i + 20; ++j) {
+      if (name[j] < '0' || name[j] > '9') return std::nullopt;
+    }
+  }
+  return Committed{std::stoull(name.substr(0, 20)), std::stoull(name.substr(21, 20)), name, 0};
+}
+
+Listing list_destination(const fs::path& dir) {
+  Listing listing;
+  if (!fs::exists(dir)) return listing;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code ec;
+    if (name.starts_with(".")) {
+      listing.temporaries.push_back(name);
+    } else if (auto committed = parse_name(name)) {
+      committed->size = fs::file_size(entry.path(), ec);
+      listing.committed.push_back(*committed);
+    } else {
+      listing.other.push_back(name);
+    }
+  }
+  std::sort(listing.committed.begin(), listing.committed.end(),
+            [](const Committed& a, const Committed& b) { return a.name < b.name; });
+  std::sort(listing.temporaries.begin(), listing.temporaries.end());
+  return listing;
+}
+
+// The size of the snapshot's temporary being written, if any: one not in
+// `stale` (a killed run's leftover, sorted).
+std::optional<std::uintmax_t> snapshot_temporary_size(const fs::path& dir,
+                                                      const std::vector<std::string>& stale) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with(kSnapshotTemporaryPrefix) &&
+        !std::binary_search(stale.begin(), stale.end(), name)) {
+      std::error_code size_ec;
+      auto size = fs::file_size(it->path(), size_ec);
+      if (!size_ec) return size;
+    }
+  }
+  return std::nullopt;
+}
+
+// Committed files are contiguous from 0 and do not overlap; every file seen
+// before is still there with the same size.
+void check_committed(const Listing& listing, std::map<std::string, std::uintmax_t>& seen) {
+  Time expected_lower = 0;
+  for (const Committed& file : listing.committed) {
+    ASSERT_EQ(file.lower, expected_lower) << "gap or overlap at " << file.name;
+    ASSERT_LT(file.lower, file.upper) << file.name;
+    expected_lower = file.upper;
+  }
+  std::map<std::string, std::uintmax_t> now;
+  for (const Committed& file : listing.committed) now[file.name] = file.size;
+  for (const auto& [name, size] : seen) {
+    auto it = now.find(name);
+    ASSERT_NE(it, now.end()) << "committed file " << name << " disappeared";
+    ASSERT_EQ(it->second, size) << "committed file " << name << " changed";
+  }
+  seen = std::move(now);
+}
+
+// Progress lines ("sink s: frontier F, ...") a run printed.
+int progress_lines(const std::string& err) {
+  int n = 0;
+  for (std::size_t at = 0; (at = err.find("sink s: frontier ", at)) != std::string::npos; ++at) ++n;
+  return n;
+}
+
+// --- the test ---------------------------------------------------------------
+
+TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
+  const fs::path scratch =
+      fs::temp_directory_path() / ("tidemark-sinkcrash-" + std::to_string(getpid()));
+  fs::remove_all(scratch);
+  fs::create_directories(scratch);
+  const fs::path data = scratch / "data";
+  const fs::path out = scratch / "out";
+  const std::string url = "file://" + out.string();
+
+  std::uint64_t seed = std::random_device{}();
+  if (const char* env = std::getenv("TIDEMARK_SINK_CRASH_SEED")) seed = std::stoull(env);
+  std::printf("seed %llu, scratch %s\n", static_cast<unsigned long long>(seed),
+              scratch.string().c_str());
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", scratch " + scratch.string());
+  std::mt19937_64 rng(seed);
+  const auto started = Clock::now();
+  auto elapsed_ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count();
+  };
+
+  std::string err;
+  ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
+
+  // Times 0..4 in one append: ~200,000 records, the hot key's 300,000 copies.
+  Model model(seed ^ 0x5eed);
+  std::string setup;
+  std::uint64_t setup_records = 0;
+  for (Time t = 0; t <= kAsOf; ++t) {
+    model.begin(t);
+    if (t == 0) {
+      for (int i = 0; i < 40000; ++i) model.add(model.new_key(), model.new_value(), 1);
+    } else {
+      while (model.count() < 40000) model.random_op();
+    }
+    if (t == 2) model.add(Model::kHot, "\"h\"", 300000);
+    if (t == 3) model.hot_change(false);
+    setup += model.records();
+    setup_records += model.count();
+  }
+  std::vector<std::string> expected;
+  model.expect_snapshot(kAsOf, &expected);
+  const std::size_t snapshot_pairs = expected.size();
+  std::uintmax_t snapshot_bytes = 0;
+  for (const std::string& line : expected) snapshot_bytes += line.size() + 1;
+  std::ofstream(scratch / "setup.ndjson", std::ios::binary) << setup;
+  setup.clear();
+  ASSERT_EQ(run_tidemark(data,
+                         {"append", "s", "--lower", "0", "--upper", std::to_string(kAsOf + 1),
+                          "--input", (scratch / "setup.ndjson").string()},
+                         scratch, "setup", &err),
+            0)
+      << err;
+  fs::remove(scratch / "setup.ndjson");
+  std::printf("setup: %llu records at times 0..%llu, snapshot %zu pairs (%ju bytes), %lld ms\n",
+              static_cast<unsigned long long>(setup_records),
+              static_cast<unsigned long long>(kAsOf), snapshot_pairs, snapshot_bytes,
+              static_cast<long long>(elapsed_ms()));
+
+  // The background appender: times kAsOf+1 .. kUntil-1, one process each.
+  std::atomic<bool> rounds_done{false};
+  std::atomic<bool> stop_appender{false};
+  std::atomic<Time> appended_upper{kAsOf + 1};
+  std::mutex appender_mutex;
+  std::string appender_error;
+  std::uint64_t listen_records = 0;
+  std::vector<std::string> listen_expected;
+  std::thread appender([&] {
+    std::mt19937_64 pace(seed + 1);
+    for (Time t = kAsOf + 1; t < kUntil && !stop_appender; ++t) {
+      while (t >= kUntil - kHoldBack && !rounds_done && !stop_appender) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (stop_appender) return;
+      model.begin(t);
+      const int ops = static_cast<int>(5 + model.pick(40));
+      for (int i = 0; i < ops; ++i) model.random_op();
+      if (t == kAsOf + 60 || t == kUntil - 10) model.hot_change(true);
+      if (t % 37 == 0) model.hot_change(false);
+      const fs::path input = scratch / "append.ndjson";
+      std::ofstream(input, std::ios::binary) << model.records();
+      std::string append_err;
+      const int status = run_tidemark(data,
+                                      {"append", "s", "--lower", std::to_string(t), "--upper",
+                                       std::to_string(t + 1), "--input", input.string()},
+                                      scratch, "append", &append_err);
+      if (status != 0) {
+        std::lock_guard lock(appender_mutex);
+        appender_error = "append at " + std::to_string(t) + " exited " + std::to_string(status) +
+                         ": " + append_err;
+        return;
+      }
+      listen_records += model.count();
+      model.expect_time(&listen_expected);
+      appended_upper = t + 1;
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 15)(pace)));
+    }
+  });
+  struct JoinOnExit {
+    std::thread& thread;
+    std::atomic<bool>& stop;
+    ~JoinOnExit() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  } join_on_exit{appender, stop_appender};
+
+  // The kill rounds.
+  const std::string until = std::to_string(kUntil);
+  const std::vector<std::string> sink_args = {
+      "sink", "run", "s", "--to", url, "--as-of", std::to_string(kAsOf), "--until", until};
+  std::map<std::string, std::uintmax_t> seen;
+  int kills = 0, kills_before_snapshot = 0, kills_mid_snapshot_write = 0, kills_after_snapshot = 0,
+      kills_with_open_listen_file = 0, killed_progress_lines = 0, temporaries_cleaned = 0;
+  const int rounds = kEarlyRounds + kSnapshotRounds + kListenRounds;
+  for (int round = 0; round < rounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    {
+      std::lock_guard lock(appender_mutex);
+      ASSERT_EQ(appender_error, "");
+    }
+    const Listing before = list_destination(out);
+    // Contiguous from 0: the first committed file is the snapshot.
+    const bool snapshot_committed_before = !before.committed.empty();
+    const std::vector<std::string>& stale = before.temporaries;  // killed runs' leftovers
+    const fs::path err_path = scratch / ("sink-" + std::to_string(round) + ".err");
+    const auto spawned = Clock::now();
+    pid_t pid = spawn_tidemark(data, sink_args, scratch / "sink.out", err_path);
+    ASSERT_GT(pid, 0);
+    // When to kill: a deadline, or (mid-snapshot rounds) once the snapshot's
+    // temporary holds `threshold` bytes.
+    std::optional<std::uintmax_t> threshold;
+    auto deadline = spawned;
+    std::string mode;
+    if (round < kEarlyRounds) {
+      mode = "startup";
+      deadline += std::chrono::milliseconds(std::uniform_int_distribution<int>(1, 20)(rng));
+    } else if (round < kEarlyRounds + kSnapshotRounds && !snapshot_committed_before) {
+      mode = "snapshot";
+      threshold =
+          static_cast<std::uintmax_t>(static_cast<double>(snapshot_bytes) *
+                                      std::uniform_real_distribution<double>(0.05, 0.9)(rng));
+      deadline += std::chrono::seconds(10);  // fallback
+    } else {
+      mode = "listen";
+      deadline += std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 1800)(rng));
+    }
+    bool exited = false;
+    int status = 0;
+    for (;;) {
+      pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        exited = true;
+        break;
+      }
+      if (Clock::now() >= deadline) break;
+      if (threshold) {
+        auto size = snapshot_temporary_size(out, stale);
+        if (size && *size >= *threshold) break;
+        // Already committed (the threshold was not met in time): kill now.
+        if (!size && !list_destination(out).committed.empty()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(threshold ? 100 : 500));
+    }
+    ASSERT_FALSE(exited) << "the sink exited on its own (status " << status
+                         << "): " << slurp(err_path);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status << ": " << slurp(err_path);
+    const auto lived =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - spawned).count();
+    ++kills;
+    const std::string run_err = slurp(err_path);
+    killed_progress_lines += progress_lines(run_err);
+
+    const Listing listing = list_destination(out);
+    ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen));
+    ASSERT_TRUE(listing.other.empty()) << listing.other.front();
+    const bool snapshot_committed = !listing.committed.empty();
+    bool snapshot_temporary = false, listen_temporary = false;
+    std::size_t fresh = 0;
+    for (const std::string& name : listing.temporaries) {
+      if (std::binary_search(stale.begin(), stale.end(), name)) continue;
+      ++fresh;
+      (name.starts_with(kSnapshotTemporaryPrefix) ? snapshot_temporary : listen_temporary) = true;
+    }
+    for (const std::string& name : stale) {
+      if (!std::binary_search(listing.temporaries.begin(), listing.temporaries.end(), name)) {
+        ++temporaries_cleaned;
+      }
+    }
+    if (snapshot_committed) {
+      ++kills_after_snapshot;
+      if (listen_temporary) ++kills_with_open_listen_file;
+    } else {
+      ++kills_before_snapshot;
+      if (snapshot_temporary) ++kills_mid_snapshot_write;
+    }
+    std::printf(
+        "round %d (%s): killed after %lld ms; %s; %zu committed files, frontier %llu; shard upper "
+        "%llu; %zu temporaries (%zu its own); %d progress lines\n",
+        round, mode.c_str(), static_cast<long long>(lived),
+        snapshot_committed
+            ? "after the snapshot commit"
+            : (snapshot_temporary ? "mid-snapshot write" : "before the snapshot file"),
+        listing.committed.size(),
+        static_cast<unsigned long long>(listing.committed.empty() ? 0
+                                                                  : listing.committed.back().upper),
+        static_cast<unsigned long long>(appended_upper.load()), listing.temporaries.size(), fresh,
+        progress_lines(run_err));
+  }
+  rounds_done = true;
+
+  // The final run follows the shard to U and exits 0.
+  const auto final_started = Clock::now();
+  const fs::path final_err = scratch / "sink-final.err";
+  pid_t pid = spawn_tidemark(data, sink_args, scratch / "sink.out", final_err);
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  for (;;) {
+    if (waitpid(pid, &status, WNOHANG) == pid) break;
+    {
+      std::lock_guard lock(appender_mutex);
+      if (!appender_error.empty()) kill(pid, SIGKILL);
+    }
+    if (Clock::now() - final_started > std::chrono::seconds(60)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the final run did not reach " << kUntil << " in 60 s: " << slurp(final_err);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string final_text = slurp(final_err);
+  appender.join();
+  ASSERT_EQ(appender_error, "");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "final run status " << status << ": " << final_text;
+  ASSERT_EQ(appended_upper.load(), kUntil);
+
+  // The destination: contiguous committed files [0, U), no temporaries.
+  const Listing listing = list_destination(out);
+  ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen));
+  EXPECT_TRUE(listing.temporaries.empty()) << listing.temporaries.front();
+  EXPECT_TRUE(listing.other.empty());
+  ASSERT_FALSE(listing.committed.empty());
+  EXPECT_EQ(listing.committed.front().upper, kAsOf + 1) << "the snapshot file";
+  EXPECT_EQ(listing.committed.back().upper, kUntil);
+
+  std::vector<std::string> lines;
+  for (const Committed& file : listing.committed) {
+    std::ifstream in(out / file.name, std::ios::binary);
+    for (std::string line; std::getline(in, line);) {
+      ASSERT_TRUE(line.starts_with("{\"time\":")) << file.name << ": " << line;
+      const Time time = std::stoull(line.substr(8));
+      if (file.lower == 0) {
+        ASSERT_EQ(time, kAsOf) << file.name << ": " << line;
+      } else {
+        ASSERT_TRUE(time >= file.lower && time < file.upper) << file.name << ": " << line;
+      }
+      lines.push_back(std::move(line));
+    }
+  }
+  expected.insert(expected.end(), listen_expected.begin(), listen_expected.end());
+  std::sort(lines.begin(), lines.end());
+  std::sort(expected.begin(), expected.end());
+  if (lines != expected) {
+    std::vector<std::string> missing, extra;
+    std::set_difference(expected.begin(), expected.end(), lines.begin(), lines.end(),
+                        std::back_inserter(missing));
+    std::set_difference(lines.begin(), lines.end(), expected.begin(), expected.end(),
+                        std::back_inserter(extra));
+    std::string sample;
+    for (std::size_t i = 0; i < std::min<std::size_t>(5, missing.size()); ++i) {
+      sample += "\n  missing " + missing[i];
+    }
+    for (std::size_t i = 0; i < std::min<std::size_t>(5, extra.size()); ++i) {
+      sample += "\n  extra " + extra[i];
+    }
+    FAIL() << lines.size() << " lines written, " << expected.size() << " expected; "
+           << missing.size() << " missing, " << extra.size() << " extra (duplicates)" << sample;
+  }
+
+  std::printf(
+      "%d kills: %d before the snapshot commit (%d mid-snapshot write), %d after it (%d with a "
+      "listen file open); %d progress lines from killed runs, %d from the final run; %d "
+      "temporaries of killed runs "
+      "deleted by the next run\n"
+      "%zu pairs verified (%zu snapshot, %zu from %llu records at times %llu..%llu), %zu "
+      "committed files, %lld ms\n",
+      kills, kills_before_snapshot, kills_mid_snapshot_write, kills_after_snapshot,
+      kills_with_open_listen_file, killed_progress_lines, progress_lines(final_text),
+      temporaries_cleaned, lines.size(), snapshot_pairs, lines.size() - snapshot_pairs,
+      static_cast<unsigned long long>(listen_records), static_cast<unsigned long long>(kAsOf + 1),
+      static_cast<unsigned long long>(kUntil - 1), listing.committed.size(),
+      static_cast<long long>(elapsed_ms()));
+  EXPECT_GE(kills_before_snapshot, 1) << "no kill landed before the snapshot was committed";
+  EXPECT_GE(kills_mid_snapshot_write, 1) << "no kill landed while the snapshot was written";
+  EXPECT_GE(kills_after_snapshot, 1) << "no kill landed after the snapshot was committed";
+  EXPECT_GE(kills_with_open_listen_file, 1) << "no kill landed with a listen file open";
+  if (!::testing::Test::HasFailure()) fs::remove_all(scratch);
+}
+
+}  // namespace
