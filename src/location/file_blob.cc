@@ -69,18 +69,6 @@ Result<std::string> read_at(const OpenObject& object, const std::string& path, s
   return bytes;
 }
 
-Status write_all(int fd, const std::string& path, std::string_view bytes) {
-  while (!bytes.empty()) {
-    ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return determinate(errno_message("write", path, errno));
-    }
-    bytes.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return {};
-}
-
 std::unexpected<Error> key_conflict(std::string_view key, std::string_view detail) {
   return invalid_usage("file blob: key \"" + std::string(key) +
                        "\" conflicts with an existing key (a key cannot also be a directory of " +

@@ -39,6 +39,20 @@ std::string errno_message(std::string_view operation, std::string_view path, int
   return out;
 }
 
+Status write_all(int fd, const std::string& path, std::string_view bytes, std::uint64_t* written) {
+  while (!bytes.empty()) {
+    ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return determinate(errno_message("write", path, errno));
+    }
+    if (n == 0) return determinate("write " + path + ": no progress");
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+    if (written) *written += static_cast<std::uint64_t>(n);
+  }
+  return {};
+}
+
 Status sync_directory(const std::string& directory, ErrorKind on_failure) {
   FileDescriptor fd(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!fd.valid()) return make_error(on_failure, errno_message("open directory", directory, errno));

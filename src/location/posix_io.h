@@ -10,6 +10,7 @@
 // A FileDescriptor is owned by one thread at a time.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -48,6 +49,12 @@ std::string errno_message(std::string_view operation, std::string_view path, int
 // `on_failure` as its kind, because only the caller knows whether anything
 // it did before is already visible.
 Status sync_directory(const std::string& directory, ErrorKind on_failure);
+
+// Writes all of `bytes` to `fd` (retrying short writes and EINTR); adds
+// what it wrote to *written when given, also on failure. An error is
+// Determinate and names `path`.
+[[nodiscard]] Status write_all(int fd, const std::string& path, std::string_view bytes,
+                               std::uint64_t* written = nullptr);
 
 // Creates directory `path` if it is missing (its parent must exist) and
 // fsyncs the parent, so the entry is durable even when someone else created

@@ -116,21 +116,8 @@ struct FileDestination::State {
 
   // Writes out the buffer. REQUIRES: open_file.
   Status flush() {
-    std::string_view bytes = buffer;
-    while (!bytes.empty()) {
-      ssize_t n = ::write(open_file->file.get(), bytes.data(), bytes.size());
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return determinate(
-            errno_message("file destination: write", open_file->temporary_path, errno));
-      }
-      if (n == 0) {
-        return determinate("file destination: write " + open_file->temporary_path +
-                           ": no progress");
-      }
-      bytes.remove_prefix(static_cast<std::size_t>(n));
-      open_file->flushed_bytes += static_cast<std::uint64_t>(n);
-    }
+    TM_TRY(write_all(open_file->file.get(), open_file->temporary_path, buffer,
+                     &open_file->flushed_bytes));
     buffer.clear();
     // A single message larger than the buffer grew it: give that back.
     if (buffer.capacity() > 2 * kWriteBufferBytes) std::string().swap(buffer);
@@ -263,7 +250,7 @@ Status FileDestination::begin(Frontier lower) {
   // Room for the lines that take the buffer past kWriteBufferBytes, so a
   // usual line never regrows it (only one over kLineSlackBytes does).
   state.buffer.reserve(kWriteBufferBytes + kLineSlackBytes);
-  state.buffer = state.encoder.file_header();
+  state.buffer.assign(state.encoder.file_header());
   return {};
 }
 
