@@ -53,6 +53,7 @@
 #include <mutex>
 #include <thread>
 
+#include "bench_util.h"
 #include "cli/cli.h"
 #include "location/faulty.h"
 #include "tidemark/appender.h"
@@ -215,8 +216,7 @@ std::string queue_text(const Options& o) {
 // Counts the rows and sums the diffs of the shard's snapshot at upper - 1,
 // read through a client without injected latency.
 Status verify_snapshot(const std::filesystem::path& dir, Figures* f) {
-  TM_ASSIGN(auto client, Client::open("file://" + (dir / "blob").string(),
-                                      "sqlite://" + (dir / "consensus.db").string()));
+  TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
   TM_ASSIGN(auto shard, client->open_shard("appender"));
   TM_ASSIGN(Frontier upper, shard->upper());
   if (upper.is_closed()) return determinate("the shard's upper is closed");
@@ -233,8 +233,8 @@ Status verify_snapshot(const std::filesystem::path& dir, Figures* f) {
 
 Result<Figures> run(const Options& o, const std::filesystem::path& dir) {
   Figures f;
-  TM_ASSIGN(auto file_blob, open_blob("file://" + (dir / "blob").string()));
-  TM_ASSIGN(auto sqlite, open_consensus("sqlite://" + (dir / "consensus.db").string()));
+  TM_ASSIGN(auto file_blob, open_blob(blob_url(dir)));
+  TM_ASSIGN(auto sqlite, open_consensus(consensus_url(dir)));
   auto blob = std::make_shared<FaultyBlob>(file_blob, latency_only(o.blob_latency_ms));
   auto consensus = std::make_shared<FaultyConsensus>(sqlite, latency_only(o.consensus_latency_ms));
   TM_ASSIGN(auto client, Client::open(Location{blob, consensus}));

@@ -50,7 +50,7 @@
 #include <mutex>
 #include <thread>
 
-#include "bench_child.h"
+#include "bench_util.h"
 #include "cli/cli.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
@@ -59,7 +59,7 @@
 namespace tidemark::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = BenchClock;
 
 constexpr const char* kCompactionUsage =
     "bench compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]";
@@ -68,24 +68,6 @@ constexpr const char* kShardName = "compaction";
 // in the last window whose bytes per CaS are compared.
 constexpr std::uint64_t kSampleEvery = 1000;
 constexpr std::uint64_t kWindow = 1000;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double percentile(std::vector<float> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  std::size_t index = static_cast<std::size_t>(p * (values.size() - 1) + 0.5);
-  return values[std::min(index, values.size() - 1)];
-}
-
-std::string blob_url(const std::filesystem::path& dir) {
-  return "file://" + (dir / "blob").string();
-}
-std::string consensus_url(const std::filesystem::path& dir) {
-  return "sqlite://" + (dir / "consensus.db").string();
-}
 
 // What a CountingConsensus saw.
 struct ConsensusCounts {

@@ -26,7 +26,7 @@
 #include <filesystem>
 #include <random>
 
-#include "bench_child.h"
+#include "bench_util.h"
 #include "cli/cli.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
@@ -34,18 +34,7 @@
 namespace tidemark::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double percentile(std::vector<double> values, double p) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  std::size_t index = static_cast<std::size_t>(p * (values.size() - 1) + 0.5);
-  return values[std::min(index, values.size() - 1)];
-}
+using Clock = BenchClock;
 
 // A 100-byte record: a 16-byte key and an 84-byte JSON string value.
 void make_record(std::uint64_t i, std::string* key, std::string* value) {
@@ -96,8 +85,7 @@ class FsyncProbe {
 
 Result<std::shared_ptr<Shard>> fresh_shard(const std::filesystem::path& dir,
                                            const std::string& name) {
-  TM_ASSIGN(auto client, Client::open("file://" + (dir / "blob").string(),
-                                      "sqlite://" + (dir / "consensus.db").string()));
+  TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
   TM_TRY(client->create_shard(name));
   return client->open_shard(name);
 }
@@ -139,16 +127,13 @@ struct Figures {
 // The child half of the snapshot figure: reads the shard, prints
 // "<rows> <seconds>".
 int snapshot_child(const std::string& dir) {
-  auto client = Client::open("file://" + dir + "/blob", "sqlite://" + dir + "/consensus.db");
+  auto client = Client::open(blob_url(dir), consensus_url(dir));
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard("snapshot");
   if (!shard) return report(shard.error());
   auto upper = (*shard)->upper();
   if (!upper) return report(upper.error());
-  rusage before{};
-  getrusage(RUSAGE_SELF, &before);
-  const double cpu_before = before.ru_utime.tv_sec + before.ru_utime.tv_usec / 1e6 +
-                            before.ru_stime.tv_sec + before.ru_stime.tv_usec / 1e6;
+  const double cpu_before = cpu_seconds();
   auto start = Clock::now();
   auto cursor = (*shard)->snapshot(upper->time() - 1);
   if (!cursor) return report(cursor.error());
@@ -161,22 +146,10 @@ int snapshot_child(const std::string& dir) {
     bytes += (*row)->key.size() + (*row)->value.size();
   }
   double secs = seconds_since(start);
-  // VmHWM is this process image's own peak RSS. (ru_maxrss of a spawned
-  // child would also count the parent's RSS, which exec carries over.)
-  unsigned long long hwm_kib = 0;
-  if (FILE* status = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, status)) {
-      if (std::sscanf(line, "VmHWM: %llu kB", &hwm_kib) == 1) break;
-    }
-    std::fclose(status);
-  }
   // CPU time too: on a shared VM, wall time includes time the core was
   // given to someone else.
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
-               usage.ru_stime.tv_usec / 1e6 - cpu_before;
+  const unsigned long long hwm_kib = peak_rss_kib();
+  const double cpu = cpu_seconds() - cpu_before;
   std::printf("%llu %.6f %llu %llu %.6f\n", static_cast<unsigned long long>(rows), secs,
               static_cast<unsigned long long>(bytes), hwm_kib, cpu);
   return kExitOk;

@@ -33,7 +33,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "bench_child.h"
+#include "bench_util.h"
 #include "cli/cli.h"
 #include "sink/file_destination.h"
 #include "sink/runner.h"
@@ -42,7 +42,7 @@
 namespace tidemark::cli {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = BenchClock;
 
 constexpr const char* kSinkUsage =
     "bench sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]";
@@ -50,37 +50,6 @@ constexpr const char* kShardName = "sink";
 constexpr const char* kSinkName = "bench";
 constexpr const char* kUpsertChild = "sink-child";
 constexpr const char* kDebeziumChild = "sink-debezium-child";
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double cpu_seconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
-         usage.ru_stime.tv_usec / 1e6;
-}
-
-// This process image's own peak RSS in KiB (0 if unreadable).
-unsigned long long peak_rss_kib() {
-  unsigned long long hwm_kib = 0;
-  if (FILE* status = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    while (std::fgets(line, sizeof line, status)) {
-      if (std::sscanf(line, "VmHWM: %llu kB", &hwm_kib) == 1) break;
-    }
-    std::fclose(status);
-  }
-  return hwm_kib;
-}
-
-std::string blob_url(const std::filesystem::path& dir) {
-  return "file://" + (dir / "blob").string();
-}
-std::string consensus_url(const std::filesystem::path& dir) {
-  return "sqlite://" + (dir / "consensus.db").string();
-}
 
 // The shard: one update of key "hot", value 1, at time 0 with diff `diff`,
 // in the batch [0, 1).

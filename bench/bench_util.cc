@@ -1,12 +1,42 @@
-#include "bench_child.h"
+#include "bench_util.h"
 
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
 
 extern char** environ;
 
 namespace tidemark::cli {
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6;
+}
+
+unsigned long long peak_rss_kib() {
+  unsigned long long hwm_kib = 0;
+  if (FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, status)) {
+      if (std::sscanf(line, "VmHWM: %llu kB", &hwm_kib) == 1) break;
+    }
+    std::fclose(status);
+  }
+  return hwm_kib;
+}
+
+std::string blob_url(const std::filesystem::path& dir) {
+  return "file://" + (dir / "blob").string();
+}
+
+std::string consensus_url(const std::filesystem::path& dir) {
+  return "sqlite://" + (dir / "consensus.db").string();
+}
 
 Result<std::string> run_bench_child(std::string_view mode, const std::filesystem::path& dir) {
   int out[2];

@@ -1,0 +1,52 @@
+// What the benches share: timing, CPU time and peak RSS, percentiles, the
+// embedded location of a scratch directory, and child processes.
+//
+// Benchmarks that measure a cold start or a process's own memory run part
+// of their work in a child: this same binary as `tidemark bench <mode>
+// <dir>`, which prints its figures on stdout. A spawned child must read its
+// peak RSS itself (VmHWM): ru_maxrss of a child also counts the parent's
+// RSS, which exec carries over.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tidemark/error.h"
+
+namespace tidemark::cli {
+
+using BenchClock = std::chrono::steady_clock;
+
+inline double seconds_since(BenchClock::time_point start) {
+  return std::chrono::duration<double>(BenchClock::now() - start).count();
+}
+
+// User + system CPU seconds of this process so far.
+double cpu_seconds();
+
+// This process image's own peak RSS in KiB (VmHWM; 0 if unreadable).
+unsigned long long peak_rss_kib();
+
+// The value at fraction p (0..1) of the sorted values; 0 when empty.
+template <typename T>
+double percentile(std::vector<T> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  std::size_t index = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
+  return static_cast<double>(values[std::min(index, values.size() - 1)]);
+}
+
+// The embedded default under `dir`: file://DIR/blob and sqlite://DIR/consensus.db.
+std::string blob_url(const std::filesystem::path& dir);
+std::string consensus_url(const std::filesystem::path& dir);
+
+// Runs the child and returns its standard output; an error if it could not
+// start or did not exit with status 0.
+[[nodiscard]] Result<std::string> run_bench_child(std::string_view mode,
+                                                  const std::filesystem::path& dir);
+
+}  // namespace tidemark::cli
