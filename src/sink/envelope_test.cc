@@ -6,18 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "sink/test_util.h"
+
 namespace tidemark {
 namespace {
 
-DiffPair insert(std::string_view key, Time time, std::string_view after) {
-  return DiffPair{key, time, std::nullopt, after, 0};
-}
-DiffPair remove(std::string_view key, Time time, std::string_view before) {
-  return DiffPair{key, time, before, std::nullopt, 0};
-}
-DiffPair update(std::string_view key, Time time, std::string_view before, std::string_view after) {
-  return DiffPair{key, time, before, after, 0};
-}
+using testing::insert;
+using testing::remove;
+using testing::update;
 
 std::string file_lines(Envelope envelope, SinkFormat format, const std::vector<DiffPair>& pairs) {
   MessageEncoder encoder(envelope, format);
@@ -213,9 +209,9 @@ TEST(MessageEncoderViolations, UpsertCountsEachGroupOnceAndLogsOnceAnInterval) {
   for (SinkFormat format : {SinkFormat::kJson, SinkFormat::kCsv}) {
     MessageEncoder encoder(Envelope::kUpsert, format);
     std::string out;
-    testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStderr();
     for (const DiffPair& pair : two_groups_of_three()) encoder.append_file_line(pair, &out);
-    std::string log = testing::internal::GetCapturedStderr();
+    std::string log = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(encoder.primary_key_violations(), 2u);
     // Both groups fall in one interval: one line, about the first.
     EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
@@ -227,21 +223,21 @@ TEST(MessageEncoderViolations, UpsertCountsEachGroupOnceAndLogsOnceAnInterval) {
 
 TEST(MessageEncoderViolations, KafkaMessagesAreCountedToo) {
   MessageEncoder encoder(Envelope::kUpsert, SinkFormat::kJson);
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   for (const DiffPair& pair : two_groups_of_three()) (void)encoder.kafka_message(pair);
-  (void)testing::internal::GetCapturedStderr();
+  (void)::testing::internal::GetCapturedStderr();
   EXPECT_EQ(encoder.primary_key_violations(), 2u);
 }
 
 TEST(MessageEncoderViolations, DebeziumNeverCounts) {
   MessageEncoder encoder(Envelope::kDebezium, SinkFormat::kJson);
   std::string out;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   for (const DiffPair& pair : two_groups_of_three()) {
     encoder.append_file_line(pair, &out);
     (void)encoder.kafka_message(pair);
   }
-  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_EQ(encoder.primary_key_violations(), 0u);
 }
 
@@ -249,10 +245,10 @@ TEST(MessageEncoderViolations, ALongKeyIsTruncatedInTheLog) {
   MessageEncoder encoder(Envelope::kUpsert, SinkFormat::kJson);
   const std::string key = "\"" + std::string(10000, 'x') + "\"";
   std::string out;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   encoder.append_file_line(DiffPair{key, 1, std::nullopt, "1", 0}, &out);
   encoder.append_file_line(DiffPair{key, 1, std::nullopt, "2", 1}, &out);
-  std::string log = testing::internal::GetCapturedStderr();
+  std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(encoder.primary_key_violations(), 1u);
   EXPECT_LT(log.size(), 400u) << log.size();
   EXPECT_NE(log.find("xxx..."), std::string::npos) << log;

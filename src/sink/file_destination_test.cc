@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "location/scratch_directory.h"
+#include "sink/test_util.h"
 
 namespace tidemark {
 namespace {
@@ -24,15 +25,9 @@ namespace fs = std::filesystem;
 
 constexpr Time kMaxTime = UINT64_MAX;
 
-DiffPair insert(std::string_view key, Time time, std::string_view after) {
-  return DiffPair{key, time, std::nullopt, after, 0};
-}
-DiffPair remove(std::string_view key, Time time, std::string_view before) {
-  return DiffPair{key, time, before, std::nullopt, 0};
-}
-DiffPair update(std::string_view key, Time time, std::string_view before, std::string_view after) {
-  return DiffPair{key, time, before, after, 0};
-}
+using testing::insert;
+using testing::remove;
+using testing::update;
 
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
