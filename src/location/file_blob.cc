@@ -244,25 +244,7 @@ Status FileBlob::set(std::string_view key, std::string_view bytes) {
 }
 
 Status FileBlob::remove(std::string_view key) {
-  TM_TRY(validate_blob_key(key));
-  std::string target = path_of(key);
-  std::string directory = directory_path_of(key);
-  if (::unlink(target.c_str()) != 0) {
-    int error_number = errno;
-    // A missing path or a directory means there is no object: success.
-    if (error_number == ENOTDIR) return {};
-    if (error_number != ENOENT && error_number != EISDIR) {
-      return determinate(errno_message("unlink", target, error_number));
-    }
-    // Still sync below: a concurrent remove of the same key may have
-    // unlinked it without syncing yet, and we promise durability.
-  }
-  auto synced = sync_directory(directory, ErrorKind::kIndeterminate);
-  if (!synced) {
-    struct stat info {};
-    if (::stat(directory.c_str(), &info) != 0 && errno == ENOENT) return {};  // nothing to sync
-  }
-  return synced;
+  return remove_many({std::string(key)});
 }
 
 Status FileBlob::remove_many(const std::vector<std::string>& keys) {
@@ -272,10 +254,13 @@ Status FileBlob::remove_many(const std::vector<std::string>& keys) {
     std::string target = path_of(key);
     if (::unlink(target.c_str()) != 0) {
       int error_number = errno;
+      // A missing path or a directory means there is no object: success.
       if (error_number == ENOTDIR) continue;
       if (error_number != ENOENT && error_number != EISDIR) {
         return determinate(errno_message("unlink", target, error_number));
       }
+      // Still sync below: a concurrent remove of the same key may have
+      // unlinked it without syncing yet, and we promise durability.
     }
     directories.insert(directory_path_of(key));
   }
