@@ -7,19 +7,19 @@
 // The parent creates the shard "sink" and appends one update
 // {"key":"hot","value":1,"time":0,"diff":N} (default N = 10,000,000) in the
 // batch [0, 1). A child process (`tidemark bench sink-child DIR`, or
-// `sink-debezium-child` for --envelope debezium) then runs run_file_sink
+// `sink-debezium-child` for --envelope debezium) then runs run_sink
 // with as_of 0 and until 1 into DIR/out as json, so the snapshot's N pairs
 // all go into one committed file, and its peak RSS is the sink's alone:
 // the child reads its own VmHWM (ru_maxrss of a spawned child would count
 // the parent's RSS too). It prints one line: pairs, seconds and CPU
-// seconds of run_file_sink, output bytes, VmHWM before and after the sink.
+// seconds of run_sink, output bytes, VmHWM before and after the sink.
 //
 //   pairs/s, MB/s     pairs and output bytes over the wall time of
-//                     run_file_sink (open reader, snapshot, walk, write,
+//                     run_sink (open reader, snapshot, walk, write,
 //                     fsync, rename); also per CPU second, since the VM's
 //                     cores are shared
 //   peak RSS          the child's VmHWM: binary, SQLite and sink together;
-//                     and its VmHWM just before run_file_sink
+//                     and its VmHWM just before run_sink
 //
 // Benchmarks report figures; they never pass or fail on time. An output
 // that does not hold exactly N lines (counted by streaming the file) is a
@@ -75,7 +75,7 @@ Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   TM_ASSIGN(auto shard, client->open_shard(kShardName));
   TM_ASSIGN(auto destination,
             FileDestination::open((dir / "out").string(), envelope, SinkFormat::kJson));
-  FileSinkOptions options;
+  SinkOptions options;
   options.sink_name = kSinkName;
   options.as_of = 0;
   options.until = 1;
@@ -83,12 +83,12 @@ Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   run.rss_before_kib = peak_rss_kib();
   const double cpu_before = cpu_seconds();
   const auto start = Clock::now();
-  TM_ASSIGN(SinkProgress progress, run_file_sink(*shard, *destination, options));
+  TM_ASSIGN(SinkProgress progress, run_sink(*shard, *destination, options));
   run.seconds = seconds_since(start);
   run.cpu_seconds = cpu_seconds() - cpu_before;
   run.peak_rss_kib = peak_rss_kib();
   run.pairs = progress.pairs;
-  run.files = progress.files;
+  run.files = progress.commits;
   run.violations = progress.primary_key_violations;
   for (const auto& entry : std::filesystem::directory_iterator(dir / "out")) {
     if (entry.is_regular_file()) run.bytes += entry.file_size();
@@ -214,7 +214,7 @@ void print_table(const Figures& f) {
               static_cast<unsigned long long>(f.output.files), s.bytes,
               static_cast<unsigned long long>(f.output.lines), f.output.first_line.c_str());
   std::printf("upsert key violations    %llu\n", s.violations);
-  std::printf("peak RSS of the child    %.1f MiB (%.1f MiB before run_file_sink)\n",
+  std::printf("peak RSS of the child    %.1f MiB (%.1f MiB before run_sink)\n",
               s.peak_rss_kib / 1024.0, s.rss_before_kib / 1024.0);
   std::printf("child process            %.3f s spawn to exit; the append took %.3f s\n",
               f.process_seconds, f.append_seconds);

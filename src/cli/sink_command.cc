@@ -56,7 +56,7 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   auto destination = FileDestination::open(directory, *envelope, *format);
   if (!destination) return report(destination.error());
 
-  FileSinkOptions options;
+  SinkOptions options;
   options.sink_name = args->get("--sink-name").value_or(shard_name);
   if (*as_of) options.as_of = (*as_of)->time();
   if (*until) options.until = (*until)->time();
@@ -65,13 +65,13 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
                  "sink %s: frontier %s, %llu pairs and %llu files this run, %llu upsert "
                  "key violations\n",
                  options.sink_name.c_str(), p.frontier.to_string().c_str(),
-                 static_cast<unsigned long long>(p.pairs), static_cast<unsigned long long>(p.files),
+                 static_cast<unsigned long long>(p.pairs), static_cast<unsigned long long>(p.commits),
                  static_cast<unsigned long long>(p.primary_key_violations));
   };
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   options.stop = [] { return g_interrupted != 0; };
-  auto ran = run_file_sink(**shard, **destination, options);
+  auto ran = tidemark::run_sink(**shard, **destination, options);
   if (!ran) return report(ran.error());
   return kExitOk;
 }

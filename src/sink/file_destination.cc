@@ -275,7 +275,7 @@ Status FileDestination::write(const DiffPair& pair) {
   return {};
 }
 
-std::uint64_t FileDestination::open_file_bytes() const {
+std::uint64_t FileDestination::open_bytes() const {
   if (!state_->open_file) return 0;
   return state_->open_file->flushed_bytes + state_->buffer.size();
 }

@@ -35,13 +35,14 @@
 #include <optional>
 #include <string>
 
+#include "sink/destination.h"
 #include "sink/envelope.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 
 namespace tidemark {
 
-class FileDestination {
+class FileDestination final : public SinkDestination {
  public:
   static constexpr std::size_t kWriteBufferBytes = 1 << 20;
   static constexpr std::size_t kLineSlackBytes = 64 << 10;
@@ -53,21 +54,21 @@ class FileDestination {
   [[nodiscard]] static Result<std::unique_ptr<FileDestination>> open(std::string directory,
                                                                      Envelope envelope,
                                                                      SinkFormat format);
-  ~FileDestination();  // an open file not committed is deleted
+  ~FileDestination() override;  // an open file not committed is deleted
 
   // The largest committed upper: everything before it is in committed
   // files. nullopt when nothing is committed yet.
-  std::optional<Frontier> progress() const { return progress_; }
+  std::optional<Frontier> progress() const override { return progress_; }
 
   // Starts a file for times from `lower` on: creates its temporary and, for
   // csv, buffers the header row. REQUIRES: no file open; lower is not closed;
   // lower >= progress() (when set).
-  [[nodiscard]] Status begin(Frontier lower);
+  [[nodiscard]] Status begin(Frontier lower) override;
   // Appends the message of one pair. REQUIRES: a file open; the pair's time
   // >= its lower.
-  [[nodiscard]] Status write(const DiffPair& pair);
+  [[nodiscard]] Status write(const DiffPair& pair) override;
   // Bytes written to the open file so far (for rolling).
-  std::uint64_t open_file_bytes() const;
+  std::uint64_t open_bytes() const override;
   // Makes the open file [lower, upper) durable and visible; progress()
   // becomes upper. REQUIRES: a file open; upper > every time written;
   // upper > lower; upper is not closed (a name needs a finite bound: a
@@ -75,9 +76,9 @@ class FileDestination {
   // Indeterminate error means the file may be visible: progress() is upper
   // if the rename happened (only the directory sync failed), unchanged
   // otherwise.
-  [[nodiscard]] Status commit(Frontier upper);
+  [[nodiscard]] Status commit(Frontier upper) override;
 
-  std::uint64_t primary_key_violations() const;
+  std::uint64_t primary_key_violations() const override;
 
  private:
   struct State;

@@ -161,14 +161,14 @@ TEST_F(FileDestinationTest, AnEmptyJsonFileIsEmpty) {
 
 TEST_F(FileDestinationTest, OpenFileBytesCountsHeaderAndLinesUntilCommit) {
   auto destination = open_destination(Envelope::kUpsert, SinkFormat::kCsv);
-  EXPECT_EQ(destination->open_file_bytes(), 0u);
+  EXPECT_EQ(destination->open_bytes(), 0u);
   ASSERT_TRUE(destination->begin(Frontier::at(0)).has_value());
-  EXPECT_EQ(destination->open_file_bytes(), std::string("time,key,value\n").size());
+  EXPECT_EQ(destination->open_bytes(), std::string("time,key,value\n").size());
   ASSERT_TRUE(destination->write(insert("1", 0, "2")).has_value());
-  std::uint64_t bytes = destination->open_file_bytes();
+  std::uint64_t bytes = destination->open_bytes();
   EXPECT_EQ(bytes, std::string("time,key,value\n0,1,2\n").size());
   ASSERT_TRUE(destination->commit(Frontier::at(1)).has_value());
-  EXPECT_EQ(destination->open_file_bytes(), 0u);
+  EXPECT_EQ(destination->open_bytes(), 0u);
   EXPECT_EQ(size_of(directory_ + "/" + name_of(0, 1, "csv")), bytes);
 }
 
@@ -329,11 +329,11 @@ TEST_F(FileDestinationTest, ALargeFileStreamsThroughTheBuffer) {
     if (i % 20'000 == 19'999) {
       // Everything but the buffered tail is already on disk.
       std::uint64_t on_disk = size_of(temporary);
-      EXPECT_LE(on_disk, destination->open_file_bytes());
-      EXPECT_LT(destination->open_file_bytes() - on_disk, kBuffer) << i;
+      EXPECT_LE(on_disk, destination->open_bytes());
+      EXPECT_LT(destination->open_bytes() - on_disk, kBuffer) << i;
     }
   }
-  ASSERT_EQ(destination->open_file_bytes(), expected.size());
+  ASSERT_EQ(destination->open_bytes(), expected.size());
   EXPECT_GT(expected.size(), 10 * kBuffer);
   EXPECT_EQ(names_in(directory_).size(), 1u);  // still only the temporary
 
@@ -465,7 +465,7 @@ TEST_F(FileDestinationTest, AFailedWriteAbandonsTheFileUntilTheNextBegin) {
     auto again = destination->write(insert("1", 0, "2"));
     if (again || again.error().message.find("abandoned") == std::string::npos) ::_exit(17);
     if (destination->commit(Frontier::at(1))) ::_exit(18);
-    if (destination->open_file_bytes() != 0) ::_exit(19);
+    if (destination->open_bytes() != 0) ::_exit(19);
     if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(20);
     if (!destination->begin(Frontier::at(0))) ::_exit(21);
     if (!destination->write(insert("1", 0, "2"))) ::_exit(22);

@@ -42,21 +42,24 @@ class ListenSource final : public UpdateSource {
   std::unique_ptr<Listener> listener_;
 };
 
-Status emit_all(DiffPairWalker& walker, FileDestination& destination, SinkProgress& progress) {
+Status emit_all(DiffPairWalker& walker, SinkDestination& destination, SinkProgress& progress,
+                const SinkOptions& options) {
   for (;;) {
     TM_ASSIGN(auto pair, walker.next());
     if (!pair) return {};
     TM_TRY(destination.write(*pair));
-    ++progress.pairs;
+    if (++progress.pairs % SinkOptions::kTickPairs == 0 && options.on_tick) {
+      options.on_tick(progress);
+    }
   }
 }
 
-bool stopped(const FileSinkOptions& options) {
+bool stopped(const SinkOptions& options) {
   return options.stop && options.stop();
 }
 
 // Waits until the shard's upper passes `time`; false if stopped first.
-Result<bool> wait_for_upper_past(Shard& shard, Time time, const FileSinkOptions& options) {
+Result<bool> wait_for_upper_past(Shard& shard, Time time, const SinkOptions& options) {
   for (;;) {
     TM_ASSIGN(Frontier upper, shard.upper());
     if (upper.is_past(time)) return true;
@@ -67,8 +70,8 @@ Result<bool> wait_for_upper_past(Shard& shard, Time time, const FileSinkOptions&
 
 }  // namespace
 
-Result<SinkProgress> run_file_sink(Shard& shard, FileDestination& destination,
-                                   const FileSinkOptions& options) {
+Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
+                              const SinkOptions& options) {
   if (options.sink_name.empty()) return invalid_usage("a sink needs a name");
   TM_ASSIGN(auto reader, shard.open_critical_reader("sink-" + options.sink_name));
   SinkProgress progress;
@@ -93,24 +96,27 @@ Result<SinkProgress> run_file_sink(Shard& shard, FileDestination& destination,
                 TM_ASSIGN(SnapshotCursor cursor, shard.snapshot(as_of));
                 return std::make_unique<SnapshotSource>(std::move(cursor));
               }));
+    progress.target = Frontier::at(as_of + 1);
+    progress.snapshot = true;
     TM_TRY(destination.begin(Frontier::at(0)));
-    TM_TRY(emit_all(walker, destination, progress));
+    TM_TRY(emit_all(walker, destination, progress, options));
     TM_TRY(destination.commit(Frontier::at(as_of + 1)));
-    ++progress.files;
+    ++progress.commits;
     progress.frontier = Frontier::at(as_of + 1);
+    progress.snapshot = false;
     TM_TRY(reader->downgrade_since(Frontier::at(as_of)));
     report();
   }
 
-  // Then the changes, one interval [frontier, upper) at a time, into files
-  // committed by size or age.
-  bool file_open = false;
+  // Then the changes, one interval [frontier, upper) at a time, committed
+  // by size or age.
+  bool interval_open = false;
   auto opened_at = std::chrono::steady_clock::now();
-  Frontier written = progress.frontier;  // pairs below it are in the open file
+  Frontier written = progress.frontier;  // pairs below it are in the open interval
   auto commit = [&]() -> Status {
     TM_TRY(destination.commit(written));
-    file_open = false;
-    ++progress.files;
+    interval_open = false;
+    ++progress.commits;
     progress.frontier = written;
     TM_TRY(reader->downgrade_since(Frontier::at(written.time() - 1)));
     report();
@@ -131,18 +137,19 @@ Result<SinkProgress> run_file_sink(Shard& shard, FileDestination& destination,
                 TM_ASSIGN(auto listener, shard.listen(from - 1, target));
                 return std::make_unique<ListenSource>(std::move(listener));
               }));
-    if (!file_open) {
+    if (!interval_open) {
       TM_TRY(destination.begin(written));
-      file_open = true;
+      interval_open = true;
       opened_at = std::chrono::steady_clock::now();
     }
-    TM_TRY(emit_all(walker, destination, progress));
+    progress.target = Frontier::at(target);
+    TM_TRY(emit_all(walker, destination, progress, options));
     written = Frontier::at(target);
-    const bool big = destination.open_file_bytes() >= options.roll_bytes;
+    const bool big = destination.open_bytes() >= options.roll_bytes;
     const bool old = std::chrono::steady_clock::now() - opened_at >= options.commit_interval;
     if (big || old || (options.until && target >= *options.until)) TM_TRY(commit());
   }
-  if (file_open && progress.frontier < written) TM_TRY(commit());
+  if (interval_open && progress.frontier < written) TM_TRY(commit());
   return progress;
 }
 

@@ -1,17 +1,18 @@
-// run_file_sink: a sink from a shard into a FileDestination (DESIGN.md 8).
+// run_sink: a sink from a shard into a SinkDestination (DESIGN.md 8).
 //
 // The sink holds a critical reader named after it ("sink-<name>"), so the
 // shard's since never passes what it still has to read, across restarts.
 // With no progress yet it emits the snapshot at as_of (default: upper - 1)
-// as pairs at time as_of, committed as the file [0, as_of + 1). From then
-// on it follows the shard: for each new upper it walks the pairs of the
-// times [progress, upper) and commits a file once it holds roll_bytes or is
-// commit_interval old, then moves its since hold to progress - 1. A
-// restarted sink resumes from the committed files: nothing committed is
-// emitted again, nothing is skipped.
+// as pairs at time as_of, committed as the interval [0, as_of + 1). From
+// then on it follows the shard: for each new upper it walks the pairs of
+// the times [progress, upper) and commits once the open interval holds
+// roll_bytes or is commit_interval old, then moves its since hold to
+// progress - 1. A restarted sink resumes from the destination's progress:
+// nothing committed is emitted again, nothing is skipped.
 //
 // Memory: the walker's (O(1) in diffs and group sizes) plus the reads'
-// (O(open parts x block)) plus the destination's write buffer.
+// (O(open parts x block)) plus the destination's own bound (a file's write
+// buffer, a Kafka producer's queue).
 //
 // Thread-safety: runs on the caller's thread until `until` is reached,
 // `stop` returns true, or an error.
@@ -22,19 +23,23 @@
 #include <optional>
 #include <string>
 
-#include "sink/file_destination.h"
+#include "sink/destination.h"
 #include "tidemark/client.h"
 
 namespace tidemark {
 
 struct SinkProgress {
   Frontier frontier;        // every pair at a time < frontier is committed
+  Frontier target;          // the frontier the open interval will commit
+  bool snapshot = false;    // the open interval is the snapshot
   std::uint64_t pairs = 0;  // emitted by this run
-  std::uint64_t files = 0;  // committed by this run
+  std::uint64_t commits = 0;  // intervals committed by this run
   std::uint64_t primary_key_violations = 0;
 };
 
-struct FileSinkOptions {
+struct SinkOptions {
+  static constexpr std::uint64_t kTickPairs = 1 << 16;
+
   std::string sink_name;
   std::optional<Time> as_of;
   std::optional<Time> until;  // stop once the committed frontier reaches it
@@ -42,10 +47,11 @@ struct FileSinkOptions {
   std::chrono::milliseconds commit_interval{1000};
   std::chrono::milliseconds poll_interval{50};
   std::function<void(const SinkProgress&)> on_progress;  // after each commit
+  std::function<void(const SinkProgress&)> on_tick;      // every kTickPairs pairs
   std::function<bool()> stop;
 };
 
-[[nodiscard]] Result<SinkProgress> run_file_sink(Shard& shard, FileDestination& destination,
-                                                 const FileSinkOptions& options);
+[[nodiscard]] Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
+                                            const SinkOptions& options);
 
 }  // namespace tidemark

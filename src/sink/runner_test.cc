@@ -1,4 +1,4 @@
-// run_file_sink over the in-memory backends: the snapshot once, then the
+// run_sink over the in-memory backends: the snapshot once, then the
 // changes, into committed files; a restart resumes without re-emitting.
 #include "sink/runner.h"
 
@@ -14,6 +14,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "sink/file_destination.h"
 #include "tidemark/write.h"
 
 namespace tidemark {
@@ -98,13 +99,13 @@ class FileSinkTest : public ::testing::Test {
   Result<SinkProgress> run(Time until, std::optional<Time> as_of = std::nullopt) {
     TM_ASSIGN(auto destination,
               FileDestination::open(dir_.string(), Envelope::kUpsert, SinkFormat::kJson));
-    FileSinkOptions options;
+    SinkOptions options;
     options.sink_name = "files";
     options.as_of = as_of;
     options.until = until;
     options.poll_interval = std::chrono::milliseconds(1);
     options.commit_interval = std::chrono::milliseconds(0);  // a file per interval
-    return run_file_sink(*shard_, *destination, options);
+    return run_sink(*shard_, *destination, options);
   }
 
   fs::path dir_;
