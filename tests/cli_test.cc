@@ -236,4 +236,18 @@ TEST_F(CliTest, UsageErrors) {
   EXPECT_EQ(tidemark("append missing --lower 0 --upper 1", "").status, 1);
 }
 
+TEST_F(CliTest, SinkDestinationErrors) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  for (const char* to : {"ftp://x/y", "file://relative/dir", "kafka://h:1", "kafka://h/t",
+                         "kafka://h:1/bad topic"}) {
+    Outcome run = tidemark(std::string("sink run s --to '") + to + "'");
+    EXPECT_EQ(run.status, 2) << to << ": " << run.err;
+    EXPECT_NE(run.err.find(to), std::string::npos) << run.err;
+  }
+  Outcome csv = tidemark("sink run s --to kafka://127.0.0.1:9/t --format csv");
+  EXPECT_EQ(csv.status, 2);
+  EXPECT_NE(csv.err.find("json"), std::string::npos) << csv.err;
+  EXPECT_EQ(tidemark("sink run s --to kafka://127.0.0.1:9/t --envelope nope").status, 2);
+}
+
 }  // namespace

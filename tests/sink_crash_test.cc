@@ -1,8 +1,12 @@
-// Crash test for `tidemark sink run` into a file:// destination: the sink
-// is killed with SIGKILL many times, mid-snapshot and mid-listen, and
-// restarted each time; the committed files must then hold exactly the
-// messages a single uninterrupted run would have written (no duplicate, no
-// gap, no overlapping ranges).
+// Crash test for `tidemark sink run`, into a file:// directory and into
+// Kafka (tidemark-kafka-mock in its own process): the sink is killed with
+// SIGKILL many times, mid-snapshot and mid-listen, and restarted each time;
+// the committed output must then hold exactly the messages a single
+// uninterrupted run would have written (no duplicate, no gap, no
+// overlapping ranges). Kafka's committed output is read back with a real
+// consumer: the messages inside committed transactions' offset ranges (the
+// mock does not hide aborted transactions; see
+// src/sink/kafka_destination.h).
 //
 // Setup: a shard whose times 0..4 hold ~200,000 records (among them a hot
 // key with 300,000 copies, so the snapshot at as_of 4 fans out to ~500,000
@@ -20,8 +24,9 @@
 // lines does not depend on the order the pairs are formed in.
 //
 // Rounds: round 0 kills 1-20 ms after the spawn (startup), the next rounds
-// kill once the snapshot's temporary reached a random fraction of its
-// expected size (mid-snapshot write), the rest after a random 100-1800 ms
+// kill once the snapshot written so far reached a random fraction of its
+// expected size (the file's temporary, or the messages in the topic: a
+// mid-snapshot write), the rest after a random 100-1800 ms
 // (mid-listen: the sink commits a file per second). After each kill the
 // committed files must be contiguous from 0, and every file committed
 // earlier must still be there, unchanged. The appender holds back its last
@@ -32,6 +37,7 @@
 // scratch directory is kept when the test fails.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <librdkafka/rdkafka.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -54,6 +60,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "sink/kafka_mock_process.h"
+#include "sink/kafka_reader.h"
 
 extern char** environ;
 
@@ -360,17 +369,260 @@ int progress_lines(const std::string& err) {
   return n;
 }
 
+// --- the destinations ---------------------------------------------------------
+
+// What a killed run left behind.
+struct Observed {
+  bool snapshot_committed = false;
+  bool snapshot_open = false;  // the killed run had written part of the snapshot
+  bool listen_open = false;    // the killed run had a listen interval open
+  std::size_t commits = 0;     // committed files / transactions so far
+  Time frontier = 0;
+  std::size_t cleaned = 0;  // leftovers of earlier kills the run cleaned up
+};
+
+class CrashDestination {
+ public:
+  virtual ~CrashDestination() = default;
+  virtual std::string url() const = 0;
+  // Before each spawn.
+  virtual void before_round() = 0;
+  // How much of the snapshot the running sink has written (bytes or
+  // messages, in the unit of snapshot_size), nullopt when it is not writing
+  // one; and whether the snapshot is committed.
+  virtual std::optional<std::uintmax_t> snapshot_written() = 0;
+  virtual bool snapshot_committed() = 0;
+  virtual std::uintmax_t snapshot_size(std::size_t pairs, std::uintmax_t bytes) const = 0;
+  virtual std::chrono::microseconds poll_interval() const = 0;
+  // After a kill: checks what must hold (nothing committed changed, no gap)
+  // and says what the kill interrupted.
+  virtual void after_kill(Observed* observed) = 0;
+  // After the final run: checks the destination and collects the lines.
+  virtual void final_lines(std::vector<std::string>* lines) = 0;
+};
+
+class FileCrashDestination final : public CrashDestination {
+ public:
+  explicit FileCrashDestination(fs::path dir) : dir_(std::move(dir)) {}
+  std::string url() const override { return "file://" + dir_.string(); }
+  void before_round() override { stale_ = list_destination(dir_).temporaries; }
+  std::optional<std::uintmax_t> snapshot_written() override {
+    return snapshot_temporary_size(dir_, stale_);
+  }
+  bool snapshot_committed() override { return !list_destination(dir_).committed.empty(); }
+  std::uintmax_t snapshot_size(std::size_t, std::uintmax_t bytes) const override { return bytes; }
+  std::chrono::microseconds poll_interval() const override {
+    return std::chrono::microseconds(100);
+  }
+
+  void after_kill(Observed* observed) override {
+    const Listing listing = list_destination(dir_);
+    ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen_));
+    ASSERT_TRUE(listing.other.empty()) << listing.other.front();
+    observed->snapshot_committed = !listing.committed.empty();
+    for (const std::string& name : listing.temporaries) {
+      if (std::binary_search(stale_.begin(), stale_.end(), name)) continue;
+      (name.starts_with(kSnapshotTemporaryPrefix) ? observed->snapshot_open
+                                                  : observed->listen_open) = true;
+    }
+    for (const std::string& name : stale_) {
+      if (!std::binary_search(listing.temporaries.begin(), listing.temporaries.end(), name)) {
+        ++observed->cleaned;
+      }
+    }
+    observed->commits = listing.committed.size();
+    observed->frontier = listing.committed.empty() ? 0 : listing.committed.back().upper;
+  }
+
+  void final_lines(std::vector<std::string>* lines) override {
+    const Listing listing = list_destination(dir_);
+    ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen_));
+    EXPECT_TRUE(listing.temporaries.empty()) << listing.temporaries.front();
+    EXPECT_TRUE(listing.other.empty());
+    ASSERT_FALSE(listing.committed.empty());
+    EXPECT_EQ(listing.committed.front().upper, kAsOf + 1) << "the snapshot file";
+    EXPECT_EQ(listing.committed.back().upper, kUntil);
+    for (const Committed& file : listing.committed) {
+      std::ifstream in(dir_ / file.name, std::ios::binary);
+      for (std::string line; std::getline(in, line);) {
+        ASSERT_TRUE(line.starts_with("{\"time\":")) << file.name << ": " << line;
+        const Time time = std::stoull(line.substr(8));
+        if (file.lower == 0) {
+          ASSERT_EQ(time, kAsOf) << file.name << ": " << line;
+        } else {
+          ASSERT_TRUE(time >= file.lower && time < file.upper) << file.name << ": " << line;
+        }
+        lines->push_back(std::move(line));
+      }
+    }
+  }
+
+ private:
+  fs::path dir_;
+  std::vector<std::string> stale_;  // killed runs' leftovers, before this round
+  std::map<std::string, std::uintmax_t> seen_;
+};
+
+// The Kafka sink against tidemark-kafka-mock, read back with a real
+// consumer. The mock shows aborted transactions to every consumer, so the
+// committed messages are those inside the progress records' offset ranges
+// (tidemark::audit_kafka_sink; see src/sink/kafka_destination.h).
+class KafkaCrashDestination final : public CrashDestination {
+ public:
+  static constexpr char kSinkId[] = "tidemark/s/s";
+  static constexpr std::chrono::seconds kTimeout{30};
+
+  explicit KafkaCrashDestination(std::string brokers)
+      : address_(*tidemark::KafkaAddress::parse("kafka://" + brokers + "/out")) {
+    char errstr[512];
+    rd_kafka_conf_t* conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "bootstrap.servers", brokers.c_str(), errstr, sizeof errstr);
+    rd_kafka_conf_set(conf, "group.id", "crash-test-watermarks", errstr, sizeof errstr);
+    watcher_ = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr);
+  }
+  ~KafkaCrashDestination() override {
+    if (watcher_ != nullptr) rd_kafka_destroy(watcher_);
+  }
+  std::string url() const override { return "kafka://" + address_.brokers + "/out"; }
+
+  void before_round() override {
+    round_start_end_ = data_end();
+    outside_before_ = audit_.outside;
+  }
+  std::optional<std::uintmax_t> snapshot_written() override {
+    const std::int64_t end = data_end();
+    if (end <= round_start_end_) return std::nullopt;
+    return static_cast<std::uintmax_t>(end - round_start_end_);
+  }
+  bool snapshot_committed() override {
+    auto frontier = read_frontier();
+    return frontier.has_value();
+  }
+  std::uintmax_t snapshot_size(std::size_t pairs, std::uintmax_t) const override { return pairs; }
+  std::chrono::microseconds poll_interval() const override { return std::chrono::milliseconds(2); }
+
+  void after_kill(Observed* observed) override {
+    const tidemark::KafkaSinkAudit before = audit_;
+    ASSERT_NO_FATAL_FAILURE(audit(nullptr));
+    // Nothing committed is ever taken back.
+    if (before.frontier) {
+      ASSERT_TRUE(audit_.frontier.has_value());
+      ASSERT_FALSE(*audit_.frontier < *before.frontier);
+    }
+    ASSERT_GE(audit_.committed, before.committed);
+    ASSERT_GE(audit_.transactions, before.transactions);
+    observed->snapshot_committed = audit_.frontier.has_value();
+    const bool left_uncommitted = audit_.outside > outside_before_;
+    if (!observed->snapshot_committed) {
+      observed->snapshot_open = left_uncommitted;
+    } else if (before.frontier) {
+      observed->listen_open = left_uncommitted;
+    }
+    observed->commits = audit_.transactions;
+    observed->frontier = audit_.frontier ? audit_.frontier->time() : 0;
+  }
+
+  void final_lines(std::vector<std::string>* lines) override {
+    ASSERT_NO_FATAL_FAILURE(audit(lines));
+    ASSERT_TRUE(audit_.frontier.has_value());
+    EXPECT_EQ(*audit_.frontier, tidemark::Frontier::at(kUntil));
+    // The first committed progress is the snapshot's.
+    std::optional<Time> first;
+    auto read = tidemark::consume_topic(
+        address_.brokers, address_.progress_topic, kTimeout,
+        [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+          if (!first && m.key == kSinkId && m.value) {
+            first = tidemark::KafkaProgressRecord::parse(*m.value)->frontier.time();
+          }
+          return {};
+        });
+    ASSERT_TRUE(read) << read.error().message;
+    EXPECT_EQ(first, kAsOf + 1) << "the snapshot transaction";
+    std::printf("kafka: %llu committed transactions, %llu messages outside them (aborted)\n",
+                static_cast<unsigned long long>(audit_.transactions),
+                static_cast<unsigned long long>(audit_.outside));
+  }
+
+ private:
+  // The sum of the data topic's partitions' end offsets.
+  std::int64_t data_end() {
+    std::int64_t sum = 0;
+    for (std::int32_t p = 0; p < kPartitions; ++p) {
+      std::int64_t low = 0, high = 0;
+      if (rd_kafka_query_watermark_offsets(watcher_, "out", p, &low, &high, 5000) ==
+          RD_KAFKA_RESP_ERR_NO_ERROR) {
+        sum += high;
+      }
+    }
+    return sum;
+  }
+
+  std::optional<tidemark::Frontier> read_frontier() {
+    std::optional<tidemark::Frontier> frontier;
+    auto read = tidemark::consume_topic(
+        address_.brokers, address_.progress_topic, kTimeout,
+        [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+          if (m.key == kSinkId && m.value) {
+            frontier = tidemark::KafkaProgressRecord::parse(*m.value)->frontier;
+          }
+          return {};
+        });
+    EXPECT_TRUE(read) << read.error().message;
+    return frontier;
+  }
+
+  void audit(std::vector<std::string>* lines) {
+    std::string bad;
+    auto audited = tidemark::audit_kafka_sink(
+        address_, kSinkId, kTimeout, [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+          if (lines == nullptr) return {};
+          if (!m.time) {
+            bad = "a message without a tidemark-time header";
+            return {};
+          }
+          lines->push_back("{\"time\":" + std::string(*m.time) + ",\"key\":" + std::string(m.key) +
+                           ",\"value\":" + std::string(m.value.value_or("null")) + "}");
+          return {};
+        });
+    ASSERT_TRUE(audited) << audited.error().message;
+    ASSERT_EQ(bad, "");
+    audit_ = *audited;
+  }
+
+ public:
+  // Many partitions: the mock keeps only about 5 MB per partition.
+  static constexpr int kPartitions = 64;
+
+ private:
+  tidemark::KafkaAddress address_;
+  rd_kafka_t* watcher_ = nullptr;
+  tidemark::KafkaSinkAudit audit_;
+  std::int64_t round_start_end_ = 0;
+  std::uint64_t outside_before_ = 0;
+};
+
 // --- the test ---------------------------------------------------------------
 
-TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
+void run_crash_test(const std::string& kind) {
   const fs::path scratch =
-      fs::temp_directory_path() / ("tidemark-sinkcrash-" + std::to_string(getpid()));
+      fs::temp_directory_path() / ("tidemark-sinkcrash-" + kind + "-" + std::to_string(getpid()));
   fs::remove_all(scratch);
   fs::create_directories(scratch);
   const fs::path data = scratch / "data";
-  const fs::path out = scratch / "out";
-  const std::string url = "file://" + out.string();
-
+  std::unique_ptr<tidemark::KafkaMockProcess> broker;
+  std::unique_ptr<CrashDestination> destination;
+  if (kind == "kafka") {
+    auto started = tidemark::KafkaMockProcess::start(
+        TIDEMARK_KAFKA_MOCK,
+        {"--topic", "out:" + std::to_string(KafkaCrashDestination::kPartitions), "--topic",
+         "out-progress:1"});
+    ASSERT_TRUE(started) << started.error().message;
+    broker = std::move(*started);
+    destination = std::make_unique<KafkaCrashDestination>(broker->brokers());
+  } else {
+    destination = std::make_unique<FileCrashDestination>(scratch / "out");
+  }
+  const std::string url = destination->url();
   std::uint64_t seed = std::random_device{}();
   if (const char* env = std::getenv("TIDEMARK_SINK_CRASH_SEED")) seed = std::stoull(env);
   std::printf("seed %llu, scratch %s\n", static_cast<unsigned long long>(seed),
@@ -385,7 +637,10 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
   std::string err;
   ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
 
-  // Times 0..4 in one append: ~200,000 records, the hot key's 300,000 copies.
+  // Times 0..4 in one append: ~200,000 records, the hot key's 300,000 copies
+  // (10,000 into Kafka: all copies go to one partition, and the mock keeps
+  // only about 5 MB per partition).
+  const std::int64_t hot_copies = kind == "kafka" ? 10000 : 300000;
   Model model(seed ^ 0x5eed);
   std::string setup;
   std::uint64_t setup_records = 0;
@@ -396,7 +651,7 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
     } else {
       while (model.count() < 40000) model.random_op();
     }
-    if (t == 2) model.add(Model::kHot, "\"h\"", 300000);
+    if (t == 2) model.add(Model::kHot, "\"h\"", hot_copies);
     if (t == 3) model.hot_change(false);
     setup += model.records();
     setup_records += model.count();
@@ -473,7 +728,6 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
   const std::string until = std::to_string(kUntil);
   const std::vector<std::string> sink_args = {
       "sink", "run", "s", "--to", url, "--as-of", std::to_string(kAsOf), "--until", until};
-  std::map<std::string, std::uintmax_t> seen;
   int kills = 0, kills_before_snapshot = 0, kills_mid_snapshot_write = 0, kills_after_snapshot = 0,
       kills_with_open_listen_file = 0, killed_progress_lines = 0, temporaries_cleaned = 0;
   const int rounds = kEarlyRounds + kSnapshotRounds + kListenRounds;
@@ -483,10 +737,8 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
       std::lock_guard lock(appender_mutex);
       ASSERT_EQ(appender_error, "");
     }
-    const Listing before = list_destination(out);
-    // Contiguous from 0: the first committed file is the snapshot.
-    const bool snapshot_committed_before = !before.committed.empty();
-    const std::vector<std::string>& stale = before.temporaries;  // killed runs' leftovers
+    destination->before_round();
+    const bool snapshot_committed_before = destination->snapshot_committed();
     const fs::path err_path = scratch / ("sink-" + std::to_string(round) + ".err");
     const auto spawned = Clock::now();
     pid_t pid = spawn_tidemark(data, sink_args, scratch / "sink.out", err_path);
@@ -501,13 +753,19 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
       deadline += std::chrono::milliseconds(std::uniform_int_distribution<int>(1, 20)(rng));
     } else if (round < kEarlyRounds + kSnapshotRounds && !snapshot_committed_before) {
       mode = "snapshot";
-      threshold =
-          static_cast<std::uintmax_t>(static_cast<double>(snapshot_bytes) *
-                                      std::uniform_real_distribution<double>(0.05, 0.9)(rng));
+      threshold = static_cast<std::uintmax_t>(
+          static_cast<double>(destination->snapshot_size(snapshot_pairs, snapshot_bytes)) *
+          std::uniform_real_distribution<double>(0.05, 0.9)(rng));
       deadline += std::chrono::seconds(10);  // fallback
     } else {
       mode = "listen";
-      deadline += std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 1800)(rng));
+      // From the snapshot's commit on (a killed run restarts it).
+      while (!destination->snapshot_committed() &&
+             Clock::now() - spawned < std::chrono::seconds(20)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      deadline = Clock::now() +
+                 std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 1800)(rng));
     }
     bool exited = false;
     int status = 0;
@@ -519,12 +777,13 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
       }
       if (Clock::now() >= deadline) break;
       if (threshold) {
-        auto size = snapshot_temporary_size(out, stale);
+        auto size = destination->snapshot_written();
         if (size && *size >= *threshold) break;
         // Already committed (the threshold was not met in time): kill now.
-        if (!size && !list_destination(out).committed.empty()) break;
+        if (!size && destination->snapshot_committed()) break;
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(threshold ? 100 : 500));
+      std::this_thread::sleep_for(threshold ? destination->poll_interval()
+                                            : std::chrono::microseconds(500));
     }
     ASSERT_FALSE(exited) << "the sink exited on its own (status " << status
                          << "): " << slurp(err_path);
@@ -537,41 +796,26 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
     const std::string run_err = slurp(err_path);
     killed_progress_lines += progress_lines(run_err);
 
-    const Listing listing = list_destination(out);
-    ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen));
-    ASSERT_TRUE(listing.other.empty()) << listing.other.front();
-    const bool snapshot_committed = !listing.committed.empty();
-    bool snapshot_temporary = false, listen_temporary = false;
-    std::size_t fresh = 0;
-    for (const std::string& name : listing.temporaries) {
-      if (std::binary_search(stale.begin(), stale.end(), name)) continue;
-      ++fresh;
-      (name.starts_with(kSnapshotTemporaryPrefix) ? snapshot_temporary : listen_temporary) = true;
-    }
-    for (const std::string& name : stale) {
-      if (!std::binary_search(listing.temporaries.begin(), listing.temporaries.end(), name)) {
-        ++temporaries_cleaned;
-      }
-    }
-    if (snapshot_committed) {
+    Observed observed;
+    ASSERT_NO_FATAL_FAILURE(destination->after_kill(&observed));
+    temporaries_cleaned += static_cast<int>(observed.cleaned);
+    if (observed.snapshot_committed) {
       ++kills_after_snapshot;
-      if (listen_temporary) ++kills_with_open_listen_file;
+      if (observed.listen_open) ++kills_with_open_listen_file;
     } else {
       ++kills_before_snapshot;
-      if (snapshot_temporary) ++kills_mid_snapshot_write;
+      if (observed.snapshot_open) ++kills_mid_snapshot_write;
     }
     std::printf(
-        "round %d (%s): killed after %lld ms; %s; %zu committed files, frontier %llu; shard upper "
-        "%llu; %zu temporaries (%zu its own); %d progress lines\n",
+        "round %d (%s): killed after %lld ms; %s%s; %zu commits, frontier %llu; shard upper %llu; "
+        "%d progress lines\n",
         round, mode.c_str(), static_cast<long long>(lived),
-        snapshot_committed
+        observed.snapshot_committed
             ? "after the snapshot commit"
-            : (snapshot_temporary ? "mid-snapshot write" : "before the snapshot file"),
-        listing.committed.size(),
-        static_cast<unsigned long long>(listing.committed.empty() ? 0
-                                                                  : listing.committed.back().upper),
-        static_cast<unsigned long long>(appended_upper.load()), listing.temporaries.size(), fresh,
-        progress_lines(run_err));
+            : (observed.snapshot_open ? "mid-snapshot write" : "before the snapshot write"),
+        observed.listen_open ? ", a listen interval open" : "", observed.commits,
+        static_cast<unsigned long long>(observed.frontier),
+        static_cast<unsigned long long>(appended_upper.load()), progress_lines(run_err));
   }
   rounds_done = true;
 
@@ -601,29 +845,8 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
       << "final run status " << status << ": " << final_text;
   ASSERT_EQ(appended_upper.load(), kUntil);
 
-  // The destination: contiguous committed files [0, U), no temporaries.
-  const Listing listing = list_destination(out);
-  ASSERT_NO_FATAL_FAILURE(check_committed(listing, seen));
-  EXPECT_TRUE(listing.temporaries.empty()) << listing.temporaries.front();
-  EXPECT_TRUE(listing.other.empty());
-  ASSERT_FALSE(listing.committed.empty());
-  EXPECT_EQ(listing.committed.front().upper, kAsOf + 1) << "the snapshot file";
-  EXPECT_EQ(listing.committed.back().upper, kUntil);
-
   std::vector<std::string> lines;
-  for (const Committed& file : listing.committed) {
-    std::ifstream in(out / file.name, std::ios::binary);
-    for (std::string line; std::getline(in, line);) {
-      ASSERT_TRUE(line.starts_with("{\"time\":")) << file.name << ": " << line;
-      const Time time = std::stoull(line.substr(8));
-      if (file.lower == 0) {
-        ASSERT_EQ(time, kAsOf) << file.name << ": " << line;
-      } else {
-        ASSERT_TRUE(time >= file.lower && time < file.upper) << file.name << ": " << line;
-      }
-      lines.push_back(std::move(line));
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(destination->final_lines(&lines));
   expected.insert(expected.end(), listen_expected.begin(), listen_expected.end());
   std::sort(lines.begin(), lines.end());
   std::sort(expected.begin(), expected.end());
@@ -649,19 +872,25 @@ TEST(SinkCrashTest, SigkillMidSnapshotAndMidListenThenRestartEmitsExactlyOnce) {
       "listen file open); %d progress lines from killed runs, %d from the final run; %d "
       "temporaries of killed runs "
       "deleted by the next run\n"
-      "%zu pairs verified (%zu snapshot, %zu from %llu records at times %llu..%llu), %zu "
-      "committed files, %lld ms\n",
+      "%zu pairs verified (%zu snapshot, %zu from %llu records at times %llu..%llu), %lld ms\n",
       kills, kills_before_snapshot, kills_mid_snapshot_write, kills_after_snapshot,
       kills_with_open_listen_file, killed_progress_lines, progress_lines(final_text),
       temporaries_cleaned, lines.size(), snapshot_pairs, lines.size() - snapshot_pairs,
       static_cast<unsigned long long>(listen_records), static_cast<unsigned long long>(kAsOf + 1),
-      static_cast<unsigned long long>(kUntil - 1), listing.committed.size(),
-      static_cast<long long>(elapsed_ms()));
+      static_cast<unsigned long long>(kUntil - 1), static_cast<long long>(elapsed_ms()));
   EXPECT_GE(kills_before_snapshot, 1) << "no kill landed before the snapshot was committed";
   EXPECT_GE(kills_mid_snapshot_write, 1) << "no kill landed while the snapshot was written";
   EXPECT_GE(kills_after_snapshot, 1) << "no kill landed after the snapshot was committed";
-  EXPECT_GE(kills_with_open_listen_file, 1) << "no kill landed with a listen file open";
+  EXPECT_GE(kills_with_open_listen_file, 1) << "no kill landed with a listen interval open";
   if (!::testing::Test::HasFailure()) fs::remove_all(scratch);
+}
+
+TEST(SinkCrashTest, FileSinkKilledMidSnapshotAndMidListenRestartsExactlyOnce) {
+  run_crash_test("file");
+}
+
+TEST(SinkCrashTest, KafkaSinkKilledMidSnapshotAndMidListenRestartsExactlyOnce) {
+  run_crash_test("kafka");
 }
 
 }  // namespace

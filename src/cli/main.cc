@@ -15,8 +15,8 @@ constexpr const char* kUsage =
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
-  sink run NAME --to file:///DIR [--envelope upsert|debezium] [--format json|csv]
-      [--sink-name S] [--as-of T] [--until T]
+  sink run NAME --to file:///DIR|kafka://HOST:PORT/TOPIC [--envelope upsert|debezium]
+      [--format json|csv] [--sink-name S] [--as-of T] [--until T]
   bench engine [--json] [--updates N] [--appends N]
   bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]

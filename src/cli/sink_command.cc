@@ -1,9 +1,20 @@
 // `tidemark sink run`: a sink from a shard into a destination (DESIGN.md 8).
+//
+// Progress goes to stderr: on a terminal one status line redrawn at most
+// ten times a second (a bar from the run's starting frontier to the shard's
+// upper, or to --until, with the pair rate); otherwise a line per commit at
+// most once a second, one every 5 s during a long interval (a snapshot),
+// and a last line when the sink stops.
+#include <unistd.h>
+
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <string>
 
 #include "cli/cli.h"
 #include "sink/file_destination.h"
+#include "sink/kafka_destination.h"
 #include "sink/runner.h"
 
 namespace tidemark::cli {
@@ -14,6 +25,91 @@ volatile std::sig_atomic_t g_interrupted = 0;
 void on_interrupt(int) {
   g_interrupted = 1;
 }
+
+// The sink's memory pool: the Kafka producer's queue is reserved from it.
+constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
+constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
+
+class ProgressReporter {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  ProgressReporter(std::string sink_name, std::optional<Time> until)
+      : name_(std::move(sink_name)), until_(until), tty_(::isatty(2) == 1) {}
+
+  // After a commit (`committed`) or every SinkOptions::kTickPairs pairs.
+  void update(const SinkProgress& p, bool committed) {
+    const auto now = Clock::now();
+    if (!start_frontier_) start_frontier_ = p.frontier;
+    const auto since_line = now - last_line_;
+    if (tty_) {
+      if (since_line >= std::chrono::milliseconds(100)) draw(p, now);
+      return;
+    }
+    if ((committed && since_line >= std::chrono::seconds(1)) ||
+        since_line >= std::chrono::seconds(5)) {
+      line(p, now);
+    }
+  }
+
+  // The last word, when the sink stops.
+  void finish(const SinkProgress& p) {
+    const auto now = Clock::now();
+    if (tty_) {
+      draw(p, now);
+      std::fputc('\n', stderr);
+    } else {
+      line(p, now);
+    }
+  }
+
+ private:
+  double rate(const SinkProgress& p, Clock::time_point now) const {
+    const double seconds = std::chrono::duration<double>(now - started_).count();
+    return seconds > 0 ? static_cast<double>(p.pairs) / seconds : 0;
+  }
+
+  void line(const SinkProgress& p, Clock::time_point now) {
+    last_line_ = now;
+    std::fprintf(stderr,
+                 "sink %s: frontier %s, %llu pairs this run (%.0f pairs/s), %llu commits, %llu "
+                 "upsert key violations%s\n",
+                 name_.c_str(), p.frontier.to_string().c_str(),
+                 static_cast<unsigned long long>(p.pairs), rate(p, now),
+                 static_cast<unsigned long long>(p.commits),
+                 static_cast<unsigned long long>(p.primary_key_violations),
+                 p.snapshot ? " (writing the snapshot)" : "");
+  }
+
+  void draw(const SinkProgress& p, Clock::time_point now) {
+    last_line_ = now;
+    constexpr int kWidth = 24;
+    // From the frontier this run started at to --until, or else to the
+    // frontier being written.
+    double fraction = 0;
+    const Frontier goal = until_ ? Frontier::at(*until_) : p.target;
+    if (!p.snapshot && start_frontier_ && !start_frontier_->is_closed() && !goal.is_closed() &&
+        !p.frontier.is_closed() && goal.time() > start_frontier_->time()) {
+      fraction = static_cast<double>(p.frontier.time() - start_frontier_->time()) /
+                 static_cast<double>(goal.time() - start_frontier_->time());
+    }
+    fraction = std::clamp(fraction, 0.0, 1.0);
+    const int filled = static_cast<int>(fraction * kWidth + 0.5);
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.append(static_cast<std::size_t>(kWidth - filled), '.');
+    std::fprintf(stderr, "\r\x1b[Ksink %s [%s] frontier %s%s  %llu pairs  %.2fM pairs/s",
+                 name_.c_str(), bar.c_str(), p.frontier.to_string().c_str(),
+                 p.snapshot ? " (snapshot)" : "", static_cast<unsigned long long>(p.pairs),
+                 rate(p, now) / 1e6);
+  }
+
+  std::string name_;
+  std::optional<Time> until_;
+  bool tty_;
+  Clock::time_point started_ = Clock::now();
+  Clock::time_point last_line_{};
+  std::optional<Frontier> start_frontier_;
+};
 
 constexpr const char* kSinkUsage =
     "sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv] [--sink-name S] "
@@ -39,40 +135,63 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   if (!as_of) return usage_error(as_of.error().message);
   auto until = args->frontier("--until", false);
   if (!until) return usage_error(until.error().message);
+  const std::string sink_name = args->get("--sink-name").value_or(shard_name);
   constexpr std::string_view kFile = "file://";
-  if (!to->starts_with(kFile)) {
+  std::optional<std::string> directory;
+  std::optional<KafkaAddress> kafka;
+  if (to->starts_with(kFile)) {
+    directory = to->substr(kFile.size());
+    if (directory->empty() || (*directory)[0] != '/') {
+      return usage_error("sink destination " + *to + ": the directory must be absolute");
+    }
+  } else if (to->starts_with("kafka://")) {
+    auto address = KafkaAddress::parse(*to);
+    if (!address) return usage_error(address.error().message);
+    if (*format != SinkFormat::kJson) {
+      return usage_error("sink destination " + *to +
+                         ": Kafka messages are json (--format csv is "
+                         "for files)");
+    }
+    kafka = std::move(*address);
+  } else {
     return usage_error("sink destination " + *to +
-                       ": only file:///dir is built so far (kafka:// and s3:// are not yet)");
-  }
-  const std::string directory = to->substr(kFile.size());
-  if (directory.empty() || directory[0] != '/') {
-    return usage_error("sink destination " + *to + ": the directory must be absolute");
+                       ": expected file:///dir or kafka://host:port[,host:port]/topic (s3:// is "
+                       "not built yet)");
   }
 
   auto client = open_client(globals);
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard(shard_name);
   if (!shard) return report(shard.error());
-  auto destination = FileDestination::open(directory, *envelope, *format);
-  if (!destination) return report(destination.error());
+  std::unique_ptr<SinkDestination> destination;
+  if (directory) {
+    auto file = FileDestination::open(*directory, *envelope, *format);
+    if (!file) return report(file.error());
+    destination = std::move(*file);
+  } else {
+    KafkaDestinationOptions kafka_options;
+    // One producer id per (shard, sink): a restarted sink fences its zombie.
+    kafka_options.sink_id = "tidemark/" + shard_name + "/" + sink_name;
+    kafka_options.pool = MemoryPool::create("sink", kSinkPoolBytes);
+    kafka_options.queue_bytes = kKafkaQueueBytes;
+    auto producer = KafkaDestination::open(*kafka, *envelope, kafka_options);
+    if (!producer) return report(producer.error());
+    destination = std::move(*producer);
+  }
 
   SinkOptions options;
-  options.sink_name = args->get("--sink-name").value_or(shard_name);
+  options.sink_name = sink_name;
   if (*as_of) options.as_of = (*as_of)->time();
   if (*until) options.until = (*until)->time();
-  options.on_progress = [&](const SinkProgress& p) {
-    std::fprintf(stderr,
-                 "sink %s: frontier %s, %llu pairs and %llu files this run, %llu upsert "
-                 "key violations\n",
-                 options.sink_name.c_str(), p.frontier.to_string().c_str(),
-                 static_cast<unsigned long long>(p.pairs), static_cast<unsigned long long>(p.commits),
-                 static_cast<unsigned long long>(p.primary_key_violations));
-  };
+  ProgressReporter reporter(sink_name, options.until);
+  options.on_progress = [&](const SinkProgress& p) { reporter.update(p, true); };
+  options.on_tick = [&](const SinkProgress& p) { reporter.update(p, false); };
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   options.stop = [] { return g_interrupted != 0; };
-  auto ran = tidemark::run_sink(**shard, **destination, options);
+  auto ran = tidemark::run_sink(**shard, *destination, options);
   if (!ran) return report(ran.error());
+  reporter.finish(*ran);
   return kExitOk;
 }
 

@@ -96,16 +96,27 @@ void MessageEncoder::append_file_line(const DiffPair& pair, std::string* out) {
 }
 
 KafkaMessage MessageEncoder::kafka_message(const DiffPair& pair) {
-  note_violation(pair);
-  KafkaMessage message{std::string(pair.key), std::nullopt};
-  if (envelope_ == Envelope::kUpsert) {
-    if (pair.after) message.value.emplace(*pair.after);
-    return message;
-  }
-  std::string& value = message.value.emplace();
-  value.append("{\"before\":").append(or_null(pair.before));
-  value.append(",\"after\":").append(or_null(pair.after)).append("}");
+  KafkaMessage message;
+  kafka_message(pair, &message);
   return message;
+}
+
+void MessageEncoder::kafka_message(const DiffPair& pair, KafkaMessage* out) {
+  note_violation(pair);
+  out->key.assign(pair.key);
+  if (envelope_ == Envelope::kUpsert) {
+    if (pair.after) {
+      if (!out->value) out->value.emplace();
+      out->value->assign(*pair.after);
+    } else {
+      out->value.reset();
+    }
+    return;
+  }
+  if (!out->value) out->value.emplace();
+  std::string& value = *out->value;
+  value.assign("{\"before\":").append(or_null(pair.before));
+  value.append(",\"after\":").append(or_null(pair.after)).append("}");
 }
 
 void MessageEncoder::note_violation(const DiffPair& pair) {

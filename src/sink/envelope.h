@@ -52,6 +52,9 @@ class MessageEncoder {
   // Appends the file line of `pair` (with its newline) to `out`.
   void append_file_line(const DiffPair& pair, std::string* out);
   KafkaMessage kafka_message(const DiffPair& pair);
+  // The same into `out`, reusing its strings' capacity (no allocation per
+  // message once they have grown).
+  void kafka_message(const DiffPair& pair, KafkaMessage* out);
 
   std::uint64_t primary_key_violations() const { return violations_; }
 

@@ -58,12 +58,18 @@ bool stopped(const SinkOptions& options) {
   return options.stop && options.stop();
 }
 
-// Waits until the shard's upper passes `time`; false if stopped first.
-Result<bool> wait_for_upper_past(Shard& shard, Time time, const SinkOptions& options) {
+enum class Wait : std::uint8_t { kReady, kStopped, kDeadline };
+
+// Waits until the shard's upper passes `time`: kStopped if the sink is
+// stopped or the shard closed first, kDeadline at `deadline` (if set).
+Result<Wait> wait_for_upper_past(
+    Shard& shard, Time time, const SinkOptions& options,
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
   for (;;) {
     TM_ASSIGN(Frontier upper, shard.upper());
-    if (upper.is_past(time)) return true;
-    if (upper.is_closed() || stopped(options)) return false;
+    if (upper.is_past(time)) return Wait::kReady;
+    if (upper.is_closed() || stopped(options)) return Wait::kStopped;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return Wait::kDeadline;
     std::this_thread::sleep_for(options.poll_interval);
   }
 }
@@ -85,8 +91,8 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
   if (!destination.progress()) {
     // The snapshot, once: at as_of, committed as [0, as_of + 1).
     Time as_of = options.as_of.value_or(0);
-    TM_ASSIGN(bool ready, wait_for_upper_past(shard, as_of, options));
-    if (!ready) return progress;
+    TM_ASSIGN(Wait ready, wait_for_upper_past(shard, as_of, options));
+    if (ready != Wait::kReady) return progress;
     if (!options.as_of) {
       TM_ASSIGN(Frontier upper, shard.upper());
       if (!upper.is_closed()) as_of = upper.time() - 1;
@@ -124,8 +130,16 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
   };
   while (!done() && !stopped(options)) {
     const Time from = written.time();
-    TM_ASSIGN(bool ready, wait_for_upper_past(shard, from, options));
-    if (!ready) break;
+    // An open interval is committed once it is commit_interval old, even
+    // if the shard's upper does not move again.
+    std::optional<std::chrono::steady_clock::time_point> commit_by;
+    if (interval_open) commit_by = opened_at + options.commit_interval;
+    TM_ASSIGN(Wait ready, wait_for_upper_past(shard, from, options, commit_by));
+    if (ready == Wait::kStopped) break;
+    if (ready == Wait::kDeadline) {
+      TM_TRY(commit());
+      continue;
+    }
     TM_ASSIGN(Frontier upper, shard.upper());
     Time target = upper.is_closed() ? UINT64_MAX : upper.time();
     if (options.until) target = std::min(target, *options.until);

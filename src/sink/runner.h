@@ -29,10 +29,10 @@
 namespace tidemark {
 
 struct SinkProgress {
-  Frontier frontier;        // every pair at a time < frontier is committed
-  Frontier target;          // the frontier the open interval will commit
-  bool snapshot = false;    // the open interval is the snapshot
-  std::uint64_t pairs = 0;  // emitted by this run
+  Frontier frontier;          // every pair at a time < frontier is committed
+  Frontier target;            // the frontier the open interval will commit
+  bool snapshot = false;      // the open interval is the snapshot
+  std::uint64_t pairs = 0;    // emitted by this run
   std::uint64_t commits = 0;  // intervals committed by this run
   std::uint64_t primary_key_violations = 0;
 };

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -15,6 +16,8 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "sink/file_destination.h"
+#include "sink/kafka_mock_process.h"
+#include "sink/kafka_reader.h"
 #include "tidemark/write.h"
 
 namespace tidemark {
@@ -152,6 +155,87 @@ TEST_F(FileSinkTest, AHotKeyFansOutLazily) {
   EXPECT_EQ(lines.size(), 400'000u);
   EXPECT_EQ(lines.front(), "{\"time\":0,\"key\":\"hot\",\"value\":1}");
   EXPECT_EQ(lines.back(), "{\"time\":1,\"key\":\"hot\",\"value\":2}");
+}
+
+TEST_F(FileSinkTest, AnOpenIntervalIsCommittedWhenTheShardGoesQuiet) {
+  append_at(0, {{"\"a\"", "1", 0, 1}});
+  append_at(1, {{"\"b\"", "2", 0, 1}});
+  append_at(2, {{"\"c\"", "3", 0, 1}});
+  // The upper stays at 3 from now on: the interval [1, 3) must still be
+  // committed once it is commit_interval old, not only at the next append.
+  auto destination = FileDestination::open(dir_.string(), Envelope::kUpsert, SinkFormat::kJson);
+  ASSERT_TRUE(destination);
+  SinkOptions options;
+  options.sink_name = "files";
+  options.as_of = 0;
+  options.poll_interval = std::chrono::milliseconds(1);
+  options.commit_interval = std::chrono::milliseconds(50);
+  std::atomic<bool> reached{false};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  options.on_progress = [&](const SinkProgress& p) {
+    // Not the commit a stopping sink makes on its way out.
+    if (p.frontier == Frontier::at(3) && std::chrono::steady_clock::now() < deadline) {
+      reached = true;
+    }
+  };
+  options.stop = [&] { return reached || std::chrono::steady_clock::now() > deadline; };
+  auto ran = run_sink(*shard_, **destination, options);
+  ASSERT_TRUE(ran) << ran.error().to_string();
+  EXPECT_TRUE(reached) << "the open interval was committed only when the sink stopped";
+  EXPECT_EQ(committed_lines(), expected_lines(all_, 0, 3));
+}
+
+// The same runner into Kafka (tidemark-kafka-mock in its own process): the
+// snapshot, changes while a writer appends, and a restart that resumes from
+// the progress topic.
+TEST_F(FileSinkTest, IntoKafkaSnapshotThenChangesThenResume) {
+  auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:4"});
+  ASSERT_TRUE(mock) << mock.error().message;
+  const KafkaAddress address = *KafkaAddress::parse("kafka://" + (*mock)->brokers() + "/out");
+  auto run_kafka = [&](Time until, std::optional<Time> as_of) -> Result<SinkProgress> {
+    KafkaDestinationOptions kafka;
+    kafka.sink_id = "runner-test";
+    kafka.queue_bytes = 256 << 10;
+    TM_ASSIGN(auto destination, KafkaDestination::open(address, Envelope::kUpsert, kafka));
+    SinkOptions options;
+    options.sink_name = "kafka";
+    options.as_of = as_of;
+    options.until = until;
+    options.poll_interval = std::chrono::milliseconds(1);
+    options.commit_interval = std::chrono::milliseconds(0);
+    return run_sink(*shard_, *destination, options);
+  };
+  append_at(0, {{"\"a\"", "1", 0, 1}, {"\"b\"", "2", 0, 1}});
+  append_at(1, {{"\"a\"", "1", 0, -1}, {"\"a\"", "3", 0, 1}});
+  append_at(2, {{"\"hot\"", "7", 0, 5000}});
+  std::thread more([&] {
+    for (Time t = 3; t < 12; ++t) {
+      append_at(t, {{"\"k" + std::to_string(t % 4) + "\"", std::to_string(t), 0, 1},
+                    {"\"b\"", "2", 0, t % 2 == 0 ? -1 : 1}});
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  auto first = run_kafka(8, 1);
+  more.join();
+  ASSERT_TRUE(first) << first.error().to_string();
+  EXPECT_EQ(first->frontier, Frontier::at(8));
+  auto second = run_kafka(12, std::nullopt);
+  ASSERT_TRUE(second) << second.error().to_string();
+  EXPECT_EQ(second->frontier, Frontier::at(12));
+
+  std::vector<std::string> lines;
+  auto audit = audit_kafka_sink(
+      address, "runner-test", std::chrono::seconds(20), [&](const KafkaMessageView& m) -> Status {
+        lines.push_back("{\"time\":" + std::string(m.time.value_or("?")) +
+                        ",\"key\":" + std::string(m.key) +
+                        ",\"value\":" + std::string(m.value.value_or("null")) + "}");
+        return {};
+      });
+  ASSERT_TRUE(audit) << audit.error().message;
+  EXPECT_EQ(audit->frontier, Frontier::at(12));
+  EXPECT_EQ(audit->outside, 0u);
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, expected_lines(all_, 1, 12));
 }
 
 }  // namespace

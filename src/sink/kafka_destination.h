@@ -1,0 +1,124 @@
+// KafkaDestination: a sink's output as Kafka messages, exactly once
+// (`kafka://host:port[,host:port]/topic`, DESIGN.md 8 and 9).
+//
+// Each interval [lower, upper) is one Kafka transaction of a transactional
+// producer (librdkafka): the pairs' messages go to the topic (key: the key's
+// JSON text; value: the envelope's; the time in a `tidemark-time` header),
+// and the last message of the transaction is a progress record in the
+// progress topic (default "<topic>-progress"):
+//
+//   key   the sink's id (also the producer's transactional.id)
+//   value {"frontier": U, "topic": "<topic>", "offsets": [[partition, first, last], ...]}
+//
+// `offsets` are the data messages of this transaction, per partition (from
+// the delivery reports), so an auditor can tell which messages a frontier
+// covers. Both commit or neither does.
+//
+// Opening: init_transactions() first (which fences an older producer with
+// the same id and aborts its open transaction), then the progress topic is
+// read with isolation.level=read_committed to its end; the last record with
+// this sink's key is the progress. A restarted sink resumes there.
+//
+// Ordering inside a commit: every data message is acknowledged (flush)
+// before the progress record is produced. A real broker needs only the
+// transaction for exactness; the flush also makes librdkafka's mock cluster
+// exact, which keeps aborted transactions visible to every consumer: there
+// a progress record is visible only when all its data is, so "committed"
+// can be read as "has a progress record" and a data message counts only
+// inside a progress record's offsets (what the Kafka tests check).
+//
+// Memory: the producer's queue is bounded by `queue_bytes`, reserved from
+// the sink's MemoryPool for the destination's lifetime: half of it as
+// librdkafka's queue.buffering.max.kbytes (payload bytes), the other half
+// as queue.buffering.max.messages at kMessageOverheadBytes each (librdkafka's
+// per-message bookkeeping). A full queue is backpressure: write() serves
+// delivery reports and waits. Plus O(partitions) offsets and one encoded
+// message.
+//
+// Transactions: the snapshot is one transaction, so it must finish within
+// transaction_timeout (default 10 minutes; a broker refuses more than its
+// transaction.max.timeout.ms, 15 minutes by default).
+//
+// Errors: an unreachable cluster is Determinate after operation_timeout. A
+// failed delivery or a transaction error that requires it aborts the open
+// transaction (Determinate: nothing of it is visible). A commit whose
+// outcome is unknown (timeout) is Indeterminate. A fenced producer (another
+// sink with the same id took over) is Determinate and final.
+//
+// Thread-safety: one sink uses a destination from one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sink/destination.h"
+#include "sink/envelope.h"
+#include "tidemark/memory_pool.h"
+
+namespace tidemark {
+
+struct KafkaAddress {
+  std::string brokers;  // "host:port[,host:port]"
+  std::string topic;
+  std::string progress_topic;
+
+  // kafka://host:port[,host:port]/topic[?progress_topic=NAME]; InvalidUsage
+  // naming what is wrong otherwise.
+  [[nodiscard]] static Result<KafkaAddress> parse(std::string_view url);
+};
+
+struct KafkaDestinationOptions {
+  // The producer's transactional.id and the progress record's key. One
+  // sink, one id: two running sinks with one id fence each other.
+  std::string sink_id;
+  // The pool the producer's queue is reserved from (unlimited if null).
+  std::shared_ptr<MemoryPool> pool;
+  std::uint64_t queue_bytes = 16ull << 20;
+  std::chrono::milliseconds transaction_timeout{600'000};
+  std::chrono::milliseconds operation_timeout{30'000};
+};
+
+class KafkaDestination final : public SinkDestination {
+ public:
+  static constexpr std::uint64_t kMessageOverheadBytes = 512;
+
+  // Reserves the queue's bytes, connects, fences older producers with the
+  // same id, and reads the progress. Only json is a Kafka format.
+  [[nodiscard]] static Result<std::unique_ptr<KafkaDestination>> open(
+      const KafkaAddress& address, Envelope envelope, const KafkaDestinationOptions& options);
+  ~KafkaDestination() override;  // an open transaction is aborted
+
+  std::optional<Frontier> progress() const override;
+  [[nodiscard]] Status begin(Frontier lower) override;
+  [[nodiscard]] Status write(const DiffPair& pair) override;
+  std::uint64_t open_bytes() const override;
+  [[nodiscard]] Status commit(Frontier upper) override;
+  std::uint64_t primary_key_violations() const override;
+
+ private:
+  struct State;
+  explicit KafkaDestination(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// The value of a progress record, and its parse (Corruption if malformed).
+struct KafkaProgressRecord {
+  Frontier frontier;
+  std::string topic;
+  struct Range {
+    std::int32_t partition = 0;
+    std::int64_t first = 0;
+    std::int64_t last = 0;
+  };
+  std::vector<Range> offsets;
+
+  std::string to_json() const;
+  [[nodiscard]] static Result<KafkaProgressRecord> parse(std::string_view text);
+};
+
+}  // namespace tidemark

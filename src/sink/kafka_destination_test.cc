@@ -1,0 +1,260 @@
+// KafkaDestination against librdkafka's mock cluster in its own process
+// (tidemark-kafka-mock), checked with a real consumer.
+#include "sink/kafka_destination.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "sink/kafka_mock_process.h"
+#include "sink/kafka_reader.h"
+#include "sink/test_util.h"
+
+namespace tidemark {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::insert;
+using testing::remove;
+using testing::update;
+
+constexpr milliseconds kTimeout{20'000};
+
+struct Received {
+  std::string key;
+  std::optional<std::string> value;
+  std::optional<std::string> time;
+  bool operator<(const Received& o) const {
+    return std::tie(key, value, time) < std::tie(o.key, o.value, o.time);
+  }
+  bool operator==(const Received&) const = default;
+};
+
+class KafkaDestinationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:3"});
+    ASSERT_TRUE(mock) << mock.error().message;
+    mock_ = std::move(*mock);
+    address_ = *KafkaAddress::parse("kafka://" + mock_->brokers() + "/out");
+  }
+
+  Result<std::unique_ptr<KafkaDestination>> open(Envelope envelope = Envelope::kUpsert,
+                                                 std::string id = "sink-a") {
+    KafkaDestinationOptions options;
+    options.sink_id = std::move(id);
+    options.operation_timeout = kTimeout;
+    options.pool = pool_;
+    options.queue_bytes = queue_bytes_;
+    return KafkaDestination::open(address_, envelope, options);
+  }
+
+  // The committed data messages, as a real consumer reads them.
+  std::pair<KafkaSinkAudit, std::vector<Received>> committed(std::string id = "sink-a") {
+    std::vector<Received> out;
+    auto audit = audit_kafka_sink(address_, id, kTimeout, [&](const KafkaMessageView& m) -> Status {
+      Received r{std::string(m.key), std::nullopt, std::nullopt};
+      if (m.value) r.value = std::string(*m.value);
+      if (m.time) r.time = std::string(*m.time);
+      out.push_back(std::move(r));
+      return {};
+    });
+    EXPECT_TRUE(audit) << audit.error().message;
+    return {audit.value_or(KafkaSinkAudit{}), out};
+  }
+
+  std::unique_ptr<KafkaMockProcess> mock_;
+  KafkaAddress address_;
+  std::shared_ptr<MemoryPool> pool_ = MemoryPool::create("sink", 64 << 20);
+  std::uint64_t queue_bytes_ = 1 << 20;
+};
+
+TEST(KafkaAddressTest, ParsesBrokersTopicAndProgressTopic) {
+  auto a = KafkaAddress::parse("kafka://h1:9092,h2:9093/orders");
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_EQ(a->brokers, "h1:9092,h2:9093");
+  EXPECT_EQ(a->topic, "orders");
+  EXPECT_EQ(a->progress_topic, "orders-progress");
+  auto b = KafkaAddress::parse("kafka://h:1/t?progress_topic=p.t");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->progress_topic, "p.t");
+}
+
+TEST(KafkaAddressTest, RejectsMalformedUrlsClearly) {
+  for (const char* url : {"kafka://h:1", "kafka:///t", "kafka://h/t", "kafka://h:0/t",
+                          "kafka://h:70000/t", "kafka://h:1,/t", "kafka://h:1/", "kafka://h:1/a b",
+                          "kafka://h:1/t?x=y", "kafka://h:1/t?progress_topic=t", "file:///t"}) {
+    auto a = KafkaAddress::parse(url);
+    ASSERT_FALSE(a) << url;
+    EXPECT_EQ(a.error().kind, ErrorKind::kInvalidUsage);
+    EXPECT_NE(a.error().message.find(url), std::string::npos) << a.error().message;
+  }
+}
+
+TEST(KafkaProgressRecordTest, RoundTripsAndRejectsCorruptRecords) {
+  KafkaProgressRecord record;
+  record.frontier = Frontier::at(42);
+  record.topic = "out";
+  record.offsets = {{0, 3, 9}, {2, 0, 0}};
+  auto parsed = KafkaProgressRecord::parse(record.to_json());
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->frontier, Frontier::at(42));
+  EXPECT_EQ(parsed->topic, "out");
+  ASSERT_EQ(parsed->offsets.size(), 2u);
+  EXPECT_EQ(parsed->offsets[0].last, 9);
+  for (const char* bad :
+       {"", "{}", R"({"frontier":1,"topic":"t"})", R"({"frontier":-1,"topic":"t","offsets":[]})",
+        R"({"frontier":1,"topic":"t","offsets":[[0,5,4]]})",
+        R"({"frontier":1,"topic":"t","offsets":[[0,1]]})"}) {
+    auto p = KafkaProgressRecord::parse(bad);
+    ASSERT_FALSE(p) << bad;
+    EXPECT_EQ(p.error().kind, ErrorKind::kCorruption);
+  }
+}
+
+TEST_F(KafkaDestinationTest, CommitsMessagesAndProgressTogether) {
+  auto destination = open();
+  ASSERT_TRUE(destination) << destination.error().message;
+  EXPECT_EQ((*destination)->progress(), std::nullopt);
+  ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*destination)->write(insert(R"("k1")", 5, R"({"a":1})")));
+  ASSERT_TRUE((*destination)->write(update("7", 6, "1", "2")));
+  ASSERT_TRUE((*destination)->write(remove(R"("k1")", 7, R"({"a":1})")));
+  EXPECT_GT((*destination)->open_bytes(), 0u);
+  ASSERT_TRUE((*destination)->commit(Frontier::at(8)));
+  EXPECT_EQ((*destination)->progress(), Frontier::at(8));
+  destination->reset();
+
+  auto [audit, messages] = committed();
+  EXPECT_EQ(audit.frontier, Frontier::at(8));
+  EXPECT_EQ(audit.transactions, 1u);
+  EXPECT_EQ(audit.outside, 0u);
+  std::multiset<Received> got(messages.begin(), messages.end());
+  std::multiset<Received> want{{R"("k1")", R"({"a":1})", "5"},
+                               {"7", "2", "6"},
+                               {R"("k1")", std::nullopt, "7"}};  // a tombstone
+  EXPECT_EQ(got, want);
+
+  auto reopened = open();
+  ASSERT_TRUE(reopened) << reopened.error().message;
+  EXPECT_EQ((*reopened)->progress(), Frontier::at(8));
+}
+
+TEST_F(KafkaDestinationTest, DebeziumValuesHaveBeforeAndAfter) {
+  auto destination = open(Envelope::kDebezium);
+  ASSERT_TRUE(destination) << destination.error().message;
+  ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*destination)->write(update(R"("k")", 2, "1", "2")));
+  ASSERT_TRUE((*destination)->write(remove(R"("j")", 2, "3")));
+  ASSERT_TRUE((*destination)->commit(Frontier::at(3)));
+  auto [audit, messages] = committed();
+  std::multiset<Received> got(messages.begin(), messages.end());
+  std::multiset<Received> want{{R"("k")", R"({"before":1,"after":2})", "2"},
+                               {R"("j")", R"({"before":3,"after":null})", "2"}};
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(KafkaDestinationTest, AnAbandonedTransactionIsNeitherProgressNorOutput) {
+  {
+    auto destination = open();
+    ASSERT_TRUE(destination) << destination.error().message;
+    ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+    ASSERT_TRUE((*destination)->write(insert("1", 1, "10")));
+    ASSERT_TRUE((*destination)->commit(Frontier::at(2)));
+    ASSERT_TRUE((*destination)->begin(Frontier::at(2)));
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE((*destination)->write(insert("2", 3, "20")));
+    // Destroyed with the transaction open: aborted.
+  }
+  auto reopened = open();
+  ASSERT_TRUE(reopened) << reopened.error().message;
+  EXPECT_EQ((*reopened)->progress(), Frontier::at(2));
+  ASSERT_TRUE((*reopened)->begin(Frontier::at(2)));
+  ASSERT_TRUE((*reopened)->write(insert("3", 4, "30")));
+  ASSERT_TRUE((*reopened)->commit(Frontier::at(5)));
+
+  auto [audit, messages] = committed();
+  EXPECT_EQ(audit.frontier, Frontier::at(5));
+  EXPECT_EQ(audit.transactions, 2u);
+  std::multiset<Received> got(messages.begin(), messages.end());
+  std::multiset<Received> want{{"1", "10", "1"}, {"3", "30", "4"}};
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(KafkaDestinationTest, SinksWithDifferentIdsKeepTheirOwnProgress) {
+  auto a = open(Envelope::kUpsert, "sink-a");
+  auto b = open(Envelope::kUpsert, "sink-b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE((*a)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*a)->write(insert("1", 1, "1")));
+  ASSERT_TRUE((*a)->commit(Frontier::at(10)));
+  ASSERT_TRUE((*b)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*b)->commit(Frontier::at(3)));
+  a->reset();
+  b->reset();
+  EXPECT_EQ((*open(Envelope::kUpsert, "sink-a"))->progress(), Frontier::at(10));
+  EXPECT_EQ((*open(Envelope::kUpsert, "sink-b"))->progress(), Frontier::at(3));
+  EXPECT_EQ((*open(Envelope::kUpsert, "sink-c"))->progress(), std::nullopt);
+}
+
+TEST_F(KafkaDestinationTest, ASmallQueueIsBackpressureNotLoss) {
+  queue_bytes_ = 16 << 10;  // 8 KiB of payload, 16 messages
+  auto destination = open();
+  ASSERT_TRUE(destination) << destination.error().message;
+  EXPECT_EQ(pool_->used(), 16u << 10);  // the queue's bytes are reserved
+  ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+  const std::string value(200, 'x');
+  const std::string json = "\"" + value + "\"";
+  constexpr int kMessages = 3'000;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*destination)->write(insert(std::to_string(i), 1, json)));
+  }
+  ASSERT_TRUE((*destination)->commit(Frontier::at(2)));
+  destination->reset();
+  EXPECT_EQ(pool_->used(), 0u);
+  auto [audit, messages] = committed();
+  ASSERT_EQ(messages.size(), static_cast<std::size_t>(kMessages));
+  std::set<std::string> keys;
+  for (const auto& m : messages) keys.insert(m.key);
+  EXPECT_EQ(keys.size(), static_cast<std::size_t>(kMessages));
+}
+
+TEST_F(KafkaDestinationTest, AQueueLargerThanThePoolIsAClearError) {
+  pool_ = MemoryPool::create("tiny", 64 << 10);
+  auto destination = open();
+  ASSERT_FALSE(destination);
+  EXPECT_EQ(destination.error().kind, ErrorKind::kInvalidUsage);
+}
+
+TEST_F(KafkaDestinationTest, UnreachableBrokersAreAClearErrorWithinTheTimeout) {
+  mock_.reset();  // nothing listens there any more
+  KafkaDestinationOptions options;
+  options.sink_id = "sink-a";
+  options.operation_timeout = milliseconds(2000);
+  const auto start = std::chrono::steady_clock::now();
+  auto destination = KafkaDestination::open(address_, Envelope::kUpsert, options);
+  ASSERT_FALSE(destination);
+  EXPECT_EQ(destination.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(destination.error().message.find(address_.brokers), std::string::npos)
+      << destination.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+}
+
+TEST_F(KafkaDestinationTest, UsageErrorsChangeNothing) {
+  auto destination = open();
+  ASSERT_TRUE(destination) << destination.error().message;
+  EXPECT_EQ((*destination)->write(insert("1", 1, "1")).error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_EQ((*destination)->commit(Frontier::at(1)).error().kind, ErrorKind::kInvalidUsage);
+  ASSERT_TRUE((*destination)->begin(Frontier::at(5)));
+  EXPECT_EQ((*destination)->begin(Frontier::at(5)).error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_EQ((*destination)->write(insert("1", 4, "1")).error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_EQ((*destination)->commit(Frontier::at(5)).error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_EQ((*destination)->commit(Frontier::closed()).error().kind, ErrorKind::kInvalidUsage);
+  ASSERT_TRUE((*destination)->write(insert("1", 5, "1")));
+  ASSERT_TRUE((*destination)->commit(Frontier::at(6)));
+  EXPECT_EQ((*destination)->begin(Frontier::at(3)).error().kind, ErrorKind::kInvalidUsage);
+}
+
+}  // namespace
+}  // namespace tidemark
