@@ -1,8 +1,18 @@
 // tidemark bench sink: issue #5's hot-key fan-out for docs/benchmarks.md.
-// One update with a huge diff, sunk into a file sink, on the embedded
-// default (file blob + SQLite) in a scratch directory.
+// One update with a huge diff, sunk into a file sink or into Kafka, on the
+// embedded default (file blob + SQLite) in a scratch directory.
 //
-//   tidemark bench sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]
+//   tidemark bench sink [--diff N] [--envelope upsert|debezium] [--to file|kafka]
+//                       [--dir DIR] [--json]
+//
+// --to kafka starts tidemark-kafka-mock (next to this binary) as a process
+// of its own, so the broker's memory is not the sink's, and writes its
+// address to DIR/kafka-brokers for the child. The child's KafkaDestination
+// draws its 16 MiB producer queue from a 64 MiB sink pool, as `tidemark
+// sink run` does. Every message has the one key, so all go to one
+// partition; the mock keeps only its last ~5 MB per partition, so the
+// check is the broker's acknowledgements: the committed progress record's
+// offset range must hold exactly N offsets (one producer: contiguous).
 //
 // The parent creates the shard "sink" and appends one update
 // {"key":"hot","value":1,"time":0,"diff":N} (default N = 10,000,000) in the
@@ -36,6 +46,9 @@
 #include "bench_util.h"
 #include "cli/cli.h"
 #include "sink/file_destination.h"
+#include "sink/kafka_destination.h"
+#include "sink/kafka_mock_process.h"
+#include "sink/kafka_reader.h"
 #include "sink/runner.h"
 #include "tidemark/write.h"
 
@@ -45,11 +58,36 @@ namespace {
 using Clock = BenchClock;
 
 constexpr const char* kSinkUsage =
-    "bench sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]";
+    "bench sink [--diff N] [--envelope upsert|debezium] [--to file|kafka] [--dir DIR] [--json]";
 constexpr const char* kShardName = "sink";
 constexpr const char* kSinkName = "bench";
 constexpr const char* kUpsertChild = "sink-child";
 constexpr const char* kDebeziumChild = "sink-debezium-child";
+constexpr const char* kBrokersFile = "kafka-brokers";  // in DIR: sink into Kafka
+constexpr const char* kTopic = "bench";
+constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
+constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
+
+// DIR/kafka-brokers, if the parent wrote one.
+std::optional<std::string> kafka_brokers(const std::filesystem::path& dir) {
+  FILE* file = std::fopen((dir / kBrokersFile).c_str(), "r");
+  if (file == nullptr) return std::nullopt;
+  char line[256] = {0};
+  const bool read = std::fgets(line, sizeof line, file) != nullptr;
+  std::fclose(file);
+  if (!read) return std::nullopt;
+  std::string brokers(line);
+  while (!brokers.empty() && (brokers.back() == '\n' || brokers.back() == '\r')) brokers.pop_back();
+  return brokers;
+}
+
+KafkaAddress bench_address(const std::string& brokers) {
+  KafkaAddress address;
+  address.brokers = brokers;
+  address.topic = kTopic;
+  address.progress_topic = std::string(kTopic) + "-progress";
+  return address;
+}
 
 // The shard: one update of key "hot", value 1, at time 0 with diff `diff`,
 // in the batch [0, 1).
@@ -73,8 +111,18 @@ struct SinkRun {
 Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
   TM_ASSIGN(auto shard, client->open_shard(kShardName));
-  TM_ASSIGN(auto destination,
-            FileDestination::open((dir / "out").string(), envelope, SinkFormat::kJson));
+  std::unique_ptr<SinkDestination> destination;
+  const auto brokers = kafka_brokers(dir);
+  if (brokers) {
+    KafkaDestinationOptions kafka;
+    kafka.sink_id = std::string("tidemark/") + kShardName + "/" + kSinkName;
+    kafka.pool = MemoryPool::create("sink", kSinkPoolBytes);
+    kafka.queue_bytes = kKafkaQueueBytes;
+    TM_ASSIGN(destination, KafkaDestination::open(bench_address(*brokers), envelope, kafka));
+  } else {
+    TM_ASSIGN(destination,
+              FileDestination::open((dir / "out").string(), envelope, SinkFormat::kJson));
+  }
   SinkOptions options;
   options.sink_name = kSinkName;
   options.as_of = 0;
@@ -90,8 +138,10 @@ Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   run.pairs = progress.pairs;
   run.files = progress.commits;
   run.violations = progress.primary_key_violations;
-  for (const auto& entry : std::filesystem::directory_iterator(dir / "out")) {
-    if (entry.is_regular_file()) run.bytes += entry.file_size();
+  if (!brokers) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir / "out")) {
+      if (entry.is_regular_file()) run.bytes += entry.file_size();
+    }
   }
   return run;
 }
@@ -152,8 +202,30 @@ Result<Output> read_output(const std::filesystem::path& directory) {
   return out;
 }
 
+// What the broker acknowledged: the offsets the committed progress records
+// cover, and the last frontier.
+Result<Output> read_kafka_output(const std::string& brokers) {
+  Output out;
+  const KafkaAddress address = bench_address(brokers);
+  std::optional<Frontier> frontier;
+  TM_TRY(consume_topic(address.brokers, address.progress_topic, std::chrono::seconds(30),
+                       [&](const KafkaMessageView& m) -> Status {
+                         if (!m.value) return {};
+                         TM_ASSIGN(auto record, KafkaProgressRecord::parse(*m.value));
+                         ++out.files;
+                         frontier = record.frontier;
+                         for (const auto& range : record.offsets) {
+                           out.lines += static_cast<std::uint64_t>(range.last - range.first + 1);
+                         }
+                         return {};
+                       }));
+  out.first_line = frontier ? "progress frontier " + frontier->to_string() : "no progress";
+  return out;
+}
+
 struct Figures {
   std::uint64_t diff = 0;
+  bool kafka = false;
   Envelope envelope = Envelope::kUpsert;
   double append_seconds = 0;   // creating the shard and the one append
   double process_seconds = 0;  // the child, spawn to exit
@@ -163,18 +235,35 @@ struct Figures {
 };
 
 Result<Figures> run_sink_bench(const std::filesystem::path& dir, std::uint64_t diff,
-                               Envelope envelope) {
+                               Envelope envelope, bool kafka) {
   Figures f;
   f.diff = diff;
   f.envelope = envelope;
+  f.kafka = kafka;
   auto start = Clock::now();
   TM_TRY(write_hot_key(dir, static_cast<Diff>(diff)));
   f.append_seconds = seconds_since(start);
+  std::unique_ptr<KafkaMockProcess> broker;
+  if (kafka) {
+    const auto mock =
+        std::filesystem::read_symlink("/proc/self/exe").parent_path() / "tidemark-kafka-mock";
+    TM_ASSIGN(broker, KafkaMockProcess::start(mock.string(),
+                                              {"--topic", std::string(kTopic) + ":1", "--topic",
+                                               std::string(kTopic) + "-progress:1"}));
+    FILE* file = std::fopen((dir / kBrokersFile).c_str(), "w");
+    if (file == nullptr) return determinate("cannot write " + (dir / kBrokersFile).string());
+    std::fprintf(file, "%s\n", broker->brokers().c_str());
+    std::fclose(file);
+  }
   start = Clock::now();
   TM_ASSIGN(f.sink, run_sink_child(dir, envelope));
   f.process_seconds = seconds_since(start);
   start = Clock::now();
-  TM_ASSIGN(f.output, read_output(dir / "out"));
+  if (kafka) {
+    TM_ASSIGN(f.output, read_kafka_output(broker->brokers()));
+  } else {
+    TM_ASSIGN(f.output, read_output(dir / "out"));
+  }
   f.count_seconds = seconds_since(start);
   return f;
 }
@@ -186,33 +275,42 @@ double per_second(double amount, double seconds) {
 void print_json(const Figures& f) {
   const SinkRun& s = f.sink;
   std::printf(
-      "{\"diff\":%llu,\"envelope\":\"%s\",\"pairs\":%llu,\"files\":%llu,"
+      "{\"diff\":%llu,\"envelope\":\"%s\",\"to\":\"%s\",\"pairs\":%llu,\"commits\":%llu,"
       "\"primary_key_violations\":%llu,\"output_bytes\":%llu,\"output_lines\":%llu,"
       "\"sink_seconds\":%.3f,\"sink_cpu_seconds\":%.3f,\"pairs_per_s\":%.0f,"
       "\"pairs_per_cpu_s\":%.0f,\"mb_per_s\":%.1f,\"peak_rss_mib\":%.1f,"
       "\"rss_before_sink_mib\":%.1f,\"child_process_seconds\":%.3f,\"append_seconds\":%.3f,"
       "\"count_seconds\":%.3f}\n",
       static_cast<unsigned long long>(f.diff),
-      f.envelope == Envelope::kUpsert ? "upsert" : "debezium", s.pairs, s.files, s.violations,
-      s.bytes, static_cast<unsigned long long>(f.output.lines), s.seconds, s.cpu_seconds,
-      per_second(s.pairs, s.seconds), per_second(s.pairs, s.cpu_seconds),
+      f.envelope == Envelope::kUpsert ? "upsert" : "debezium", f.kafka ? "kafka" : "file", s.pairs,
+      s.files, s.violations, s.bytes, static_cast<unsigned long long>(f.output.lines), s.seconds,
+      s.cpu_seconds, per_second(s.pairs, s.seconds), per_second(s.pairs, s.cpu_seconds),
       per_second(s.bytes / 1e6, s.seconds), s.peak_rss_kib / 1024.0, s.rss_before_kib / 1024.0,
       f.process_seconds, f.append_seconds, f.count_seconds);
 }
 
 void print_table(const Figures& f) {
   const SinkRun& s = f.sink;
-  std::printf("one update with diff %llu, %s envelope, json file sink\n",
+  std::printf("one update with diff %llu, %s envelope, %s\n",
               static_cast<unsigned long long>(f.diff),
-              f.envelope == Envelope::kUpsert ? "upsert" : "debezium");
-  std::printf(
-      "sink                     %llu pairs in %.3f s: %.0f pairs/s, %.1f MB/s; %.0f pairs per "
-      "CPU second (%.3f CPU s)\n",
-      s.pairs, s.seconds, per_second(s.pairs, s.seconds), per_second(s.bytes / 1e6, s.seconds),
-      per_second(s.pairs, s.cpu_seconds), s.cpu_seconds);
-  std::printf("output                   %llu files, %llu bytes, %llu lines; first line %s\n",
-              static_cast<unsigned long long>(f.output.files), s.bytes,
-              static_cast<unsigned long long>(f.output.lines), f.output.first_line.c_str());
+              f.envelope == Envelope::kUpsert ? "upsert" : "debezium",
+              f.kafka ? "Kafka sink (tidemark-kafka-mock)" : "json file sink");
+  std::printf("sink                     %llu pairs in %.3f s: %.0f pairs/s", s.pairs, s.seconds,
+              per_second(s.pairs, s.seconds));
+  if (!f.kafka) std::printf(", %.1f MB/s", per_second(s.bytes / 1e6, s.seconds));
+  std::printf("; %.0f pairs per CPU second (%.3f CPU s)\n", per_second(s.pairs, s.cpu_seconds),
+              s.cpu_seconds);
+  if (f.kafka) {
+    std::printf(
+        "output                   %llu committed transactions, %llu acknowledged "
+        "offsets; %s\n",
+        static_cast<unsigned long long>(f.output.files),
+        static_cast<unsigned long long>(f.output.lines), f.output.first_line.c_str());
+  } else {
+    std::printf("output                   %llu files, %llu bytes, %llu lines; first line %s\n",
+                static_cast<unsigned long long>(f.output.files), s.bytes,
+                static_cast<unsigned long long>(f.output.lines), f.output.first_line.c_str());
+  }
   std::printf("upsert key violations    %llu\n", s.violations);
   std::printf("peak RSS of the child    %.1f MiB (%.1f MiB before run_sink)\n",
               s.peak_rss_kib / 1024.0, s.rss_before_kib / 1024.0);
@@ -227,7 +325,7 @@ int run_bench_sink(const Globals& globals, const std::vector<std::string>& argv)
   if (argv.size() == 2 && argv[0] == kDebeziumChild) {
     return sink_child(argv[1], Envelope::kDebezium);
   }
-  auto args = Args::parse(argv, {"--diff", "--envelope", "--dir"}, {"--json"});
+  auto args = Args::parse(argv, {"--diff", "--envelope", "--to", "--dir"}, {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"sink"}) return usage_error(kSinkUsage);
   std::uint64_t diff = 10'000'000;
@@ -245,6 +343,8 @@ int run_bench_sink(const Globals& globals, const std::vector<std::string>& argv)
   }
   auto envelope = parse_envelope(args->get("--envelope").value_or("upsert"));
   if (!envelope) return usage_error(envelope.error().message);
+  const std::string to = args->get("--to").value_or("file");
+  if (to != "file" && to != "kafka") return usage_error("--to takes file or kafka");
   // A scratch directory, removed afterwards; a --dir given is kept, so the
   // sink can be profiled (e.g. `perf record -g tidemark bench sink-child
   // DIR` after removing DIR/out).
@@ -254,7 +354,7 @@ int run_bench_sink(const Globals& globals, const std::vector<std::string>& argv)
           .string()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  auto figures = run_sink_bench(dir, diff, *envelope);
+  auto figures = run_sink_bench(dir, diff, *envelope, to == "kafka");
   if (!keep) std::filesystem::remove_all(dir);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
@@ -266,7 +366,7 @@ int run_bench_sink(const Globals& globals, const std::vector<std::string>& argv)
   if (f.output.lines != diff || f.sink.pairs != diff) {
     std::fprintf(stderr,
                  "correctness failure: the sink emitted %llu pairs and its output holds %llu "
-                 "lines, not the %llu of the update's diff\n",
+                 "lines (Kafka: acknowledged offsets), not the %llu of the update's diff\n",
                  f.sink.pairs, static_cast<unsigned long long>(f.output.lines),
                  static_cast<unsigned long long>(diff));
     return kExitError;

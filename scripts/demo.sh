@@ -2,7 +2,8 @@
 # `make run`: a short end-to-end walk through the CLI on the embedded
 # default (files + SQLite in one data directory). It creates a shard,
 # appends with explicit frontiers, shows a mismatch being refused, reads
-# snapshots and a listen, compacts and inspects the shard.
+# snapshots and a listen, compacts and inspects the shard, and sinks it
+# into files and into Kafka (librdkafka's mock cluster in its own process).
 set -euo pipefail
 bin=${1:-build/tidemark}
 data=${TIDEMARK_DEMO_DATA:-$(mktemp -d /tmp/tidemark-demo.XXXXXX)}
@@ -53,3 +54,19 @@ step shard inspect orders --json
 tm shard inspect orders --json
 step shard list
 tm shard list
+
+out=$data/sink-out
+step "sink run orders --to file://$out --as-of 2 --until 5   (upsert json files)"
+tm sink run orders --to "file://$out" --as-of 2 --until 5
+for f in "$out"/*.json; do echo "== $(basename "$f")"; cat "$f"; done
+
+mock=$(dirname "$bin")/tidemark-kafka-mock
+brokers_file=$data/kafka-brokers
+"$mock" --topic orders:3 --topic orders-progress:1 >"$brokers_file" &
+mock_pid=$!
+trap 'kill $mock_pid 2>/dev/null || true' EXIT
+for _ in $(seq 50); do [ -s "$brokers_file" ] && break; sleep 0.1; done
+brokers=$(cat "$brokers_file")
+step "sink run orders --to kafka://$brokers/orders --envelope debezium --sink-name to-kafka --as-of 4 --until 5   (a mock broker)"
+tm sink run orders --to "kafka://$brokers/orders" --envelope debezium --sink-name to-kafka --as-of 4 --until 5 2>&1 |
+  grep -v '^%' || true

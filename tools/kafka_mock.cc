@@ -5,9 +5,10 @@
 //
 // Prints one line, the bootstrap address ("127.0.0.1:PORT[,...]"), on stdout
 // and flushes it, then serves until it is killed (SIGTERM or SIGINT end it
-// cleanly; SIGKILL is fine too). Running the broker apart from the sink
-// keeps its memory (it holds every message produced) out of the sink's
-// figures, and lets a test kill the sink without losing the broker.
+// cleanly; SIGKILL is fine too) or its parent exits: a test that crashes
+// must not leave a broker behind holding its runner's output pipes. Running the broker apart from
+// the sink keeps its memory (it holds every message produced) out of the sink's figures, and lets a
+// test kill the sink without losing the broker.
 //
 // The mock is librdkafka's (rdkafka_mock.h), not a Kafka broker: in
 // librdkafka 2.0 it accepts transactions (InitProducerId, AddPartitionsToTxn,
@@ -16,6 +17,7 @@
 // sink and its tests stay exact regardless.
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +50,9 @@ bool parse_positive(const char* text, int* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const pid_t parent = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) return 0;  // the parent is already gone
   int brokers = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--brokers") == 0 && i + 1 < argc) {

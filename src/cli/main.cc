@@ -22,7 +22,7 @@ constexpr const char* kUsage =
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
       [--duration S] [--json]
   bench compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]
-  bench sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]
+  bench sink [--diff N] [--envelope upsert|debezium] [--to file|kafka] [--dir DIR] [--json]
 
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and

@@ -58,7 +58,7 @@ class ProgressReporter {
     if (tty_) {
       draw(p, now);
       std::fputc('\n', stderr);
-    } else {
+    } else if (p.pairs != printed_pairs_ || p.commits != printed_commits_ || !printed_) {
       line(p, now);
     }
   }
@@ -71,6 +71,9 @@ class ProgressReporter {
 
   void line(const SinkProgress& p, Clock::time_point now) {
     last_line_ = now;
+    printed_ = true;
+    printed_pairs_ = p.pairs;
+    printed_commits_ = p.commits;
     std::fprintf(stderr,
                  "sink %s: frontier %s, %llu pairs this run (%.0f pairs/s), %llu commits, %llu "
                  "upsert key violations%s\n",
@@ -109,6 +112,9 @@ class ProgressReporter {
   Clock::time_point started_ = Clock::now();
   Clock::time_point last_line_{};
   std::optional<Frontier> start_frontier_;
+  bool printed_ = false;  // the last line's figures, so finish() adds no copy
+  std::uint64_t printed_pairs_ = 0;
+  std::uint64_t printed_commits_ = 0;
 };
 
 constexpr const char* kSinkUsage =

@@ -191,7 +191,6 @@ struct KafkaDestination::State {
   std::map<std::int32_t, std::pair<std::int64_t, std::int64_t>> ranges;
   std::optional<std::string> delivery_error;  // the first failed delivery
   std::optional<std::string> fatal_error;
-  bool progress_delivered = false;
 
   KafkaMessage scratch;
   std::string time_text;
@@ -206,10 +205,7 @@ struct KafkaDestination::State {
       }
       return;
     }
-    if (message->_private == &g_progress_tag) {
-      self->progress_delivered = true;
-      return;
-    }
+    if (message->_private == &g_progress_tag) return;
     auto [it, inserted] =
         self->ranges.try_emplace(message->partition, message->offset, message->offset);
     if (!inserted) {
@@ -364,7 +360,6 @@ Status KafkaDestination::begin(Frontier lower) {
   s.lower = lower;
   s.bytes = 0;
   s.ranges.clear();
-  s.progress_delivered = false;
   return {};
 }
 

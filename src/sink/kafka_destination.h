@@ -39,11 +39,15 @@
 // transaction_timeout (default 10 minutes; a broker refuses more than its
 // transaction.max.timeout.ms, 15 minutes by default).
 //
-// Errors: an unreachable cluster is Determinate after operation_timeout. A
-// failed delivery or a transaction error that requires it aborts the open
-// transaction (Determinate: nothing of it is visible). A commit whose
-// outcome is unknown (timeout) is Indeterminate. A fenced producer (another
-// sink with the same id took over) is Determinate and final.
+// Errors: an unreachable cluster, or a topic that does not exist, is
+// Determinate after operation_timeout. A failed delivery (librdkafka gives
+// up on a message after message.timeout.ms, 5 minutes) or a transaction
+// error that requires it aborts the open transaction (Determinate: nothing
+// of it is visible). A commit whose outcome is unknown (a timeout, or a
+// fatal error such as being fenced by another sink with the same id) is
+// Indeterminate: a reopened destination reads the truth from the progress
+// topic. A message over the producer's message.max.bytes (1 MB) is
+// TooLarge.
 //
 // Thread-safety: one sink uses a destination from one thread.
 #pragma once

@@ -35,6 +35,7 @@ struct Received {
 class KafkaDestinationTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    if (kUnderTsan) GTEST_SKIP() << kKafkaUnderTsan;
     auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:3"});
     ASSERT_TRUE(mock) << mock.error().message;
     mock_ = std::move(*mock);

@@ -189,6 +189,7 @@ TEST_F(FileSinkTest, AnOpenIntervalIsCommittedWhenTheShardGoesQuiet) {
 // snapshot, changes while a writer appends, and a restart that resumes from
 // the progress topic.
 TEST_F(FileSinkTest, IntoKafkaSnapshotThenChangesThenResume) {
+  if (kUnderTsan) GTEST_SKIP() << kKafkaUnderTsan;
   auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:4"});
   ASSERT_TRUE(mock) << mock.error().message;
   const KafkaAddress address = *KafkaAddress::parse("kafka://" + (*mock)->brokers() + "/out");
