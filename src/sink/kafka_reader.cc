@@ -20,13 +20,13 @@ struct ConsumerDeleter {
 };
 using ConsumerPtr = std::unique_ptr<rd_kafka_t, ConsumerDeleter>;
 
-Result<ConsumerPtr> new_consumer(const std::string& brokers) {
+Result<ConsumerPtr> new_consumer(const std::string& brokers, bool read_committed) {
   rd_kafka_conf_t* conf = rd_kafka_conf_new();
   char errstr[512];
   const std::pair<const char*, std::string> settings[] = {
       {"bootstrap.servers", brokers},
       {"group.id", "tidemark-reader"},  // required by librdkafka; nothing is committed
-      {"isolation.level", "read_committed"},
+      {"isolation.level", read_committed ? "read_committed" : "read_uncommitted"},
       {"enable.partition.eof", "true"},
       {"enable.auto.commit", "false"},
       {"enable.auto.offset.store", "false"},
@@ -101,9 +101,31 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
                      std::chrono::milliseconds timeout,
                      const std::function<Status(const KafkaMessageView&)>& fn) {
   const std::string where = "topic " + topic + " on " + brokers;
-  TM_ASSIGN(ConsumerPtr consumer, new_consumer(brokers));
+  TM_ASSIGN(ConsumerPtr consumer, new_consumer(brokers, true));
   TM_ASSIGN(auto partitions, topic_partitions(consumer.get(), topic, timeout));
   if (partitions.empty()) return {};
+
+  // The end to read to: each partition's high watermark now, which a
+  // read_uncommitted request reports. A read_committed consumer sees the
+  // end only up to the last stable offset, before any transaction still
+  // open (another producer's); reading on until the high watermark means
+  // every record written before this call is seen once decided, instead of
+  // stopping short of it (for a sink: a stale progress, then duplicates).
+  std::map<std::int32_t, std::int64_t> end;
+  {
+    TM_ASSIGN(ConsumerPtr probe, new_consumer(brokers, false));
+    for (std::int32_t p : partitions) {
+      std::int64_t low = 0, high = 0;
+      rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
+          probe.get(), topic.c_str(), p, &low, &high, static_cast<int>(timeout.count()));
+      if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        return determinate("kafka: reading " + where + ": the end of partition " +
+                           std::to_string(p) + ": " + rd_kafka_err2str(err));
+      }
+      if (high > low) end[p] = high;  // empty partitions need no read
+    }
+  }
+  if (end.empty()) return {};
 
   rd_kafka_topic_partition_list_t* list =
       rd_kafka_topic_partition_list_new(static_cast<int>(partitions.size()));
@@ -115,11 +137,18 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     return determinate("kafka: reading " + where + ": " + rd_kafka_err2str(err));
   }
-  std::map<std::int32_t, bool> ended;
   std::size_t at_end = 0;
+  auto reached = [&](std::int32_t partition, std::int64_t next_offset) {
+    auto it = end.find(partition);
+    if (it != end.end() && next_offset >= it->second) {
+      end.erase(it);
+      ++at_end;
+    }
+  };
+  const std::size_t to_read = end.size();
   // The deadline moves on with every message: only a stalled read times out.
   auto deadline = Clock::now() + timeout;
-  while (at_end < partitions.size()) {
+  while (at_end < to_read) {
     if (Clock::now() > deadline) return determinate("kafka: timed out reading " + where);
     rd_kafka_message_t* message = rd_kafka_consumer_poll(consumer.get(), 100);
     if (message == nullptr) continue;
@@ -127,7 +156,7 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
         message, &rd_kafka_message_destroy);
     deadline = Clock::now() + timeout;
     if (message->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
-      if (!std::exchange(ended[message->partition], true)) ++at_end;
+      reached(message->partition, message->offset);
       continue;
     }
     if (message->err != RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -142,6 +171,7 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
     }
     view.time = time_header(message);
     TM_TRY(fn(view));
+    reached(message->partition, message->offset + 1);
   }
   return {};
 }

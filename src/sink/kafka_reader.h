@@ -2,9 +2,11 @@
 // what a Kafka sink has committed (tests, the benchmark, operators).
 //
 // consume_topic reads every partition of a topic from its beginning to its
-// end as of the read (enable.partition.eof) with
-// isolation.level=read_committed, calling `fn` for each message in
-// partition order. A topic that does not exist has no messages. Memory: one
+// high watermark as of the call, with isolation.level=read_committed,
+// calling `fn` for each message in partition order (and perhaps for a few
+// written after the call). Where another producer's transaction is still
+// open, it waits for it to end (or times out): stopping at the last stable
+// offset instead could miss a decided record behind it. A topic that does not exist has no messages. Memory: one
 // message at a time plus librdkafka's fetch buffers (queued.max.messages.kbytes
 // set to kFetchQueueKiB).
 //
