@@ -44,7 +44,7 @@ namespace tidemark {
 
 class FileDestination final : public SinkDestination {
  public:
-  static constexpr std::size_t kWriteBufferBytes = 1 << 20;
+  static constexpr std::size_t kWriteBufferBytes = 64 << 10;
   static constexpr std::size_t kLineSlackBytes = 64 << 10;
 
   // Creates the directory if needed, deletes temporaries a crashed sink left
