@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libzstd-dev libxxhash-dev libsqlite3-dev librdkafka-dev
+  libzstd-dev libxxhash-dev libsqlite3-dev librdkafka-dev libboost-dev
   libgtest-dev
 )
 

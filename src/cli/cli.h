@@ -63,6 +63,7 @@ int run_listen(const Globals& globals, const std::vector<std::string>& args);
 void maintain(Shard& shard);
 int run_compact(const Globals& globals, const std::vector<std::string>& args);
 int run_sink(const Globals& globals, const std::vector<std::string>& args);
+int run_serve(const Globals& globals, const std::vector<std::string>& args);
 int run_bench(const Globals& globals, const std::vector<std::string>& args);
 // `bench appender`, dispatched by run_bench (bench/bench_appender.cc).
 int run_bench_appender(const Globals& globals, const std::vector<std::string>& args);

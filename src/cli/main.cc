@@ -15,6 +15,7 @@ constexpr const char* kUsage =
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
+  serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE]
   sink run NAME --to file:///DIR|kafka://HOST:PORT/TOPIC [--envelope upsert|debezium]
       [--format json|csv] [--sink-name S] [--as-of T] [--until T]
   bench engine [--json] [--updates N] [--appends N]
@@ -75,6 +76,7 @@ int main(int argc, char** argv) {
   if (command == "listen") return run_listen(globals, rest);
   if (command == "compact") return run_compact(globals, rest);
   if (command == "sink") return run_sink(globals, rest);
+  if (command == "serve") return run_serve(globals, rest);
   if (command == "bench") return run_bench(globals, rest);
   return usage_error("unknown command \"" + command + "\" (see tidemark --help)");
 }

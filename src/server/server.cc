@@ -1,0 +1,1099 @@
+#include "server/server.h"
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <charconv>
+#include <condition_variable>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "server/metrics.h"
+#include "shard/state.h"
+#include "tidemark/appender.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+#include "util/json.h"
+
+namespace tidemark {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::chrono::seconds kIdleTimeout{60};
+constexpr std::chrono::milliseconds kListenRetry{50};
+
+unsigned status_of(const Error& error) {
+  switch (error.kind) {
+    case ErrorKind::kInvalidUsage:
+    case ErrorKind::kSinceViolation:
+      return 400;
+    case ErrorKind::kNotFound:
+      return 404;
+    case ErrorKind::kAlreadyExists:
+    case ErrorKind::kUpperMismatch:
+    case ErrorKind::kNotReady:
+      return 409;
+    case ErrorKind::kTooLarge:
+      return 413;
+    case ErrorKind::kFull:
+    case ErrorKind::kClosed:
+      return 503;
+    default:
+      return 500;
+  }
+}
+
+std::string error_json(std::string_view message) {
+  std::string out = "{\"error\":";
+  append_json_string(&out, message);
+  out += "}";
+  return out;
+}
+
+// "a=1&b=2" -> {a: 1, b: 2}; values are used as written (numbers only).
+std::map<std::string, std::string> parse_query(std::string_view query) {
+  std::map<std::string, std::string> out;
+  while (!query.empty()) {
+    auto amp = query.find('&');
+    std::string_view item = query.substr(0, amp);
+    auto eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      out[std::string(item)] = "";
+    } else {
+      out[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
+    }
+    if (amp == std::string_view::npos) break;
+    query = query.substr(amp + 1);
+  }
+  return out;
+}
+
+std::optional<Time> parse_time(const std::string& text) {
+  Time t = 0;
+  if (text.empty()) return std::nullopt;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
+  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
+  return t;
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// The server's shared state.
+
+struct Server::Impl : std::enable_shared_from_this<Impl> {
+  Impl(std::shared_ptr<Client> c, ServerOptions o)
+      : client(std::move(c)),
+        options(std::move(o)),
+        ioc(static_cast<int>(options.io_threads)),
+        acceptor(ioc),
+        workers(options.workers) {
+    root = MemoryPool::create("server", options.memory_limit);
+    requests = root->child("requests", options.memory_limit / 4);
+    appenders = root->child("appenders", options.memory_limit / 2);
+    reads = root->child("reads", options.memory_limit / 4);
+  }
+
+  std::shared_ptr<Client> client;
+  ServerOptions options;
+  net::io_context ioc;
+  tcp::acceptor acceptor;
+  net::thread_pool workers;
+  std::vector<std::thread> threads;
+  std::shared_ptr<MemoryPool> root, requests, appenders, reads;
+  Metrics metrics;
+
+  struct SharedWriter {
+    std::mutex mutex;  // one explicit append at a time per shard
+    std::unique_ptr<WriteHandle> writer;
+  };
+  std::mutex mutex;  // guards the three maps
+  std::map<std::string, std::shared_ptr<Shard>, std::less<>> shards;
+  std::map<std::string, std::shared_ptr<Appender>, std::less<>> shard_appenders;
+  std::map<std::string, std::shared_ptr<SharedWriter>, std::less<>> writers;
+
+  std::atomic<int> in_flight{0};
+  std::atomic<bool> stopping{false};
+  std::mutex stop_mutex;
+  std::condition_variable stop_cv;
+  bool stopped = false;
+
+  // Blocking: opens (once) and caches the shard.
+  Result<std::shared_ptr<Shard>> shard(std::string_view name) {
+    TM_TRY(validate_shard_name(name));
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = shards.find(name); it != shards.end()) return it->second;
+    }
+    TM_ASSIGN(auto opened, client->open_shard(name));
+    std::lock_guard lock(mutex);
+    return shards.try_emplace(std::string(name), std::move(opened)).first->second;
+  }
+
+  // Blocking: the shard's appender, drawing from the appenders pool.
+  Result<std::shared_ptr<Appender>> appender(std::string_view name) {
+    TM_ASSIGN(auto s, shard(name));
+    std::lock_guard lock(mutex);
+    if (auto it = shard_appenders.find(name); it != shard_appenders.end()) return it->second;
+    AppenderOptions appender_options;
+    appender_options.parent_pool = appenders;
+    appender_options.queue_bytes = appenders->capacity();
+    TM_ASSIGN(auto opened, Appender::open(s, appender_options));
+    return shard_appenders.try_emplace(std::string(name), std::move(opened)).first->second;
+  }
+
+  // Blocking: the shard's writer for explicit appends.
+  Result<std::shared_ptr<SharedWriter>> writer(std::string_view name) {
+    TM_ASSIGN(auto s, shard(name));
+    std::lock_guard lock(mutex);
+    if (auto it = writers.find(name); it != writers.end()) return it->second;
+    auto shared = std::make_shared<SharedWriter>();
+    TM_ASSIGN(shared->writer, s->open_writer());
+    return writers.try_emplace(std::string(name), std::move(shared)).first->second;
+  }
+
+  std::string render_metrics() {
+    std::string out;
+    out.append("# HELP tidemark_pool_used_bytes Bytes held in the server's memory pools.\n");
+    out.append("# TYPE tidemark_pool_used_bytes gauge\n");
+    for (const auto& [name, pool] :
+         {std::pair{"server", root}, std::pair{"requests", requests},
+          std::pair{"appenders", appenders}, std::pair{"reads", reads}}) {
+      append_sample(&out, "tidemark_pool_used_bytes", std::string("pool=\"") + name + "\"",
+                    static_cast<double>(pool->used()));
+    }
+    out.append("# HELP tidemark_pool_capacity_bytes Capacity of the server's memory pools.\n");
+    out.append("# TYPE tidemark_pool_capacity_bytes gauge\n");
+    for (const auto& [name, pool] :
+         {std::pair{"server", root}, std::pair{"requests", requests},
+          std::pair{"appenders", appenders}, std::pair{"reads", reads}}) {
+      append_sample(&out, "tidemark_pool_capacity_bytes", std::string("pool=\"") + name + "\"",
+                    static_cast<double>(pool->capacity()));
+    }
+    std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
+    std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;
+    {
+      std::lock_guard lock(mutex);
+      appender_list.assign(shard_appenders.begin(), shard_appenders.end());
+      shard_list.assign(shards.begin(), shards.end());
+    }
+    out.append("# HELP tidemark_appender_queue_bytes Bytes queued in a shard's appender.\n");
+    out.append("# TYPE tidemark_appender_queue_bytes gauge\n");
+    std::string batches, commits, records;
+    for (const auto& [name, a] : appender_list) {
+      const AppenderStats stats = a->stats();
+      const std::string label = "shard=\"" + name + "\"";
+      append_sample(&out, "tidemark_appender_queue_bytes", label,
+                    static_cast<double>(stats.pool.used));
+      append_sample(&batches, "tidemark_appender_batches_committed_total", label,
+                    static_cast<double>(stats.batches_committed));
+      append_sample(&commits, "tidemark_appender_commits_total", label,
+                    static_cast<double>(stats.commits));
+      append_sample(&records, "tidemark_appender_records_committed_total", label,
+                    static_cast<double>(stats.records_committed));
+    }
+    out.append(
+        "# HELP tidemark_appender_batches_committed_total Batches committed; divided by "
+        "commits: batches per commit.\n# TYPE tidemark_appender_batches_committed_total "
+        "counter\n");
+    out += batches;
+    out.append(
+        "# HELP tidemark_appender_commits_total compare_and_append calls that "
+        "succeeded.\n# TYPE tidemark_appender_commits_total counter\n");
+    out += commits;
+    out.append(
+        "# HELP tidemark_appender_records_committed_total Records made durable.\n# TYPE "
+        "tidemark_appender_records_committed_total counter\n");
+    out += records;
+    out.append("# HELP tidemark_shard_upper A shard's upper (absent when closed).\n");
+    out.append("# TYPE tidemark_shard_upper gauge\n");
+    for (const auto& [name, s] : shard_list) {
+      auto upper = s->upper();
+      if (upper && !upper->is_closed()) {
+        append_sample(&out, "tidemark_shard_upper", "shard=\"" + name + "\"",
+                      static_cast<double>(upper->time()));
+      }
+    }
+    metrics.render(&out);
+    return out;
+  }
+
+  void accept();
+};
+
+// ---------------------------------------------------------------------------
+// One connection: requests one after another.
+
+namespace {
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, std::shared_ptr<Server::Impl> server)
+      : stream_(std::move(socket)), server_(std::move(server)) {}
+
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+
+ private:
+  using Parser = http::request_parser<http::buffer_body>;
+  using Done = std::function<void()>;
+
+  // --- reading -------------------------------------------------------------
+
+  void read_header() {
+    if (server_->stopping) return close();
+    parser_.emplace();
+    parser_->header_limit(Server::kHeaderLimitBytes);
+    // Appends stream bodies of any size; the others are checked as read.
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
+    route_ = "unknown";
+    stream_.expires_after(kIdleTimeout);
+    http::async_read_header(
+        stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+          if (ec == http::error::header_limit) {
+            self->keep_alive_ = false;
+            return self->respond(
+                431, error_json("request header over " + std::to_string(Server::kHeaderLimitBytes) +
+                                " bytes"));
+          }
+          if (ec) return self->close();
+          self->on_header();
+        });
+  }
+
+  // Reads the next piece of the body into chunk_, once the requests pool
+  // has room (backpressure). `done(ec, piece, finished)`.
+  void read_piece(std::function<void(beast::error_code, std::string_view, bool)> done) {
+    if (parser_->is_done()) return done({}, {}, true);
+    auto go = [self = shared_from_this(), done] {
+      if (self->chunk_lease_.empty()) {
+        self->chunk_lease_ = self->server_->requests->force_reserve(Server::kBodyChunkBytes);
+      }
+      self->chunk_.resize(Server::kBodyChunkBytes);
+      auto& body = self->parser_->get().body();
+      body.data = self->chunk_.data();
+      body.size = self->chunk_.size();
+      self->stream_.expires_after(kIdleTimeout);
+      http::async_read_some(
+          self->stream_, self->buffer_, *self->parser_,
+          [self, done](beast::error_code ec, std::size_t) {
+            if (ec == http::error::need_buffer) ec = {};
+            if (ec) return done(ec, {}, false);
+            const std::size_t got = self->chunk_.size() - self->parser_->get().body().size;
+            done({}, std::string_view(self->chunk_.data(), got), self->parser_->is_done());
+          });
+    };
+    if (!chunk_lease_.empty() || server_->requests->available() > 0) return go();
+    server_->requests->when_available(
+        [self = shared_from_this(), go] { net::post(self->stream_.get_executor(), go); });
+  }
+
+  // Reads a whole small body (at most kSmallBodyBytes) into small_body_.
+  void read_small_body(Done then) {
+    read_piece([self = shared_from_this(), then](beast::error_code ec, std::string_view piece,
+                                                 bool finished) {
+      if (ec) return self->close();
+      self->small_body_.append(piece);
+      if (self->small_body_.size() > Server::kSmallBodyBytes) {
+        self->keep_alive_ = false;
+        return self->respond(413, error_json("request body over " +
+                                             std::to_string(Server::kSmallBodyBytes) + " bytes"));
+      }
+      if (finished) return then();
+      self->read_small_body(then);
+    });
+  }
+
+  // --- routing ---------------------------------------------------------------
+
+  void on_header() {
+    auto& request = parser_->get();
+    keep_alive_ = request.keep_alive();
+    small_body_.clear();
+    const std::string_view target(request.target().data(), request.target().size());
+    const auto q = target.find('?');
+    path_ = std::string(target.substr(0, q));
+    query_ = parse_query(q == std::string_view::npos ? std::string_view{} : target.substr(q + 1));
+    const http::verb method = request.method();
+
+    if (path_ == "/healthz") {
+      route_ = "healthz";
+      return read_small_body([self = shared_from_this()] { self->respond(200, "{\"ok\":true}"); });
+    }
+    if (server_->options.token) {
+      auto it = request.find(http::field::authorization);
+      const std::string expected = "Bearer " + *server_->options.token;
+      if (it == request.end() ||
+          !constant_time_equal(std::string_view(it->value().data(), it->value().size()),
+                               expected)) {
+        route_ = "unauthorized";
+        keep_alive_ = false;
+        return respond(401, error_json("missing or wrong bearer token"));
+      }
+    }
+    if (path_ == "/metrics" && method == http::verb::get) {
+      route_ = "metrics";
+      return read_small_body([self = shared_from_this()] {
+        self->blocking<std::string>(
+            [server = self->server_]() -> Result<std::string> { return server->render_metrics(); },
+            [self](Result<std::string> text) {
+              self->respond(200, std::move(*text), "text/plain; version=0.0.4");
+            });
+      });
+    }
+    constexpr std::string_view kShards = "/v1/shards";
+    if (path_ == kShards) {
+      if (method == http::verb::post) {
+        route_ = "create_shard";
+        return read_small_body([self = shared_from_this()] { self->create_shard(); });
+      }
+      if (method == http::verb::get) {
+        route_ = "list_shards";
+        return read_small_body([self = shared_from_this()] { self->list_shards(); });
+      }
+      return method_not_allowed();
+    }
+    if (path_.starts_with(std::string(kShards) + "/")) {
+      std::string_view rest = std::string_view(path_).substr(kShards.size() + 1);
+      const auto slash = rest.find('/');
+      name_ = std::string(rest.substr(0, slash));
+      const std::string_view action =
+          slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+      if (auto valid = validate_shard_name(name_); !valid) {
+        route_ = "bad_name";
+        return read_small_body([self = shared_from_this(), message = valid.error().message] {
+          self->respond(400, error_json(message));
+        });
+      }
+      if (action.empty() && method == http::verb::get) {
+        route_ = "inspect_shard";
+        return read_small_body([self = shared_from_this()] { self->inspect_shard(); });
+      }
+      if (action == "append" && method == http::verb::post) {
+        route_ = "append";
+        return start_append();
+      }
+      if (action == "snapshot" && method == http::verb::get) {
+        route_ = "snapshot";
+        return read_small_body([self = shared_from_this()] { self->snapshot(); });
+      }
+      if (action == "listen" && method == http::verb::get) {
+        route_ = "listen";
+        return read_small_body([self = shared_from_this()] { self->listen(); });
+      }
+      if (action.empty() || action == "append" || action == "snapshot" || action == "listen") {
+        return method_not_allowed();
+      }
+    }
+    route_ = "not_found";
+    read_small_body(
+        [self = shared_from_this()] { self->respond(404, error_json("no route " + self->path_)); });
+  }
+
+  void method_not_allowed() {
+    route_ = "method_not_allowed";
+    read_small_body([self = shared_from_this()] {
+      self->respond(405, error_json("method not allowed on " + self->path_));
+    });
+  }
+
+  // Runs `work` on the worker pool and `then` with its result back on this
+  // connection.
+  template <typename T>
+  void blocking(std::function<Result<T>()> work, std::function<void(Result<T>)> then) {
+    net::post(server_->workers, [self = shared_from_this(), work = std::move(work),
+                                 then = std::move(then)]() mutable {
+      auto result = std::make_shared<Result<T>>(work());
+      net::post(self->stream_.get_executor(),
+                [self, result, then = std::move(then)] { then(std::move(*result)); });
+    });
+  }
+
+  void respond_error(const Error& error) { respond(status_of(error), error_json(error.message)); }
+
+  // --- shards ----------------------------------------------------------------
+
+  void create_shard() {
+    auto json = parse_json(small_body_);
+    const JsonValue* name = json ? json->find("name") : nullptr;
+    if (!json || name == nullptr || !name->is_string()) {
+      return respond(400, error_json("expected {\"name\": S}"));
+    }
+    blocking<std::string>(
+        [server = server_, n = name->as_string()]() -> Result<std::string> {
+          TM_TRY(server->client->create_shard(n));
+          TM_ASSIGN(auto s, server->shard(n));
+          TM_ASSIGN(auto info, s->inspect());
+          return info.to_json();
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(201, std::move(*r));
+        });
+  }
+
+  void list_shards() {
+    blocking<std::string>(
+        [server = server_]() -> Result<std::string> {
+          TM_ASSIGN(auto names, server->client->list_shards());
+          std::string out = "[";
+          for (std::size_t i = 0; i < names.size(); ++i) {
+            TM_ASSIGN(auto s, server->shard(names[i]));
+            TM_ASSIGN(auto info, s->inspect());
+            if (i > 0) out += ",";
+            out += info.to_json();
+          }
+          return out + "]";
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(200, std::move(*r));
+        });
+  }
+
+  void inspect_shard() {
+    blocking<std::string>(
+        [server = server_, n = name_]() -> Result<std::string> {
+          TM_ASSIGN(auto s, server->shard(n));
+          TM_ASSIGN(auto info, s->inspect());
+          return info.to_json();
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(200, std::move(*r));
+        });
+  }
+
+  // --- appends ---------------------------------------------------------------
+
+  void start_append() {
+    line_ = 0;
+    count_ = 0;
+    carry_.clear();
+    last_token_.reset();
+    max_time_.reset();
+    const bool has_lower = query_.contains("lower"), has_upper = query_.contains("upper");
+    if (has_lower != has_upper) {
+      keep_alive_ = false;
+      return respond(400, error_json("lower and upper go together"));
+    }
+    if (has_lower) {
+      auto lower = parse_time(query_["lower"]), upper = parse_time(query_["upper"]);
+      if (!lower || !upper || *upper < *lower) {
+        keep_alive_ = false;
+        return respond(400, error_json("lower and upper must be times with lower <= upper"));
+      }
+      lower_ = *lower;
+      upper_ = *upper;
+      return blocking<std::shared_ptr<Server::Impl::SharedWriter>>(
+          [server = server_, n = name_] { return server->writer(n); },
+          [self = shared_from_this()](Result<std::shared_ptr<Server::Impl::SharedWriter>> w) {
+            if (!w) {
+              self->keep_alive_ = false;
+              return self->respond_error(w.error());
+            }
+            self->shared_writer_ = std::move(*w);
+            self->builder_.emplace(
+                self->shared_writer_->writer->builder(Frontier::at(self->lower_)));
+            self->read_explicit();
+          });
+    }
+    blocking<std::shared_ptr<Appender>>(
+        [server = server_, n = name_] { return server->appender(n); },
+        [self = shared_from_this()](Result<std::shared_ptr<Appender>> a) {
+          if (!a) {
+            self->keep_alive_ = false;
+            return self->respond_error(a.error());
+          }
+          self->appender_ = std::move(*a);
+          self->sender_.emplace(self->appender_->sender());
+          self->read_managed();
+        });
+  }
+
+  // Splits pending_ into lines (carry_ holds a partial one), calling
+  // `line_fn` for each complete line; stops early when it returns false.
+  // Returns false if a line is over the limit (after answering 413).
+  enum class Step : std::uint8_t { kMore, kStop, kError };
+  Step split_lines(const std::function<bool(std::string_view)>& line_fn, bool finished) {
+    for (;;) {
+      if (pending_.empty()) {
+        if (!finished || carry_.empty()) return Step::kMore;
+        std::string line = std::move(carry_);
+        carry_.clear();
+        ++line_;
+        if (!line_fn(line)) return Step::kStop;
+        return Step::kMore;
+      }
+      const auto nl = pending_.find('\n');
+      if (nl == std::string_view::npos) {
+        if (carry_.size() + pending_.size() > server_->options.max_record_bytes)
+          return Step::kError;
+        carry_.append(pending_);
+        if (carry_lease_.pool()) {
+          carry_lease_.force_grow(pending_.size());
+        } else {
+          carry_lease_ = server_->requests->force_reserve(pending_.size());
+        }
+        pending_ = {};
+        continue;
+      }
+      ++line_;
+      std::string_view line = pending_.substr(0, nl);
+      pending_.remove_prefix(nl + 1);
+      bool go_on;
+      if (!carry_.empty()) {
+        if (carry_.size() + line.size() > server_->options.max_record_bytes) return Step::kError;
+        carry_.append(line);
+        std::string whole = std::move(carry_);
+        carry_.clear();
+        carry_lease_.release();
+        go_on = line_fn(whole);
+      } else {
+        if (line.size() > server_->options.max_record_bytes) return Step::kError;
+        go_on = line_fn(line);
+      }
+      if (!go_on) return Step::kStop;
+    }
+  }
+
+  void record_too_large() {
+    keep_alive_ = false;
+    respond(413, error_json("line " + std::to_string(line_ + 1) + ": a record over " +
+                            std::to_string(server_->options.max_record_bytes) + " bytes"));
+  }
+
+  // Managed: enqueue as the body arrives.
+  void read_managed() {
+    read_piece(
+        [self = shared_from_this()](beast::error_code ec, std::string_view piece, bool finished) {
+          if (ec) return self->close();
+          self->pending_ = piece;
+          self->finished_ = finished;
+          self->process_managed();
+        });
+  }
+
+  void process_managed() {
+    if (stalled_) {
+      // A record the appender had no room for: offer it again.
+      auto token = sender_->enqueue_with_token(*stalled_);
+      if (!token) {
+        if (token.error().is(ErrorKind::kFull)) return wait_for_appender();
+        return fail_managed(token.error(), line_);
+      }
+      last_token_ = *token;
+      ++count_;
+      stalled_.reset();
+    }
+    std::optional<Error> failure;
+    std::uint64_t failed_line = 0;
+    const Step step = split_lines(
+        [&](std::string_view text) {
+          if (is_blank_line(text)) return true;
+          auto record = parse_record_line(text, RecordMode::kManaged);
+          if (!record) {
+            failure = record.error();
+            failed_line = line_;
+            return false;
+          }
+          AppendRecord r{std::move(record->key), std::move(record->value), record->diff};
+          auto token = sender_->enqueue_with_token(r);
+          if (!token) {
+            if (token.error().is(ErrorKind::kFull)) {
+              stalled_ = std::move(r);
+              return false;
+            }
+            failure = token.error();
+            failed_line = line_;
+            return false;
+          }
+          last_token_ = *token;
+          ++count_;
+          return true;
+        },
+        finished_);
+    if (step == Step::kError) return record_too_large();
+    if (failure) return fail_managed(*failure, failed_line);
+    if (stalled_) return wait_for_appender();
+    if (!finished_) return read_managed();
+    finish_managed();
+  }
+
+  void wait_for_appender() {
+    appender_->pool()->when_available([self = shared_from_this()] {
+      net::post(self->stream_.get_executor(), [self] { self->process_managed(); });
+    });
+  }
+
+  // Once what was enqueued is durable, answers 400/413 for the bad line.
+  void fail_managed(const Error& error, std::uint64_t line) {
+    keep_alive_ = false;
+    auto answer = [self = shared_from_this(), error, line](std::optional<Error> commit_error) {
+      std::string body = "{\"error\":";
+      std::string message = "line " + std::to_string(line) + ": " + error.message;
+      if (commit_error)
+        message += "; and committing the lines before it failed: " + commit_error->message;
+      append_json_string(&body, message);
+      body += ",\"line\":" + std::to_string(line) +
+              ",\"appended\":" + std::to_string(commit_error ? 0 : self->count_) + "}";
+      const unsigned status = error.kind == ErrorKind::kTooLarge ? 413 : 400;
+      self->respond(status, std::move(body));
+    };
+    if (!last_token_) return answer(std::nullopt);
+    last_token_->on_complete([self = shared_from_this(), answer](const Result<Time>& r) {
+      std::optional<Error> e;
+      if (!r) e = r.error();
+      net::post(self->stream_.get_executor(), [answer, e] { answer(e); });
+    });
+  }
+
+  void finish_managed() {
+    release_body();
+    if (!last_token_) {
+      return blocking<Frontier>(
+          [server = server_, n = name_]() -> Result<Frontier> {
+            TM_ASSIGN(auto s, server->shard(n));
+            return s->upper();
+          },
+          [self = shared_from_this()](Result<Frontier> upper) {
+            if (!upper) return self->respond_error(upper.error());
+            self->respond(200, "{\"time\":null,\"count\":0,\"upper\":" + upper->to_json() + "}");
+          });
+    }
+    const auto started = Clock::now();
+    last_token_->on_complete([self = shared_from_this(), started](const Result<Time>& r) {
+      self->server_->metrics.commit_latency().observe(
+          std::chrono::duration<double>(Clock::now() - started).count());
+      net::post(self->stream_.get_executor(), [self, r] {
+        if (!r) return self->respond_error(r.error());
+        // Committed at *r: the upper is past it.
+        self->respond(200, "{\"time\":" + std::to_string(*r) +
+                               ",\"count\":" + std::to_string(self->count_) +
+                               ",\"upper\":" + std::to_string(*r + 1) + "}");
+      });
+    });
+  }
+
+  // Explicit: parse and add each piece on a worker (adds may upload parts).
+  void read_explicit() {
+    read_piece([self = shared_from_this()](beast::error_code ec, std::string_view piece,
+                                           bool finished) {
+      if (ec) return self->close();
+      self->pending_ = piece;
+      self->finished_ = finished;
+      self->blocking<Step>(
+          [self]() -> Result<Step> {
+            std::optional<Error> failure;
+            const Step step = self->split_lines(
+                [&](std::string_view text) {
+                  if (is_blank_line(text)) return true;
+                  auto record = parse_record_line(text, RecordMode::kExplicit);
+                  if (!record) {
+                    failure = record.error();
+                    return false;
+                  }
+                  const Time t = *record->time;
+                  if (t < self->lower_ || t >= self->upper_) {
+                    failure = Error{ErrorKind::kInvalidUsage,
+                                    "time " + std::to_string(t) + " is outside [lower, upper) = [" +
+                                        std::to_string(self->lower_) + ", " +
+                                        std::to_string(self->upper_) + ")",
+                                    std::nullopt, std::nullopt};
+                    return false;
+                  }
+                  if (auto added = self->builder_->add(record->key, record->value, t, record->diff);
+                      !added) {
+                    failure = added.error();
+                    return false;
+                  }
+                  self->max_time_ = std::max(self->max_time_.value_or(0), t);
+                  ++self->count_;
+                  return true;
+                },
+                self->finished_);
+            if (failure) return std::unexpected(*failure);
+            return step;
+          },
+          [self](Result<Step> step) {
+            if (!step) {
+              self->keep_alive_ = false;
+              self->builder_.reset();
+              std::string body = "{\"error\":";
+              append_json_string(&body, "line " + std::to_string(self->line_) + ": " +
+                                            step.error().message + "; nothing was appended");
+              body += ",\"line\":" + std::to_string(self->line_) + "}";
+              return self->respond(step.error().kind == ErrorKind::kTooLarge ? 413 : 400,
+                                   std::move(body));
+            }
+            if (*step == Step::kError) return self->record_too_large();
+            if (!self->finished_) return self->read_explicit();
+            self->commit_explicit();
+          });
+    });
+  }
+
+  void commit_explicit() {
+    release_body();
+    blocking<std::string>(
+        [self = shared_from_this()]() -> Result<std::string> {
+          TM_ASSIGN(Batch batch, self->builder_->finish(Frontier::at(self->upper_)));
+          self->builder_.reset();
+          std::lock_guard lock(self->shared_writer_->mutex);
+          TM_TRY(self->shared_writer_->writer->compare_and_append(
+              std::span(&batch, 1), Frontier::at(self->lower_), Frontier::at(self->upper_)));
+          std::string out = "{\"time\":";
+          out += self->max_time_ ? std::to_string(*self->max_time_) : "null";
+          out += ",\"count\":" + std::to_string(self->count_) +
+                 ",\"lower\":" + std::to_string(self->lower_) +
+                 ",\"upper\":" + std::to_string(self->upper_) + "}";
+          return out;
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) {
+            if (r.error().is(ErrorKind::kUpperMismatch)) {
+              return self->respond(
+                  409,
+                  "{\"error\":\"upper mismatch\",\"expected\":" + std::to_string(self->lower_) +
+                      ",\"current\":" + Frontier::from_optional(r.error().current_upper).to_json() +
+                      "}");
+            }
+            return self->respond_error(r.error());
+          }
+          self->respond(200, std::move(*r));
+        });
+  }
+
+  void release_body() {
+    chunk_lease_.release();
+    carry_lease_.release();
+    std::string().swap(chunk_);
+    std::string().swap(carry_);
+  }
+
+  // --- reads -----------------------------------------------------------------
+
+  void snapshot() {
+    std::optional<Time> as_of;
+    if (query_.contains("as_of")) {
+      as_of = parse_time(query_["as_of"]);
+      if (!as_of) return respond(400, error_json("as_of must be a time"));
+    }
+    blocking<std::shared_ptr<SnapshotCursor>>(
+        [server = server_, n = name_, as_of]() -> Result<std::shared_ptr<SnapshotCursor>> {
+          TM_ASSIGN(auto s, server->shard(n));
+          Time t = 0;
+          if (as_of) {
+            t = *as_of;
+          } else {
+            TM_ASSIGN(Frontier upper, s->upper());
+            if (upper.is_closed() || upper.time() == 0) {
+              return make_error(ErrorKind::kNotReady, "shard " + n + " has no complete time yet");
+            }
+            t = upper.time() - 1;
+          }
+          TM_ASSIGN(SnapshotCursor cursor, s->snapshot(t));
+          return std::make_shared<SnapshotCursor>(std::move(cursor));
+        },
+        [self = shared_from_this()](Result<std::shared_ptr<SnapshotCursor>> cursor) {
+          if (!cursor) return self->respond_error(cursor.error());
+          auto source = *cursor;
+          self->stream([source](std::string* out) -> Result<bool> {
+            while (out->size() < Server::kStreamChunkBytes) {
+              TM_ASSIGN(auto row, source->next());
+              if (!row) return false;
+              out->append("{\"key\":").append(row->key).append(",\"value\":").append(row->value);
+              out->append(",\"diff\":");
+              append_i64(out, row->diff);
+              out->append("}\n");
+            }
+            return true;
+          });
+        });
+  }
+
+  void listen() {
+    auto from = query_.contains("from") ? parse_time(query_["from"]) : std::nullopt;
+    if (!from) return respond(400, error_json("listen needs from=T"));
+    std::optional<Time> until;
+    if (query_.contains("until")) {
+      until = parse_time(query_["until"]);
+      if (!until) return respond(400, error_json("until must be a time"));
+    }
+    blocking<std::shared_ptr<Listener>>(
+        [server = server_, n = name_, from, until]() -> Result<std::shared_ptr<Listener>> {
+          TM_ASSIGN(auto s, server->shard(n));
+          TM_ASSIGN(auto listener, s->listen(*from, until));
+          return std::shared_ptr<Listener>(std::move(listener));
+        },
+        [self = shared_from_this()](Result<std::shared_ptr<Listener>> listener) {
+          if (!listener) return self->respond_error(listener.error());
+          auto source = *listener;
+          // Returns with what is ready: a chunk, or nothing yet (an empty
+          // `out` and true: try again after kListenRetry).
+          self->stream([source](std::string* out) -> Result<bool> {
+            while (out->size() < Server::kStreamChunkBytes) {
+              TM_ASSIGN(auto event, source->poll());
+              if (!event) return !source->done();
+              if (event->kind == ListenEvent::Kind::kProgress) {
+                out->append("{\"progress\":").append(event->progress.to_json()).append("}\n");
+                return true;  // a reader waiting on progress sees it now
+              }
+              out->append("{\"key\":")
+                  .append(event->key)
+                  .append(",\"value\":")
+                  .append(event->value);
+              out->append(",\"time\":");
+              append_u64(out, event->time);
+              out->append(",\"diff\":");
+              append_i64(out, event->diff);
+              out->append("}\n");
+            }
+            return true;
+          });
+        });
+  }
+
+  // Streams NDJSON: `fill` (on a worker) appends up to a chunk and says
+  // whether more may follow; an empty chunk with more to come waits
+  // kListenRetry before asking again.
+  using Fill = std::function<Result<bool>(std::string*)>;
+
+  void stream(Fill fill) {
+    out_res_.emplace();
+    out_res_->result(http::status::ok);
+    out_res_->version(parser_->get().version());
+    out_res_->set(http::field::content_type, "application/x-ndjson");
+    out_res_->keep_alive(false);  // a stream ends the connection
+    keep_alive_ = false;
+    out_res_->chunked(true);
+    out_res_->body().data = nullptr;
+    out_res_->body().more = true;
+    out_sr_.emplace(*out_res_);
+    server_->metrics.count_request(route_, 200);
+    stream_.expires_after(kIdleTimeout);
+    http::async_write_header(
+        stream_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
+          if (ec) return self->close();
+          self->out_lease_ = self->server_->reads->force_reserve(Server::kStreamChunkBytes);
+          self->next_chunk(fill);
+        });
+  }
+
+  void next_chunk(Fill fill) {
+    if (server_->stopping) return end_stream();
+    blocking<bool>(
+        [self = shared_from_this(), fill]() -> Result<bool> {
+          self->out_data_.clear();
+          auto more = fill(&self->out_data_);
+          if (!more) {
+            self->out_data_ += error_json(more.error().message) + "\n";
+            return false;
+          }
+          return *more;
+        },
+        [self = shared_from_this(), fill](Result<bool> more) {
+          if (self->out_data_.empty()) {
+            if (!*more) return self->end_stream();
+            auto timer =
+                std::make_shared<net::steady_timer>(self->stream_.get_executor(), kListenRetry);
+            return timer->async_wait(
+                [self, fill, timer](beast::error_code) { self->next_chunk(fill); });
+          }
+          self->out_res_->body().data = self->out_data_.data();
+          self->out_res_->body().size = self->out_data_.size();
+          self->out_res_->body().more = true;
+          self->stream_.expires_after(kIdleTimeout);
+          http::async_write(self->stream_, *self->out_sr_,
+                            [self, fill, more = *more](beast::error_code ec, std::size_t) {
+                              if (ec == http::error::need_buffer) ec = {};
+                              if (ec) return self->close();
+                              if (!more) return self->end_stream();
+                              self->next_chunk(fill);
+                            });
+        });
+  }
+
+  void end_stream() {
+    out_res_->body().data = nullptr;
+    out_res_->body().more = false;
+    http::async_write(stream_, *out_sr_,
+                      [self = shared_from_this()](beast::error_code, std::size_t) {
+                        self->out_lease_.release();
+                        self->close();
+                      });
+  }
+
+  // --- answering -------------------------------------------------------------
+
+  void respond(unsigned status, std::string body,
+               std::string_view content_type = "application/json") {
+    server_->metrics.count_request(route_, status);
+    release_body();
+    auto response = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), parser_ ? parser_->get().version() : 11);
+    response->set(http::field::content_type,
+                  beast::string_view(content_type.data(), content_type.size()));
+    // A request whose body was not read to its end cannot be followed by
+    // another on this connection.
+    const bool keep = keep_alive_ && parser_ && parser_->is_done() && !server_->stopping;
+    response->keep_alive(keep);
+    response->body() = std::move(body);
+    if (response->body().empty() || response->body().back() != '\n') response->body() += "\n";
+    response->prepare_payload();
+    stream_.expires_after(kIdleTimeout);
+    http::async_write(
+        stream_, *response,
+        [self = shared_from_this(), response, keep](beast::error_code ec, std::size_t) {
+          if (ec || !keep) return self->close();
+          self->read_header();
+        });
+  }
+
+  void close() {
+    release_body();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<Server::Impl> server_;
+  beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
+  std::optional<Parser> parser_;
+  bool keep_alive_ = false;
+  std::string route_;
+  std::string path_;
+  std::string name_;
+  std::map<std::string, std::string> query_;
+  std::string small_body_;
+
+  // Body reading.
+  std::string chunk_;
+  Lease chunk_lease_;
+  std::string carry_;
+  Lease carry_lease_;
+  std::string_view pending_;
+  bool finished_ = false;
+
+  // Appends.
+  std::uint64_t line_ = 0;
+  std::uint64_t count_ = 0;
+  std::shared_ptr<Appender> appender_;
+  std::optional<AppendSender> sender_;
+  std::optional<AppendRecord> stalled_;
+  std::optional<CommitToken> last_token_;
+  std::shared_ptr<Server::Impl::SharedWriter> shared_writer_;
+  std::optional<BatchBuilder> builder_;
+  Time lower_ = 0;
+  Time upper_ = 0;
+  std::optional<Time> max_time_;
+
+  // Streams.
+  std::optional<http::response<http::buffer_body>> out_res_;
+  std::optional<http::response_serializer<http::buffer_body>> out_sr_;
+  std::string out_data_;
+  Lease out_lease_;
+};
+
+}  // namespace
+
+void Server::Impl::accept() {
+  acceptor.async_accept(net::make_strand(ioc),
+                        [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+                          if (!self->acceptor.is_open()) return;
+                          if (!ec) std::make_shared<Session>(std::move(socket), self)->start();
+                          self->accept();
+                        });
+}
+
+// ---------------------------------------------------------------------------
+
+Server::Server(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  stop();
+  wait();
+}
+
+Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
+                                              ServerOptions options) {
+  if (options.memory_limit < (1u << 20)) return invalid_usage("--memory-limit must be >= 1MiB");
+  if (options.io_threads == 0 || options.workers == 0) return invalid_usage("threads must be >= 1");
+  options.max_record_bytes = std::min(options.max_record_bytes, options.memory_limit / 8);
+  auto impl = std::make_shared<Impl>(std::move(client), std::move(options));
+  beast::error_code ec;
+  const auto address = net::ip::make_address(impl->options.host, ec);
+  if (ec) return invalid_usage("cannot listen on host " + impl->options.host + ": " + ec.message());
+  const tcp::endpoint endpoint(address, impl->options.port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return determinate("cannot listen on " + impl->options.host + ":" +
+                       std::to_string(impl->options.port) + ": " + ec.message());
+  }
+  impl->accept();
+  for (unsigned i = 0; i < impl->options.io_threads; ++i) {
+    impl->threads.emplace_back([impl] { impl->ioc.run(); });
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+std::uint16_t Server::port() const {
+  beast::error_code ec;
+  auto endpoint = impl_->acceptor.local_endpoint(ec);
+  return ec ? 0 : endpoint.port();
+}
+
+void Server::stop(std::chrono::milliseconds grace) {
+  Impl& impl = *impl_;
+  if (impl.stopping.exchange(true)) return;
+  net::post(impl.ioc, [&impl] {
+    beast::error_code ec;
+    impl.acceptor.close(ec);
+  });
+  // Requests in flight finish: managed appends are answered once durable.
+  std::vector<std::shared_ptr<Appender>> appenders;
+  {
+    std::lock_guard lock(impl.mutex);
+    for (auto& [name, a] : impl.shard_appenders) appenders.push_back(a);
+  }
+  const auto deadline = Clock::now() + grace;
+  for (auto& a : appenders) {
+    (void)a->flush();
+    if (Clock::now() > deadline) break;
+  }
+  for (auto& a : appenders) a->close();
+  impl.ioc.stop();
+  for (auto& t : impl.threads) t.join();
+  impl.workers.join();
+  {
+    std::lock_guard lock(impl.stop_mutex);
+    impl.stopped = true;
+  }
+  impl.stop_cv.notify_all();
+}
+
+void Server::wait() {
+  std::unique_lock lock(impl_->stop_mutex);
+  impl_->stop_cv.wait(lock, [&] { return impl_->stopped; });
+}
+
+}  // namespace tidemark

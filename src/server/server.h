@@ -1,0 +1,94 @@
+// Server: the HTTP contract of DESIGN.md section 9 over Boost.Beast.
+//
+// Asynchronous: a few I/O threads run every connection (no thread per
+// connection); work that blocks (consensus, blob, part uploads, reads) runs
+// on a small worker pool and posts its result back to the connection.
+//
+// Routes: /healthz; /metrics (Prometheus text); POST/GET /v1/shards;
+// GET /v1/shards/{name}; POST /v1/shards/{name}/append[?lower=L&upper=U];
+// GET /v1/shards/{name}/snapshot?as_of=T; GET /v1/shards/{name}/listen?from=T[&until=T].
+// Errors are JSON {"error": message} with the status of the contract.
+//
+// Appends stream: the body is read in kBodyChunkBytes pieces and each
+// record is parsed as it arrives, never buffering the body whole.
+//   - Managed (no lower/upper): records are enqueued into the shard's
+//     background appender as they arrive; the answer comes once the last
+//     one is durable: 200 {"time", "count", "upper"}, where time is the
+//     last record's commit time (a request's records may span batches:
+//     each is committed at a time <= it) and upper is time + 1. A malformed line
+//     gets 400 {"error", "line", "appended"}: the records before it were
+//     enqueued and are durable when the 400 is sent (`appended` of them).
+//   - Explicit (?lower=L&upper=U): records go into one batch as they
+//     arrive (parts uploaded on the way) and one compare_and_append
+//     commits them: all or nothing. 200 {"time", "count", "lower", "upper"};
+//     409 {"error": "upper mismatch", "expected", "current"}; 400 with the
+//     line: nothing appended.
+//   A record line longer than max_record_bytes gets 413.
+// Reads stream NDJSON with chunked transfer, one chunk of at most
+// kStreamChunkBytes at a time: a slow reader holds back only its own
+// stream. An error after the 200 header is a last line {"error": ...}.
+//
+// Memory: one MemoryPool tree of memory_limit bytes:
+//   requests   1/4: body chunks and partial record lines being read; a
+//              connection reads only while this pool has room (the rest
+//              wait: backpressure), so the overdraft is at most one chunk
+//              plus one record line per connection
+//   appenders  1/2: the shards' appender queues (records until durable)
+//   reads      1/4: snapshot and listen chunks
+//
+// Security: binds 127.0.0.1 unless told otherwise; with a token every
+// route but /healthz needs "Authorization: Bearer <token>"; headers are
+// limited to kHeaderLimitBytes and non-append bodies to kSmallBodyBytes;
+// shard names are validated, and no request names a path.
+//
+// Thread-safety: start/stop/wait from one thread; everything else is
+// internal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tidemark/client.h"
+
+namespace tidemark {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 6875;  // 0: any free port (see Server::port)
+  std::uint64_t memory_limit = 256ull << 20;
+  std::optional<std::string> token;  // bearer token; none: no auth
+  std::uint64_t max_record_bytes = 32ull << 20;
+  unsigned io_threads = 2;
+  unsigned workers = 4;
+};
+
+class Server {
+ public:
+  static constexpr std::size_t kHeaderLimitBytes = 16 << 10;
+  static constexpr std::size_t kSmallBodyBytes = 64 << 10;
+  static constexpr std::size_t kBodyChunkBytes = 64 << 10;
+  static constexpr std::size_t kStreamChunkBytes = 64 << 10;
+
+  // Binds and starts serving. InvalidUsage for bad options; Determinate if
+  // the address cannot be bound.
+  [[nodiscard]] static Result<std::unique_ptr<Server>> start(std::shared_ptr<Client> client,
+                                                             ServerOptions options);
+  ~Server();  // stop()
+
+  std::uint16_t port() const;
+  // Graceful: stop accepting, let requests in flight finish (up to
+  // `grace`), close the appenders (their queued records commit), stop.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(10));
+  // Blocks until stop() has finished.
+  void wait();
+
+  struct Impl;
+
+ private:
+  explicit Server(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tidemark

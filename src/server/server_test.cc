@@ -1,0 +1,377 @@
+// The HTTP contract (DESIGN.md 9) over real sockets: a Server on the
+// embedded default (files + SQLite in a scratch directory) on an ephemeral
+// port, and clients that speak HTTP/1.1 with Boost.Beast.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <filesystem>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "util/json.h"
+
+namespace tidemark {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+namespace fs = std::filesystem;
+
+struct Reply {
+  unsigned status = 0;
+  std::string body;
+  std::string content_type;
+};
+
+// One request on a fresh connection; status 0 if the connection failed.
+Reply call(std::uint16_t port, http::verb method, const std::string& target,
+           const std::string& body = "", const std::map<std::string, std::string>& headers = {}) {
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  beast::error_code ec;
+  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
+  if (ec) return {};
+  http::request<http::string_body> request(method, target, 11);
+  request.set(http::field::host, "127.0.0.1");
+  for (const auto& [name, value] : headers) request.set(name, value);
+  request.body() = body;
+  request.prepare_payload();
+  http::write(stream, request, ec);
+  if (ec) return {};
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+  http::read(stream, buffer, parser, ec);
+  if (ec) return {};
+  Reply reply;
+  reply.status = parser.get().result_int();
+  reply.body = parser.get().body();
+  reply.content_type = std::string(parser.get()[http::field::content_type]);
+  return reply;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out.push_back(text.substr(start, nl - start));
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tidemark-server-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    options_.port = 0;
+  }
+  void TearDown() override {
+    server_.reset();
+    client_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void start() {
+    ClientOptions client_options;
+    client_options.listen_poll_interval = std::chrono::milliseconds(5);
+    auto client = Client::open("file://" + (dir_ / "blob").string(),
+                               "sqlite://" + (dir_ / "consensus.db").string(), client_options);
+    ASSERT_TRUE(client) << client.error().message;
+    client_ = *client;
+    auto server = Server::start(client_, options_);
+    ASSERT_TRUE(server) << server.error().message;
+    server_ = std::move(*server);
+    port_ = server_->port();
+  }
+
+  Reply get(const std::string& target, const std::map<std::string, std::string>& headers = {}) {
+    return call(port_, http::verb::get, target, "", headers);
+  }
+  Reply post(const std::string& target, const std::string& body,
+             const std::map<std::string, std::string>& headers = {}) {
+    return call(port_, http::verb::post, target, body, headers);
+  }
+
+  fs::path dir_;
+  ServerOptions options_;
+  std::shared_ptr<Client> client_;
+  std::unique_ptr<Server> server_;
+  std::uint16_t port_ = 0;
+};
+
+TEST_F(ServerTest, ShardsAreCreatedListedAndInspected) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/healthz").status, 200u);
+  Reply created = post("/v1/shards", R"({"name": "orders"})");
+  EXPECT_EQ(created.status, 201u) << created.body;
+  EXPECT_EQ(created.body,
+            "{\"name\":\"orders\",\"upper\":0,\"since\":0,\"seqno\":0,\"batches\":0,\"parts\":0,"
+            "\"updates\":0,\"bytes\":0}\n");
+  EXPECT_EQ(post("/v1/shards", R"({"name": "orders"})").status, 409u);
+  EXPECT_EQ(post("/v1/shards", R"({"name": "bad/name"})").status, 400u);
+  EXPECT_EQ(post("/v1/shards", R"({"nom": "x"})").status, 400u);
+  EXPECT_EQ(post("/v1/shards", "not json").status, 400u);
+  EXPECT_EQ(post("/v1/shards", R"({"name": "alpha"})").status, 201u);
+  Reply list = get("/v1/shards");
+  EXPECT_EQ(list.status, 200u);
+  EXPECT_EQ(list.content_type, "application/json");
+  EXPECT_NE(list.body.find("\"name\":\"alpha\""), std::string::npos);
+  EXPECT_LT(list.body.find("alpha"), list.body.find("orders"));
+  EXPECT_EQ(get("/v1/shards/orders").status, 200u);
+  Reply missing = get("/v1/shards/missing");
+  EXPECT_EQ(missing.status, 404u);
+  EXPECT_EQ(missing.body.rfind("{\"error\":", 0), 0u) << missing.body;
+  EXPECT_EQ(get("/v1/shards/..").status, 400u);
+  EXPECT_EQ(get("/v1/nothing").status, 404u);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/orders").status, 405u);
+  EXPECT_EQ(call(port_, http::verb::put, "/v1/shards").status, 405u);
+}
+
+TEST_F(ServerTest, ExplicitAppendsAreAllOrNothing) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  Reply ok = post("/v1/shards/s/append?lower=0&upper=3",
+                  "{\"key\": \"a\", \"value\": 1, \"time\": 0}\n\n"
+                  "{\"key\": \"b\", \"value\": 2, \"time\": 2, \"diff\": 3}\n");
+  EXPECT_EQ(ok.status, 200u) << ok.body;
+  EXPECT_EQ(ok.body, "{\"time\":2,\"count\":2,\"lower\":0,\"upper\":3}\n");
+  Reply mismatch = post("/v1/shards/s/append?lower=0&upper=5", "");
+  EXPECT_EQ(mismatch.status, 409u);
+  EXPECT_EQ(mismatch.body, "{\"error\":\"upper mismatch\",\"expected\":0,\"current\":3}\n");
+  Reply bad = post("/v1/shards/s/append?lower=3&upper=5",
+                   "{\"key\": \"c\", \"value\": 1, \"time\": 3}\n{\"key\": \"d\"}\n");
+  EXPECT_EQ(bad.status, 400u);
+  EXPECT_NE(bad.body.find("\"line\":2"), std::string::npos) << bad.body;
+  Reply outside =
+      post("/v1/shards/s/append?lower=3&upper=5", "{\"key\": \"c\", \"value\": 1, \"time\": 9}\n");
+  EXPECT_EQ(outside.status, 400u);
+  EXPECT_NE(outside.body.find("outside"), std::string::npos) << outside.body;
+  EXPECT_EQ(post("/v1/shards/s/append?lower=3", "").status, 400u);
+  EXPECT_EQ(post("/v1/shards/s/append?lower=5&upper=3", "").status, 400u);
+  EXPECT_EQ(post("/v1/shards/missing/append?lower=0&upper=1", "").status, 404u);
+  // Nothing of the refused bodies was appended.
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=2");
+  EXPECT_EQ(snapshot.status, 200u);
+  EXPECT_EQ(snapshot.content_type, "application/x-ndjson");
+  EXPECT_EQ(snapshot.body,
+            "{\"key\":\"a\",\"value\":1,\"diff\":1}\n{\"key\":\"b\",\"value\":2,\"diff\":3}\n");
+  EXPECT_EQ(get("/v1/shards/s").body.find("\"upper\":3"), 9u + 3u) << get("/v1/shards/s").body;
+}
+
+TEST_F(ServerTest, ManagedAppendsAnswerOnceDurable) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  Reply ok =
+      post("/v1/shards/s/append", "{\"key\": 1, \"value\": \"a\"}\n{\"key\": 2, \"value\": \"b\"}");
+  ASSERT_EQ(ok.status, 200u) << ok.body;
+  auto json = parse_json(ok.body);
+  ASSERT_TRUE(json);
+  const Time time = *json->find("time")->as_u64();
+  EXPECT_EQ(*json->find("count")->as_u64(), 2u);
+  EXPECT_GT(*json->find("upper")->as_u64(), time);
+  // Durable and visible at its time.
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=" + std::to_string(time));
+  EXPECT_EQ(snapshot.body,
+            "{\"key\":1,\"value\":\"a\",\"diff\":1}\n{\"key\":2,\"value\":\"b\",\"diff\":1}\n");
+  // A time in a managed append is refused, with its line; the lines before
+  // it are appended and said so.
+  Reply bad = post("/v1/shards/s/append",
+                   "{\"key\": 3, \"value\": \"c\"}\n{\"key\": 4, \"value\": \"d\", \"time\": 1}\n");
+  EXPECT_EQ(bad.status, 400u);
+  EXPECT_NE(bad.body.find("\"line\":2,\"appended\":1"), std::string::npos) << bad.body;
+  Reply latest = get("/v1/shards/s/snapshot");
+  EXPECT_EQ(lines_of(latest.body).size(), 3u) << latest.body;
+  Reply empty = post("/v1/shards/s/append", "\n\n");
+  EXPECT_EQ(empty.status, 200u);
+  EXPECT_EQ(empty.body.rfind("{\"time\":null,\"count\":0,", 0), 0u) << empty.body;
+}
+
+TEST_F(ServerTest, ReadsStreamSnapshotsAndListens) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  std::string body;
+  for (int i = 0; i < 20000; ++i) {
+    body += "{\"key\": " + std::to_string(i) +
+            ", \"value\": \"v\", \"time\": " + std::to_string(i % 3) + "}\n";
+  }
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=3", body).status, 200u);
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=1");
+  EXPECT_EQ(lines_of(snapshot.body).size(), 20000u - 20000u / 3);  // times 0 and 1
+  Reply listen = get("/v1/shards/s/listen?from=0&until=3");
+  auto lines = lines_of(listen.body);
+  // Times 1 and 2 (after from), then progress to 3.
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back(), "{\"progress\":3}");
+  std::size_t updates = 0;
+  for (const auto& line : lines) updates += line.starts_with("{\"key\"") ? 1 : 0;
+  EXPECT_EQ(updates, 20000u - (20000u + 2) / 3);
+  EXPECT_EQ(get("/v1/shards/s/snapshot?as_of=x").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/snapshot?as_of=3").status, 409u);  // not final yet
+  EXPECT_EQ(get("/v1/shards/s/listen").status, 400u);
+  EXPECT_EQ(get("/v1/shards/missing/snapshot?as_of=0").status, 404u);
+}
+
+TEST_F(ServerTest, LimitsAndTokens) {
+  const fs::path token_dir = dir_;
+  options_.token = "s3cret";
+  options_.memory_limit = 16 << 20;  // records over 2 MiB are refused
+  ASSERT_NO_FATAL_FAILURE(start());
+  const std::map<std::string, std::string> auth{{"Authorization", "Bearer s3cret"}};
+  EXPECT_EQ(get("/healthz").status, 200u);  // no token needed
+  EXPECT_EQ(get("/v1/shards").status, 401u);
+  EXPECT_EQ(get("/v1/shards", {{"Authorization", "Bearer wrong"}}).status, 401u);
+  EXPECT_EQ(get("/metrics").status, 401u);
+  EXPECT_EQ(get("/v1/shards", auth).status, 200u);
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})", auth).status, 201u);
+  const std::string huge = "{\"key\": 1, \"value\": \"" + std::string(3 << 20, 'x') + "\"}\n";
+  Reply too_large = post("/v1/shards/s/append", huge, auth);
+  EXPECT_EQ(too_large.status, 413u) << too_large.body;
+  EXPECT_EQ(post("/v1/shards", std::string(100 << 10, ' '), auth).status, 413u);
+  EXPECT_EQ(get("/healthz", {{"X-Big", std::string(20 << 10, 'a')}}).status, 431u);
+  // A record under the limit is fine.
+  const std::string big = "{\"key\": 1, \"value\": \"" + std::string(1 << 20, 'y') + "\"}\n";
+  EXPECT_EQ(post("/v1/shards/s/append", big, auth).status, 200u);
+  Reply metrics = get("/metrics", auth);
+  EXPECT_EQ(metrics.status, 200u);
+  for (const char* name :
+       {"tidemark_pool_used_bytes{pool=\"appenders\"}",
+        "tidemark_appender_queue_bytes{shard=\"s\"}",
+        "tidemark_appender_commits_total{shard=\"s\"}", "tidemark_shard_upper{shard=\"s\"}",
+        "tidemark_append_commit_seconds_bucket",
+        "tidemark_http_requests_total{route=\"append\",status=\"413\"} 1"}) {
+    EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
+  }
+}
+
+// Many clients append (managed, distinct keys) while others take snapshots
+// and listen: every acknowledged append is in every snapshot at or after
+// its time, and the final snapshots hold exactly the acknowledged appends.
+TEST_F(ServerTest, ConcurrentAppendsSnapshotsAndListens) {
+  options_.memory_limit = 8 << 20;  // a small budget: backpressure happens
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  constexpr int kWriters = 8, kRequests = 40, kRecords = 25;
+  std::mutex mutex;
+  std::map<std::string, Time> acked;  // key -> commit time
+  std::atomic<int> failures{0};
+  std::atomic<bool> writing{true};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      for (int r = 0; r < kRequests; ++r) {
+        std::string body;
+        std::vector<std::string> keys;
+        for (int k = 0; k < kRecords; ++k) {
+          keys.push_back("\"w" + std::to_string(w) + "-" + std::to_string(r) + "-" +
+                         std::to_string(k) + "\"");
+          body += "{\"key\": " + keys.back() + ", \"value\": " + std::to_string(k) + "}\n";
+        }
+        Reply reply = post("/v1/shards/s/append", body);
+        auto json = parse_json(reply.body);
+        if (reply.status != 200 || !json || !json->find("time")->as_u64()) {
+          ++failures;
+          continue;
+        }
+        std::lock_guard lock(mutex);
+        for (auto& key : keys) acked[key] = *json->find("time")->as_u64();
+      }
+    });
+  }
+  std::atomic<int> snapshots_checked{0};
+  std::atomic<int> snapshot_errors{0};
+  threads.emplace_back([&] {
+    while (writing) {
+      std::map<std::string, Time> before;
+      {
+        std::lock_guard lock(mutex);
+        before = acked;
+      }
+      if (before.empty()) continue;
+      Time as_of = 0;
+      for (auto& [k, t] : before) as_of = std::max(as_of, t);
+      Reply snapshot = get("/v1/shards/s/snapshot?as_of=" + std::to_string(as_of));
+      if (snapshot.status != 200) {
+        ++snapshot_errors;
+        continue;
+      }
+      std::set<std::string> keys;
+      for (const auto& line : lines_of(snapshot.body)) {
+        auto json = parse_json(line);
+        if (json && json->find("key")) keys.insert(json->find("key")->to_json());
+      }
+      for (auto& [k, t] : before) {
+        if (!keys.contains(k)) ++snapshot_errors;
+      }
+      ++snapshots_checked;
+    }
+  });
+  for (int i = 0; i < kWriters; ++i) threads[i].join();
+  writing = false;
+  threads.back().join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(snapshot_errors.load(), 0);
+  EXPECT_GT(snapshots_checked.load(), 0);
+  ASSERT_EQ(acked.size(), static_cast<std::size_t>(kWriters * kRequests * kRecords));
+
+  // A listen from the start gives each record's commit time: every
+  // acknowledged record exactly once, at or before the time its answer
+  // gave (a request's records may span batches; the answer has the last).
+  Time last = 0;
+  for (auto& [k, t] : acked) last = std::max(last, t);
+  Reply listen = get("/v1/shards/s/listen?from=0&until=" + std::to_string(last + 1));
+  ASSERT_EQ(listen.status, 200u);
+  std::map<std::string, Time> committed;
+  for (const auto& line : lines_of(listen.body)) {
+    auto json = parse_json(line);
+    ASSERT_TRUE(json) << line;
+    if (!json->find("key")) continue;
+    const std::string key = json->find("key")->to_json();
+    ASSERT_EQ(*json->find("diff")->as_i64(), 1) << line;
+    ASSERT_TRUE(committed.emplace(key, *json->find("time")->as_u64()).second) << "twice: " << key;
+  }
+  ASSERT_EQ(committed.size(), acked.size());
+  for (auto& [k, t] : acked) {
+    ASSERT_TRUE(committed.contains(k)) << k;
+    ASSERT_LE(committed[k], t) << k;
+  }
+  // Each snapshot at as_of holds exactly the records committed at or
+  // before as_of: every distinct commit time up to a sample of 12, and the
+  // last.
+  std::set<Time> times;
+  for (auto& [k, t] : committed) times.insert(t);
+  int checked = 0;
+  for (Time as_of : times) {
+    if (++checked > 12 && as_of != *times.rbegin()) continue;
+    std::set<std::string> want, got;
+    for (auto& [k, t] : committed) {
+      if (t <= as_of) want.insert(k);
+    }
+    Reply snapshot = get("/v1/shards/s/snapshot?as_of=" + std::to_string(as_of));
+    ASSERT_EQ(snapshot.status, 200u);
+    for (const auto& line : lines_of(snapshot.body)) {
+      got.insert(parse_json(line)->find("key")->to_json());
+    }
+    ASSERT_EQ(got.size(), want.size()) << "as_of " << as_of;
+    ASSERT_TRUE(got == want) << "as_of " << as_of;
+  }
+}
+
+}  // namespace
+}  // namespace tidemark
