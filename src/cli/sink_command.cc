@@ -13,8 +13,7 @@
 #include <string>
 
 #include "cli/cli.h"
-#include "sink/file_destination.h"
-#include "sink/kafka_destination.h"
+#include "sink/destination_url.h"
 #include "sink/runner.h"
 
 namespace tidemark::cli {
@@ -28,7 +27,6 @@ void on_interrupt(int) {
 
 // The sink's memory pool: the Kafka producer's queue is reserved from it.
 constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
-constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
 
 class ProgressReporter {
  public:
@@ -142,48 +140,16 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   auto until = args->frontier("--until", false);
   if (!until) return usage_error(until.error().message);
   const std::string sink_name = args->get("--sink-name").value_or(shard_name);
-  constexpr std::string_view kFile = "file://";
-  std::optional<std::string> directory;
-  std::optional<KafkaAddress> kafka;
-  if (to->starts_with(kFile)) {
-    directory = to->substr(kFile.size());
-    if (directory->empty() || (*directory)[0] != '/') {
-      return usage_error("sink destination " + *to + ": the directory must be absolute");
-    }
-  } else if (to->starts_with("kafka://")) {
-    auto address = KafkaAddress::parse(*to);
-    if (!address) return usage_error(address.error().message);
-    if (*format != SinkFormat::kJson) {
-      return usage_error("sink destination " + *to +
-                         ": Kafka messages are json (--format csv is "
-                         "for files)");
-    }
-    kafka = std::move(*address);
-  } else {
-    return usage_error("sink destination " + *to +
-                       ": expected file:///dir or kafka://host:port[,host:port]/topic (s3:// is "
-                       "not built yet)");
-  }
+  auto url = parse_sink_url(*to, *format);
+  if (!url) return usage_error(url.error().message);
 
   auto client = open_client(globals);
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard(shard_name);
   if (!shard) return report(shard.error());
-  std::unique_ptr<SinkDestination> destination;
-  if (directory) {
-    auto file = FileDestination::open(*directory, *envelope, *format);
-    if (!file) return report(file.error());
-    destination = std::move(*file);
-  } else {
-    KafkaDestinationOptions kafka_options;
-    // One producer id per (shard, sink): a restarted sink fences its zombie.
-    kafka_options.sink_id = "tidemark/" + shard_name + "/" + sink_name;
-    kafka_options.pool = MemoryPool::create("sink", kSinkPoolBytes);
-    kafka_options.queue_bytes = kKafkaQueueBytes;
-    auto producer = KafkaDestination::open(*kafka, *envelope, kafka_options);
-    if (!producer) return report(producer.error());
-    destination = std::move(*producer);
-  }
+  auto destination = open_sink_destination(*url, *envelope, *format, shard_name, sink_name,
+                                           MemoryPool::create("sink", kSinkPoolBytes));
+  if (!destination) return report(destination.error());
 
   SinkOptions options;
   options.sink_name = sink_name;
@@ -195,7 +161,7 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   options.stop = [] { return g_interrupted != 0; };
-  auto ran = tidemark::run_sink(**shard, *destination, options);
+  auto ran = tidemark::run_sink(**shard, **destination, options);
   if (!ran) return report(ran.error());
   reporter.finish(*ran);
   return kExitOk;

@@ -5,12 +5,14 @@
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <condition_variable>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "server/metrics.h"
+#include "server/sinks.h"
 #include "shard/state.h"
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
@@ -101,12 +103,14 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
       : client(std::move(c)),
         options(std::move(o)),
         ioc(static_cast<int>(options.io_threads)),
-        acceptor(ioc),
+        acceptor(net::make_strand(ioc)),
         workers(options.workers) {
     root = MemoryPool::create("server", options.memory_limit);
     requests = root->child("requests", options.memory_limit / 4);
-    appenders = root->child("appenders", options.memory_limit / 2);
-    reads = root->child("reads", options.memory_limit / 4);
+    appenders = root->child("appenders", options.memory_limit / 8 * 3);
+    reads = root->child("reads", options.memory_limit / 8);
+    sink_pool = root->child("sinks", options.memory_limit / 4);
+    sinks = std::make_unique<SinkManager>(client, sink_pool);
   }
 
   std::shared_ptr<Client> client;
@@ -115,7 +119,8 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   tcp::acceptor acceptor;
   net::thread_pool workers;
   std::vector<std::thread> threads;
-  std::shared_ptr<MemoryPool> root, requests, appenders, reads;
+  std::shared_ptr<MemoryPool> root, requests, appenders, reads, sink_pool;
+  std::unique_ptr<SinkManager> sinks;
   Metrics metrics;
 
   struct SharedWriter {
@@ -127,6 +132,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
   std::map<std::string, std::shared_ptr<Appender>, std::less<>> shard_appenders;
   std::map<std::string, std::shared_ptr<SharedWriter>, std::less<>> writers;
 
+  std::uint16_t bound_port = 0;  // set before the I/O threads start
   std::atomic<int> in_flight{0};
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
@@ -171,17 +177,17 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     std::string out;
     out.append("# HELP tidemark_pool_used_bytes Bytes held in the server's memory pools.\n");
     out.append("# TYPE tidemark_pool_used_bytes gauge\n");
-    for (const auto& [name, pool] :
-         {std::pair{"server", root}, std::pair{"requests", requests},
-          std::pair{"appenders", appenders}, std::pair{"reads", reads}}) {
+    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
+                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
+                                     std::pair{"sinks", sink_pool}}) {
       append_sample(&out, "tidemark_pool_used_bytes", std::string("pool=\"") + name + "\"",
                     static_cast<double>(pool->used()));
     }
     out.append("# HELP tidemark_pool_capacity_bytes Capacity of the server's memory pools.\n");
     out.append("# TYPE tidemark_pool_capacity_bytes gauge\n");
-    for (const auto& [name, pool] :
-         {std::pair{"server", root}, std::pair{"requests", requests},
-          std::pair{"appenders", appenders}, std::pair{"reads", reads}}) {
+    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
+                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
+                                     std::pair{"sinks", sink_pool}}) {
       append_sample(&out, "tidemark_pool_capacity_bytes", std::string("pool=\"") + name + "\"",
                     static_cast<double>(pool->capacity()));
     }
@@ -229,6 +235,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
                       static_cast<double>(upper->time()));
       }
     }
+    sinks->render_metrics(&out);
     metrics.render(&out);
     return out;
   }
@@ -357,6 +364,47 @@ class Session : public std::enable_shared_from_this<Session> {
             });
       });
     }
+    constexpr std::string_view kSinks = "/v1/sinks";
+    if (path_ == kSinks) {
+      if (method == http::verb::post) {
+        route_ = "create_sink";
+        return read_small_body([self = shared_from_this()] { self->create_sink(); });
+      }
+      if (method == http::verb::get) {
+        route_ = "list_sinks";
+        return read_small_body(
+            [self = shared_from_this()] { self->respond(200, self->server_->sinks->list_json()); });
+      }
+      return method_not_allowed();
+    }
+    if (path_.starts_with(std::string(kSinks) + "/")) {
+      name_ = path_.substr(kSinks.size() + 1);
+      if (method == http::verb::get) {
+        route_ = "sink_status";
+        return read_small_body([self = shared_from_this()] {
+          auto status = self->server_->sinks->status_json(self->name_);
+          if (!status) return self->respond_error(status.error());
+          self->respond(200, std::move(*status));
+        });
+      }
+      if (method == http::verb::delete_) {
+        route_ = "delete_sink";
+        return read_small_body([self = shared_from_this()] {
+          self->blocking<std::string>(
+              [server = self->server_, n = self->name_]() -> Result<std::string> {
+                TM_TRY(server->sinks->remove(n));
+                std::string out = "{\"deleted\":";
+                append_json_string(&out, n);
+                return out + "}";
+              },
+              [self](Result<std::string> r) {
+                if (!r) return self->respond_error(r.error());
+                self->respond(200, std::move(*r));
+              });
+        });
+      }
+      return method_not_allowed();
+    }
     constexpr std::string_view kShards = "/v1/shards";
     if (path_ == kShards) {
       if (method == http::verb::post) {
@@ -446,6 +494,16 @@ class Session : public std::enable_shared_from_this<Session> {
           if (!r) return self->respond_error(r.error());
           self->respond(201, std::move(*r));
         });
+  }
+
+  void create_sink() {
+    auto spec = SinkSpec::parse(small_body_);
+    if (!spec) return respond_error(spec.error());
+    blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },
+                          [self = shared_from_this()](Result<std::string> r) {
+                            if (!r) return self->respond_error(r.error());
+                            self->respond(201, std::move(*r));
+                          });
   }
 
   void list_shards() {
@@ -1049,6 +1107,11 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     return determinate("cannot listen on " + impl->options.host + ":" +
                        std::to_string(impl->options.port) + ": " + ec.message());
   }
+  impl->bound_port = impl->acceptor.local_endpoint(ec).port();
+  if (auto resumed = impl->sinks->resume_all(); !resumed) {
+    std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
+                 resumed.error().message.c_str());
+  }
   impl->accept();
   for (unsigned i = 0; i < impl->options.io_threads; ++i) {
     impl->threads.emplace_back([impl] { impl->ioc.run(); });
@@ -1057,18 +1120,19 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
 }
 
 std::uint16_t Server::port() const {
-  beast::error_code ec;
-  auto endpoint = impl_->acceptor.local_endpoint(ec);
-  return ec ? 0 : endpoint.port();
+  return impl_->bound_port;
 }
 
 void Server::stop(std::chrono::milliseconds grace) {
   Impl& impl = *impl_;
   if (impl.stopping.exchange(true)) return;
-  net::post(impl.ioc, [&impl] {
+  // The acceptor lives on its own strand: close it there.
+  net::post(impl.acceptor.get_executor(), [&impl] {
     beast::error_code ec;
     impl.acceptor.close(ec);
   });
+  // Sinks stop first, each committing what it wrote (its progress).
+  impl.sinks->stop_all();
   // Requests in flight finish: managed appends are answered once durable.
   std::vector<std::shared_ptr<Appender>> appenders;
   {

@@ -12,6 +12,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -371,6 +372,83 @@ TEST_F(ServerTest, ConcurrentAppendsSnapshotsAndListens) {
     ASSERT_EQ(got.size(), want.size()) << "as_of " << as_of;
     ASSERT_TRUE(got == want) << "as_of " << as_of;
   }
+}
+
+// Sinks run inside the server, report their status, and resume from their
+// progress after a restart: nothing emitted twice, nothing skipped.
+TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto append_at = [&](Time t, int first, int n) {
+    std::string body;
+    for (int i = first; i < first + n; ++i) {
+      body += "{\"key\": " + std::to_string(i) +
+              ", \"value\": \"v\", \"time\": " + std::to_string(t) + "}\n";
+    }
+    Reply r = post(
+        "/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1), body);
+    ASSERT_EQ(r.status, 200u) << r.body;
+  };
+  ASSERT_NO_FATAL_FAILURE(append_at(0, 0, 100));
+  ASSERT_NO_FATAL_FAILURE(append_at(1, 100, 100));
+  const fs::path out = dir_ / "sink-out";
+  const std::string spec = "{\"name\": \"files\", \"shard\": \"s\", \"to\": \"file://" +
+                           out.string() + "\", \"envelope\": \"upsert\", \"format\": \"json\"}";
+  EXPECT_EQ(post("/v1/sinks", R"({"name": "x", "shard": "s", "to": "ftp://nowhere"})").status,
+            400u);
+  EXPECT_EQ(post("/v1/sinks", R"({"name": "x", "shard": "missing", "to": "file:///tmp/x"})").status,
+            404u);
+  Reply created = post("/v1/sinks", spec);
+  ASSERT_EQ(created.status, 201u) << created.body;
+  EXPECT_EQ(post("/v1/sinks", spec).status, 409u);
+  // Wait until the sink's frontier reaches the upper.
+  auto wait_frontier = [&](Time want) {
+    for (int i = 0; i < 1000; ++i) {
+      Reply status = get("/v1/sinks/files");
+      auto json = parse_json(status.body);
+      if (json && json->find("frontier") && json->find("frontier")->as_u64() &&
+          *json->find("frontier")->as_u64() >= want) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the sink did not reach " << want << ": " << get("/v1/sinks/files").body;
+  };
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(2));
+  Reply status = get("/v1/sinks/files");
+  EXPECT_NE(status.body.find("\"status\":\"running\""), std::string::npos) << status.body;
+  EXPECT_NE(get("/v1/sinks").body.find("\"name\":\"files\""), std::string::npos);
+  EXPECT_NE(get("/metrics").body.find("tidemark_sink_frontier{sink=\"files\",shard=\"s\"}"),
+            std::string::npos);
+
+  // Restart the server; append meanwhile; the sink resumes.
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_NO_FATAL_FAILURE(append_at(2, 200, 100));
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(3));
+  std::multiset<std::string> lines;
+  std::size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    ASSERT_FALSE(name.starts_with(".")) << "a temporary left: " << name;
+    ++files;
+    std::ifstream in(entry.path());
+    for (std::string line; std::getline(in, line);) lines.insert(line);
+  }
+  EXPECT_GE(files, 2u);
+  // The snapshot at 1 (keys 0..199 at time 1), then time 2's keys: once each.
+  EXPECT_EQ(lines.size(), 300u);
+  EXPECT_EQ(lines.count("{\"time\":1,\"key\":0,\"value\":\"v\"}"), 1u);
+  EXPECT_EQ(lines.count("{\"time\":2,\"key\":250,\"value\":\"v\"}"), 1u);
+
+  Reply deleted = call(port_, http::verb::delete_, "/v1/sinks/files");
+  EXPECT_EQ(deleted.status, 200u) << deleted.body;
+  EXPECT_EQ(get("/v1/sinks/files").status, 404u);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/sinks/files").status, 404u);
+  // Gone for good: not resumed by the next start.
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
 }
 
 }  // namespace

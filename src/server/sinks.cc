@@ -1,0 +1,274 @@
+#include "server/sinks.h"
+
+#include <condition_variable>
+#include <thread>
+
+#include "server/metrics.h"
+#include "shard/state.h"
+#include "sink/destination_url.h"
+#include "sink/runner.h"
+#include "tidemark/read.h"
+#include "util/json.h"
+
+namespace tidemark {
+namespace {
+
+constexpr std::string_view kSpecPrefix = "server/sinks/";
+
+std::string spec_key(const std::string& name) {
+  return std::string(kSpecPrefix) + name;
+}
+
+}  // namespace
+
+std::string SinkSpec::to_json() const {
+  std::string out = "{\"name\":";
+  append_json_string(&out, name);
+  out += ",\"shard\":";
+  append_json_string(&out, shard);
+  out += ",\"to\":";
+  append_json_string(&out, to);
+  out += envelope == Envelope::kUpsert ? ",\"envelope\":\"upsert\"" : ",\"envelope\":\"debezium\"";
+  out += format == SinkFormat::kJson ? ",\"format\":\"json\"}" : ",\"format\":\"csv\"}";
+  return out;
+}
+
+Result<SinkSpec> SinkSpec::parse(std::string_view json) {
+  auto value = parse_json(json);
+  if (!value || !value->is_object()) {
+    return invalid_usage("expected {\"name\", \"shard\", \"to\", \"envelope\", \"format\"}");
+  }
+  auto text = [&](const char* field) -> std::optional<std::string> {
+    const JsonValue* v = value->find(field);
+    if (v == nullptr || !v->is_string()) return std::nullopt;
+    return v->as_string();
+  };
+  SinkSpec spec;
+  auto name = text("name"), shard = text("shard"), to = text("to");
+  if (!name || !shard || !to) return invalid_usage("a sink needs \"name\", \"shard\" and \"to\"");
+  spec.name = *name;
+  spec.shard = *shard;
+  spec.to = *to;
+  if (auto valid = validate_shard_name(spec.name); !valid) {
+    return invalid_usage("sink name: " + valid.error().message);
+  }
+  TM_TRY(validate_shard_name(spec.shard));
+  if (auto envelope = text("envelope")) {
+    TM_ASSIGN(spec.envelope, parse_envelope(*envelope));
+  }
+  if (auto format = text("format")) {
+    TM_ASSIGN(spec.format, parse_sink_format(*format));
+  }
+  TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
+  (void)url;
+  return spec;
+}
+
+struct SinkManager::Task {
+  SinkSpec spec;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  mutable std::mutex mutex;
+  std::condition_variable wake;
+  std::string status = "starting";
+  std::optional<Frontier> frontier;
+  std::optional<std::string> error;
+  std::shared_ptr<Shard> shard;
+
+  void set(std::string s, std::optional<std::string> e = std::nullopt) {
+    std::lock_guard lock(mutex);
+    status = std::move(s);
+    error = std::move(e);
+  }
+
+  std::string to_json() const {
+    std::lock_guard lock(mutex);
+    std::string out = spec.to_json();
+    out.pop_back();
+    out += ",\"status\":";
+    append_json_string(&out, status);
+    out += ",\"frontier\":";
+    out += frontier ? frontier->to_json() : "null";
+    out += ",\"error\":";
+    if (error) {
+      append_json_string(&out, *error);
+    } else {
+      out += "null";
+    }
+    return out + "}";
+  }
+
+  void run(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool) {
+    while (!stop) {
+      set("starting");
+      auto ran = run_once(client, pool);
+      if (stop) break;
+      if (ran) {
+        set("done");
+        return;
+      }
+      set("failed", ran.error().message);
+      std::unique_lock lock(mutex);
+      wake.wait_for(lock, kRetryInterval, [&] { return stop.load(); });
+    }
+    set("stopped");
+  }
+
+  Status run_once(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool) {
+    TM_ASSIGN(auto opened, client->open_shard(spec.shard));
+    {
+      std::lock_guard lock(mutex);
+      shard = opened;
+    }
+    TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
+    TM_ASSIGN(auto destination,
+              open_sink_destination(url, spec.envelope, spec.format, spec.shard, spec.name, pool));
+    {
+      std::lock_guard lock(mutex);
+      frontier = destination->progress();
+    }
+    set("running");
+    SinkOptions options;
+    options.sink_name = spec.name;
+    options.stop = [this] { return stop.load(); };
+    options.on_progress = [this](const SinkProgress& p) {
+      std::lock_guard lock(mutex);
+      frontier = p.frontier;
+    };
+    TM_ASSIGN(SinkProgress progress, run_sink(*opened, *destination, options));
+    (void)progress;
+    return {};
+  }
+};
+
+SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool)
+    : client_(std::move(client)), pool_(std::move(pool)) {}
+
+SinkManager::~SinkManager() {
+  stop_all();
+}
+
+void SinkManager::start(const SinkSpec& spec) {
+  auto task = std::make_shared<Task>();
+  task->spec = spec;
+  task->thread = std::thread([task, client = client_, pool = pool_] { task->run(client, pool); });
+  std::lock_guard lock(mutex_);
+  tasks_[spec.name] = std::move(task);
+}
+
+Status SinkManager::resume_all() {
+  std::vector<std::string> keys;
+  TM_TRY(client_->location().blob->list(
+      kSpecPrefix, [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); }));
+  for (const std::string& key : keys) {
+    TM_ASSIGN(auto bytes, client_->location().blob->get(key));
+    if (!bytes) continue;
+    auto spec = SinkSpec::parse(*bytes);
+    if (!spec) return corruption("sink definition " + key + ": " + spec.error().message);
+    start(*spec);
+  }
+  return {};
+}
+
+Result<std::string> SinkManager::create(const SinkSpec& spec) {
+  {
+    std::lock_guard lock(mutex_);
+    if (tasks_.contains(spec.name)) {
+      return make_error(ErrorKind::kAlreadyExists, "a sink named " + spec.name + " exists");
+    }
+  }
+  TM_ASSIGN(auto shard, client_->open_shard(spec.shard));  // NotFound early
+  (void)shard;
+  TM_TRY(client_->location().blob->set(spec_key(spec.name), spec.to_json()));
+  start(spec);
+  return status_json(spec.name);
+}
+
+Result<std::string> SinkManager::status_json(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  auto it = tasks_.find(name);
+  if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+  return it->second->to_json();
+}
+
+std::string SinkManager::list_json() const {
+  std::lock_guard lock(mutex_);
+  std::string out = "[";
+  for (const auto& [name, task] : tasks_) {
+    if (out.size() > 1) out += ",";
+    out += task->to_json();
+  }
+  return out + "]";
+}
+
+Status SinkManager::remove(const std::string& name) {
+  std::shared_ptr<Task> task;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = tasks_.find(name);
+    if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+    task = it->second;
+    tasks_.erase(it);
+  }
+  task->stop = true;
+  task->wake.notify_all();
+  if (task->thread.joinable()) task->thread.join();
+  TM_TRY(client_->location().blob->remove(spec_key(name)));
+  // Its hold on the shard goes too: history it no longer needs.
+  if (auto shard = client_->open_shard(task->spec.shard)) {
+    if (auto reader = (*shard)->open_critical_reader("sink-" + name)) (void)(*reader)->expire();
+  }
+  return {};
+}
+
+void SinkManager::stop_all() {
+  std::map<std::string, std::shared_ptr<Task>> tasks;
+  {
+    std::lock_guard lock(mutex_);
+    tasks = tasks_;
+  }
+  for (auto& [name, task] : tasks) {
+    task->stop = true;
+    task->wake.notify_all();
+  }
+  for (auto& [name, task] : tasks) {
+    if (task->thread.joinable()) task->thread.join();
+  }
+}
+
+void SinkManager::render_metrics(std::string* out) const {
+  std::map<std::string, std::shared_ptr<Task>> tasks;
+  {
+    std::lock_guard lock(mutex_);
+    tasks = tasks_;
+  }
+  std::string lag;
+  out->append("# HELP tidemark_sink_frontier Every pair at a time below it is committed.\n");
+  out->append("# TYPE tidemark_sink_frontier gauge\n");
+  for (const auto& [name, task] : tasks) {
+    std::optional<Frontier> frontier;
+    std::shared_ptr<Shard> shard;
+    {
+      std::lock_guard lock(task->mutex);
+      frontier = task->frontier;
+      shard = task->shard;
+    }
+    if (!frontier || frontier->is_closed()) continue;
+    const std::string label = "sink=\"" + name + "\",shard=\"" + task->spec.shard + "\"";
+    append_sample(out, "tidemark_sink_frontier", label, static_cast<double>(frontier->time()));
+    if (!shard) continue;
+    auto upper = shard->upper();
+    if (upper && !upper->is_closed()) {
+      const double behind = upper->time() > frontier->time()
+                                ? static_cast<double>(upper->time() - frontier->time())
+                                : 0.0;
+      append_sample(&lag, "tidemark_sink_lag", label, behind);
+    }
+  }
+  out->append(
+      "# HELP tidemark_sink_lag The shard's upper minus the sink's frontier, in time "
+      "units.\n# TYPE tidemark_sink_lag gauge\n");
+  out->append(lag);
+}
+
+}  // namespace tidemark

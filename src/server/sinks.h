@@ -1,0 +1,78 @@
+// SinkManager: the sinks a server runs (POST/GET/DELETE /v1/sinks).
+//
+// A sink's definition {"name", "shard", "to", "envelope", "format"} is
+// stored in the blob store under "server/sinks/<name>" when it is created,
+// so a restarted server resumes every sink: each one picks up from its
+// destination's progress (run_sink), and its critical reader still holds
+// the shard's since. Each sink runs run_sink on a thread of its own (a
+// sink is long-lived; connections never get threads). A sink that fails
+// (an unreachable broker, a full disk) reports "failed" with its error
+// and is retried every kRetryInterval until it runs or is deleted.
+// Deleting a sink stops it, drops its critical reader's hold and its
+// definition; its output stays where it is.
+//
+// Status: "starting", "running" (snapshot or following), "failed" (with
+// error; retried), "done" (the shard closed), "stopped".
+//
+// Memory: sinks draw from one pool (a Kafka producer's queue is reserved
+// from it); per sink a thread and its walker's O(1) state.
+//
+// Thread-safety: all methods are safe for concurrent use.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "sink/envelope.h"
+#include "tidemark/client.h"
+#include "tidemark/memory_pool.h"
+
+namespace tidemark {
+
+struct SinkSpec {
+  std::string name;
+  std::string shard;
+  std::string to;
+  Envelope envelope = Envelope::kUpsert;
+  SinkFormat format = SinkFormat::kJson;
+
+  std::string to_json() const;
+  // InvalidUsage naming what is wrong (names, URL, envelope, format).
+  [[nodiscard]] static Result<SinkSpec> parse(std::string_view json);
+};
+
+class SinkManager {
+ public:
+  static constexpr std::chrono::seconds kRetryInterval{5};
+
+  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool);
+  ~SinkManager();  // stop_all()
+
+  // Starts every stored sink.
+  [[nodiscard]] Status resume_all();
+  // Stores and starts a sink; AlreadyExists, NotFound (no such shard).
+  [[nodiscard]] Result<std::string> create(const SinkSpec& spec);
+  // {"name", "shard", "to", "status", "frontier", "error"}; NotFound.
+  [[nodiscard]] Result<std::string> status_json(const std::string& name) const;
+  std::string list_json() const;
+  [[nodiscard]] Status remove(const std::string& name);
+  // Stops every sink: each commits what it has written (progress recorded).
+  void stop_all();
+  // tidemark_sink_frontier and tidemark_sink_lag (shard upper - frontier).
+  void render_metrics(std::string* out) const;
+
+  struct Task;
+
+ private:
+  void start(const SinkSpec& spec);
+
+  std::shared_ptr<Client> client_;
+  std::shared_ptr<MemoryPool> pool_;
+  mutable std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<Task>> tasks_;
+};
+
+}  // namespace tidemark

@@ -1,0 +1,38 @@
+// Sink destination URLs (DESIGN.md 8): parsing, then opening.
+//
+//   file:///abs/dir                                  FileDestination
+//   kafka://host:port[,host:port]/topic[?progress_topic=NAME]   KafkaDestination
+//
+// parse_sink_url checks a URL and a format without touching anything
+// (InvalidUsage naming what is wrong); open_sink_destination opens it for
+// the sink `sink_name` of shard `shard`: the Kafka producer id is
+// "tidemark/<shard>/<sink_name>" and its queue (kKafkaQueueBytes) is
+// reserved from `pool`.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "sink/destination.h"
+#include "sink/envelope.h"
+#include "sink/kafka_destination.h"
+#include "tidemark/memory_pool.h"
+
+namespace tidemark {
+
+inline constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
+
+struct SinkUrl {
+  std::optional<std::string> directory;  // file://
+  std::optional<KafkaAddress> kafka;     // kafka://
+};
+
+[[nodiscard]] Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format);
+
+[[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
+    const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
+    const std::string& sink_name, std::shared_ptr<MemoryPool> pool);
+
+}  // namespace tidemark
