@@ -49,6 +49,8 @@ struct Globals {
 };
 
 Result<std::shared_ptr<Client>> open_client(const Globals& globals);
+// The blob and consensus URLs the globals name (creating the data directory).
+Result<std::pair<std::string, std::string>> location_urls(const Globals& globals);
 
 // Prints the error and returns its exit code.
 int report(const Error& error);

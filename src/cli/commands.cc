@@ -82,7 +82,7 @@ int usage_error(const std::string& message) {
   return kExitUsage;
 }
 
-Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
+Result<std::pair<std::string, std::string>> location_urls(const Globals& globals) {
   std::string blob_url, consensus_url;
   if (!globals.blob_url || !globals.consensus_url) {
     std::error_code ec;
@@ -97,12 +97,17 @@ Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
   }
   if (globals.blob_url) blob_url = *globals.blob_url;
   if (globals.consensus_url) consensus_url = *globals.consensus_url;
+  return std::pair{blob_url, consensus_url};
+}
+
+Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
+  TM_ASSIGN(auto urls, location_urls(globals));
   // A command is a short-lived process: it compacts in the foreground
   // (after an append, or as `compact`) instead of leaving a merge half
   // done when it exits.
   ClientOptions options;
   options.background_compaction = false;
-  return Client::open(blob_url, consensus_url, options);
+  return Client::open(urls.first, urls.second, options);
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli/cli.h"
+#include "location/faulty.h"
 #include "server/server.h"
 #include "util/size.h"
 
@@ -12,12 +13,16 @@ namespace tidemark::cli {
 namespace {
 
 constexpr const char* kServeUsage =
-    "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE]";
+    "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] (benchmarks: "
+    "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
 }  // namespace
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--listen", "--memory-limit", "--token-file"}, {});
+  auto args = Args::parse(argv,
+                          {"--listen", "--memory-limit", "--token-file", "--inject-blob-latency-ms",
+                           "--appender-queue"},
+                          {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
   ServerOptions options;
@@ -59,6 +64,28 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     options.token = std::move(token);
   }
 
+  double blob_latency_ms = 0;
+  if (auto latency = args->get("--inject-blob-latency-ms")) {
+    try {
+      std::size_t used = 0;
+      blob_latency_ms = std::stod(*latency, &used);
+      if (used != latency->size() || blob_latency_ms < 0) throw std::invalid_argument(*latency);
+    } catch (...) {
+      return usage_error("--inject-blob-latency-ms takes milliseconds, got " + *latency);
+    }
+  }
+  if (auto queue = args->get("--appender-queue")) {
+    if (queue->starts_with("records:")) {
+      try {
+        options.appender_queue_records = std::stoul(queue->substr(8));
+      } catch (...) {
+        return usage_error("--appender-queue takes bytes or records:N");
+      }
+    } else if (*queue != "bytes") {
+      return usage_error("--appender-queue takes bytes or records:N");
+    }
+  }
+
   // SIGTERM and SIGINT stop the server gracefully: blocked here, waited for.
   sigset_t signals;
   sigemptyset(&signals);
@@ -66,7 +93,20 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread starts
 
-  auto client = open_client(globals);
+  auto urls = location_urls(globals);
+  if (!urls) return report(urls.error());
+  auto blob = open_blob(urls->first);
+  if (!blob) return report(blob.error());
+  auto consensus = open_consensus(urls->second);
+  if (!consensus) return report(consensus.error());
+  std::shared_ptr<Blob> served_blob = *blob;
+  if (blob_latency_ms > 0) {
+    FaultConfig latency;
+    latency.latency = std::chrono::microseconds(static_cast<std::int64_t>(blob_latency_ms * 1000));
+    served_blob = std::make_shared<FaultyBlob>(*blob, latency);
+  }
+  // A long-running server compacts in the background.
+  auto client = Client::open(Location{served_blob, *consensus}, ClientOptions{});
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);
   if (!server) return report(server.error());

@@ -30,6 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::seconds kIdleTimeout{60};
 constexpr std::chrono::milliseconds kListenRetry{50};
+// A connection keeps a body buffer this small between requests.
+constexpr std::uint64_t kSmallChunkBytes = 4 << 10;
 
 unsigned status_of(const Error& error) {
   switch (error.kind) {
@@ -159,6 +161,7 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
     AppenderOptions appender_options;
     appender_options.parent_pool = appenders;
     appender_options.queue_bytes = appenders->capacity();
+    appender_options.queue_records = options.appender_queue_records;
     TM_ASSIGN(auto opened, Appender::open(s, appender_options));
     return shard_appenders.try_emplace(std::string(name), std::move(opened)).first->second;
   }
@@ -289,24 +292,32 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_piece(std::function<void(beast::error_code, std::string_view, bool)> done) {
     if (parser_->is_done()) return done({}, {}, true);
     auto go = [self = shared_from_this(), done] {
-      if (self->chunk_lease_.empty()) {
-        self->chunk_lease_ = self->server_->requests->force_reserve(Server::kBodyChunkBytes);
+      // A buffer the size of the body, between kSmallChunkBytes and
+      // kBodyChunkBytes, not zeroed, kept for the connection's next
+      // request when small.
+      std::uint64_t want = Server::kBodyChunkBytes;
+      if (auto length = self->parser_->content_length()) want = std::min(want, *length);
+      want = std::max<std::uint64_t>(want, kSmallChunkBytes);
+      if (self->chunk_size_ < want) {
+        self->chunk_ = std::make_unique_for_overwrite<char[]>(want);
+        self->chunk_size_ = want;
+        self->chunk_lease_.release();
+        self->chunk_lease_ = self->server_->requests->force_reserve(want);
       }
-      self->chunk_.resize(Server::kBodyChunkBytes);
       auto& body = self->parser_->get().body();
-      body.data = self->chunk_.data();
-      body.size = self->chunk_.size();
+      body.data = self->chunk_.get();
+      body.size = self->chunk_size_;
       self->stream_.expires_after(kIdleTimeout);
       http::async_read_some(
           self->stream_, self->buffer_, *self->parser_,
           [self, done](beast::error_code ec, std::size_t) {
             if (ec == http::error::need_buffer) ec = {};
             if (ec) return done(ec, {}, false);
-            const std::size_t got = self->chunk_.size() - self->parser_->get().body().size;
-            done({}, std::string_view(self->chunk_.data(), got), self->parser_->is_done());
+            const std::size_t got = self->chunk_size_ - self->parser_->get().body().size;
+            done({}, std::string_view(self->chunk_.get(), got), self->parser_->is_done());
           });
     };
-    if (!chunk_lease_.empty() || server_->requests->available() > 0) return go();
+    if (chunk_size_ > 0 || server_->requests->available() > 0) return go();
     server_->requests->when_available(
         [self = shared_from_this(), go] { net::post(self->stream_.get_executor(), go); });
   }
@@ -541,6 +552,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // --- appends ---------------------------------------------------------------
 
   void start_append() {
+    // A keep-alive connection's previous request may have named another shard.
+    appender_.reset();
+    sender_.reset();
+    stalled_.reset();
+    shared_writer_.reset();
+    builder_.reset();
     line_ = 0;
     count_ = 0;
     carry_.clear();
@@ -571,6 +588,17 @@ class Session : public std::enable_shared_from_this<Session> {
                 self->shared_writer_->writer->builder(Frontier::at(self->lower_)));
             self->read_explicit();
           });
+    }
+    // The shard's appender, opened once (by a worker: it blocks).
+    {
+      std::lock_guard lock(server_->mutex);
+      if (auto it = server_->shard_appenders.find(name_); it != server_->shard_appenders.end()) {
+        appender_ = it->second;
+      }
+    }
+    if (appender_) {
+      sender_.emplace(appender_->sender());
+      return read_managed();
     }
     blocking<std::shared_ptr<Appender>>(
         [server = server_, n = name_] { return server->appender(n); },
@@ -839,9 +867,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void release_body() {
-    chunk_lease_.release();
+    if (chunk_size_ > kSmallChunkBytes) {
+      chunk_.reset();
+      chunk_size_ = 0;
+      chunk_lease_.release();
+    }
     carry_lease_.release();
-    std::string().swap(chunk_);
     std::string().swap(carry_);
   }
 
@@ -1042,8 +1073,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string small_body_;
 
   // Body reading.
-  std::string chunk_;
-  Lease chunk_lease_;
+  std::unique_ptr<char[]> chunk_;
+  std::size_t chunk_size_ = 0;
+  Lease chunk_lease_;  // for chunk_, as long as it is allocated
   std::string carry_;
   Lease carry_lease_;
   std::string_view pending_;

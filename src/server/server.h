@@ -62,6 +62,9 @@ struct ServerOptions {
   std::uint64_t max_record_bytes = 32ull << 20;
   unsigned io_threads = 2;
   unsigned workers = 4;
+  // Benchmarks only: bound the appenders' queues by record count instead of
+  // bytes (AppenderOptions::queue_records), to compare against.
+  std::optional<std::size_t> appender_queue_records;
 };
 
 class Server {

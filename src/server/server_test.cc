@@ -451,5 +451,39 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   EXPECT_EQ(get("/v1/sinks").body, "[]\n");
 }
 
+// One keep-alive connection, requests to two shards in turn: each append
+// lands in the shard it names.
+TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "a"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards", R"({"name": "b"})").status, 201u);
+  net::io_context ioc;
+  beast::tcp_stream stream(ioc);
+  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  beast::flat_buffer buffer;
+  for (int i = 0; i < 6; ++i) {
+    const std::string shard = i % 2 == 0 ? "a" : "b";
+    http::request<http::string_body> request(http::verb::post, "/v1/shards/" + shard + "/append",
+                                             11);
+    request.set(http::field::host, "127.0.0.1");
+    request.keep_alive(true);
+    request.body() = "{\"key\": " + std::to_string(i) + ", \"value\": \"" + shard + "\"}\n";
+    request.prepare_payload();
+    http::write(stream, request);
+    http::response<http::string_body> response;
+    http::read(stream, buffer, response);
+    ASSERT_EQ(response.result_int(), 200u) << response.body();
+    ASSERT_TRUE(response.keep_alive());
+  }
+  for (const std::string shard : {"a", "b"}) {
+    Reply snapshot = get("/v1/shards/" + shard + "/snapshot");
+    auto lines = lines_of(snapshot.body);
+    ASSERT_EQ(lines.size(), 3u) << snapshot.body;
+    for (const auto& line : lines) {
+      EXPECT_NE(line.find("\"value\":\"" + shard + "\""), std::string::npos) << line;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tidemark
