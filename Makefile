@@ -8,7 +8,7 @@ ASAN_BUILD ?= build-asan
 CMAKE_GEN  := -G Ninja
 JOBS       ?= 2
 
-.PHONY: deps build run test test-tsan test-asan bench clean format
+.PHONY: deps build run demo test test-tsan test-asan bench clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -19,7 +19,12 @@ $(BUILD)/build.ninja: | deps
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# The main job: the server on the embedded default, until Ctrl-C.
 run: build
+	bash scripts/serve.sh $(BUILD)/tidemark
+
+# A walk through the command line (shards, appends, reads, compaction, sinks).
+demo: build
 	bash scripts/demo.sh $(BUILD)/tidemark
 
 # Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer.

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libzstd-dev libxxhash-dev libsqlite3-dev librdkafka-dev libboost-dev
-  libgtest-dev
+  libgtest-dev curl wrk
 )
 
 missing=()
