@@ -194,6 +194,14 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
       append_sample(&out, "tidemark_pool_capacity_bytes", std::string("pool=\"") + name + "\"",
                     static_cast<double>(pool->capacity()));
     }
+    out.append("# HELP tidemark_pool_peak_bytes The most bytes a pool has held.\n");
+    out.append("# TYPE tidemark_pool_peak_bytes gauge\n");
+    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
+                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
+                                     std::pair{"sinks", sink_pool}}) {
+      append_sample(&out, "tidemark_pool_peak_bytes", std::string("pool=\"") + name + "\"",
+                    static_cast<double>(pool->stats().peak_used));
+    }
     std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
     std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;
     {
@@ -292,18 +300,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_piece(std::function<void(beast::error_code, std::string_view, bool)> done) {
     if (parser_->is_done()) return done({}, {}, true);
     auto go = [self = shared_from_this(), done] {
-      // A buffer the size of the body, between kSmallChunkBytes and
-      // kBodyChunkBytes, not zeroed, kept for the connection's next
-      // request when small.
-      std::uint64_t want = Server::kBodyChunkBytes;
-      if (auto length = self->parser_->content_length()) want = std::min(want, *length);
-      want = std::max<std::uint64_t>(want, kSmallChunkBytes);
-      if (self->chunk_size_ < want) {
-        self->chunk_ = std::make_unique_for_overwrite<char[]>(want);
-        self->chunk_size_ = want;
-        self->chunk_lease_.release();
-        self->chunk_lease_ = self->server_->requests->force_reserve(want);
-      }
       auto& body = self->parser_->get().body();
       body.data = self->chunk_.get();
       body.size = self->chunk_size_;
@@ -317,9 +313,33 @@ class Session : public std::enable_shared_from_this<Session> {
             done({}, std::string_view(self->chunk_.get(), got), self->parser_->is_done());
           });
     };
-    if (chunk_size_ > 0 || server_->requests->available() > 0) return go();
-    server_->requests->when_available(
-        [self = shared_from_this(), go] { net::post(self->stream_.get_executor(), go); });
+    // A buffer the size of the body, between kSmallChunkBytes and
+    // kBodyChunkBytes, not zeroed, kept for the connection's next request
+    // when small. Its bytes are reserved first: while the requests pool is
+    // full, the connection is not read (waiting in line, first come first
+    // served), so the pool never goes past its capacity for buffers.
+    std::uint64_t want = Server::kBodyChunkBytes;
+    if (auto length = parser_->content_length()) want = std::min(want, *length);
+    want = std::max<std::uint64_t>(want, kSmallChunkBytes);
+    if (chunk_size_ >= want) return go();
+    chunk_.reset();
+    chunk_size_ = 0;
+    chunk_lease_.release();
+    auto install = [self = shared_from_this(), want, go](Lease lease) {
+      self->chunk_ = std::make_unique_for_overwrite<char[]>(want);
+      self->chunk_size_ = want;
+      self->chunk_lease_ = std::move(lease);
+      go();
+    };
+    if (auto lease = server_->requests->try_reserve(want)) return install(std::move(*lease));
+    server_->requests->reserve_async(
+        want, [self = shared_from_this(), install](Result<Lease> lease) mutable {
+          net::post(self->stream_.get_executor(),
+                    [self, install, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
+                      if (!*lease) return self->respond_error(lease->error());
+                      install(std::move(**lease));
+                    });
+        });
   }
 
   // Reads a whole small body (at most kSmallBodyBytes) into small_body_.
@@ -617,6 +637,23 @@ class Session : public std::enable_shared_from_this<Session> {
   // `line_fn` for each complete line; stops early when it returns false.
   // Returns false if a line is over the limit (after answering 413).
   enum class Step : std::uint8_t { kMore, kStop, kError };
+
+  // Makes carry_lease_ cover carry_ plus `more` bytes. A partial line is
+  // charged without waiting (force): a connection waiting for room while
+  // holding its chunk could wait on others that wait for chunks, a
+  // deadlock. The overdraft is at most one partial line (max_record_bytes)
+  // per connection reading a body.
+  void charge_carry(std::uint64_t more) {
+    const std::uint64_t need = carry_.size() + more;
+    if (carry_lease_.size() >= need) return;
+    const std::uint64_t missing = need - carry_lease_.size();
+    if (carry_lease_.pool()) {
+      carry_lease_.force_grow(missing);
+    } else {
+      carry_lease_ = server_->requests->force_reserve(missing);
+    }
+  }
+
   Step split_lines(const std::function<bool(std::string_view)>& line_fn, bool finished) {
     for (;;) {
       if (pending_.empty()) {
@@ -631,21 +668,20 @@ class Session : public std::enable_shared_from_this<Session> {
       if (nl == std::string_view::npos) {
         if (carry_.size() + pending_.size() > server_->options.max_record_bytes)
           return Step::kError;
+        charge_carry(pending_.size());
         carry_.append(pending_);
-        if (carry_lease_.pool()) {
-          carry_lease_.force_grow(pending_.size());
-        } else {
-          carry_lease_ = server_->requests->force_reserve(pending_.size());
-        }
         pending_ = {};
         continue;
       }
-      ++line_;
       std::string_view line = pending_.substr(0, nl);
+      if (!carry_.empty()) {
+        if (carry_.size() + line.size() > server_->options.max_record_bytes) return Step::kError;
+        charge_carry(line.size());
+      }
+      ++line_;
       pending_.remove_prefix(nl + 1);
       bool go_on;
       if (!carry_.empty()) {
-        if (carry_.size() + line.size() > server_->options.max_record_bytes) return Step::kError;
         carry_.append(line);
         std::string whole = std::move(carry_);
         carry_.clear();
@@ -779,11 +815,18 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Explicit: parse and add each piece on a worker (adds may upload parts).
   void read_explicit() {
-    read_piece([self = shared_from_this()](beast::error_code ec, std::string_view piece,
-                                           bool finished) {
-      if (ec) return self->close();
-      self->pending_ = piece;
-      self->finished_ = finished;
+    read_piece(
+        [self = shared_from_this()](beast::error_code ec, std::string_view piece, bool finished) {
+          if (ec) return self->close();
+          self->pending_ = piece;
+          self->finished_ = finished;
+          self->process_explicit();
+        });
+  }
+
+  void process_explicit() {
+    auto self = shared_from_this();
+    {
       self->blocking<Step>(
           [self]() -> Result<Step> {
             std::optional<Error> failure;
@@ -832,7 +875,7 @@ class Session : public std::enable_shared_from_this<Session> {
             if (!self->finished_) return self->read_explicit();
             self->commit_explicit();
           });
-    });
+    }
   }
 
   void commit_explicit() {

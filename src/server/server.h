@@ -29,12 +29,17 @@
 // stream. An error after the 200 header is a last line {"error": ...}.
 //
 // Memory: one MemoryPool tree of memory_limit bytes:
-//   requests   1/4: body chunks and partial record lines being read; a
-//              connection reads only while this pool has room (the rest
-//              wait: backpressure), so the overdraft is at most one chunk
-//              plus one record line per connection
-//   appenders  1/2: the shards' appender queues (records until durable)
-//   reads      1/4: snapshot and listen chunks
+//   requests   1/4: body chunks and partial record lines being read. A
+//              connection reads a body only once its chunk's bytes are
+//              reserved (first come first served; the others wait: their
+//              sockets are not read). A record line split across chunks is
+//              charged without waiting (waiting while holding a chunk could
+//              deadlock), so the overdraft is at most one partial line per
+//              connection.
+//   appenders  3/8: the shards' appender queues (records until durable);
+//              a full queue pauses the request until commits free room
+//   reads      1/8: snapshot and listen chunks (one per stream)
+//   sinks      1/4: the server's sinks (a Kafka producer's queue)
 //
 // Security: binds 127.0.0.1 unless told otherwise; with a token every
 // route but /healthz needs "Authorization: Bearer <token>"; headers are
