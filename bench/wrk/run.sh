@@ -28,23 +28,37 @@ command -v wrk >/dev/null || { echo "wrk is not installed (scripts/install-deps.
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 dir=$(mktemp -d /tmp/tidemark-wrk.XXXXXX)
-"$bin" --data "$dir" serve --listen 127.0.0.1:0 "${extra[@]}" 2>"$dir/serve.err" &
-pid=$!
-cleanup() { kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"; }
+pid=
+cleanup() {
+  if [ -n "$pid" ]; then kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  rm -rf "$dir"
+}
 trap cleanup EXIT
-port=
-for _ in $(seq 100); do
-  port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/serve.err")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$dir/serve.err" >&2; exit 1; }
-url=http://127.0.0.1:$port
+
+# Starts the server with the given flags; sets pid and url.
+start_server() {
+  "$bin" --data "$dir" serve --listen 127.0.0.1:0 "$@" 2>"$dir/serve.err" &
+  pid=$!
+  local port=
+  for _ in $(seq 100); do
+    port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/serve.err")
+    [ -n "$port" ] && break
+    sleep 0.05
+  done
+  [ -n "$port" ] || { cat "$dir/serve.err" >&2; exit 1; }
+  url=http://127.0.0.1:$port
+}
+
+start_server "${extra[@]}"
 curl -sf -X POST "$url/v1/shards" -d '{"name":"bench"}' >/dev/null
 
 echo "mode $mode, $connections connections, $duration, server pid $pid on $url"
 wrk -t2 -c"$connections" -d"$duration" --timeout 10s --latency -s "$here/append.lua" "$url"
 echo "server peak RSS: $(grep VmHWM /proc/$pid/status | awk '{print $2, $3}')"
-curl -sf "$url/metrics" | grep -E "^tidemark_appender_(batches|commits|records)|tidemark_append_commit_seconds_(sum|count)|pool_used" || true
+curl -sf "$url/metrics" | grep -E "^tidemark_appender_(batches|commits|records)|tidemark_append_commit_seconds_(sum|count)|pool_peak" || true
+# Count the rows with a server without injected latency (a snapshot reads
+# every part, one block per blob call).
+kill -TERM "$pid"; wait "$pid" || true
+start_server
 rows=$(curl -sf "$url/v1/shards/bench/snapshot" | wc -l)
-echo "rows in the shard: $rows"
+echo "rows in the shard: $rows (wrk counts only the answers it read; requests in flight at its end commit too)"
