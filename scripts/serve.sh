@@ -16,7 +16,7 @@ Tidemark server on $url, data in $data. Try, from another terminal:
     curl -X POST $url/v1/shards/orders/append --data-binary @-
   curl "$url/v1/shards/orders/snapshot"                 # the latest complete time
   curl -N "$url/v1/shards/orders/listen?from=0"         # follows new appends
-  curl -X POST $url/v1/sinks -d '{"name": "files", "shard": "orders", "to": "file://$(realpath -m "$data")/sink-out", "envelope": "upsert", "format": "json"}'
+  curl -X POST $url/v1/sinks -d '{"name": "files", "shard": "orders", "to": "file://$(realpath -m "$data")/sinks/files", "envelope": "upsert", "format": "json"}'
   curl $url/v1/sinks/files
   curl $url/metrics
 

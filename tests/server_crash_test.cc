@@ -123,7 +123,7 @@ TEST(ServerCrashTest, SigkillUnderLoadThenRestartLosesNothingAcknowledged) {
       fs::temp_directory_path() / ("tidemark-servercrash-" + std::to_string(getpid()));
   fs::remove_all(scratch);
   fs::create_directories(scratch);
-  const fs::path data = scratch / "data", out = scratch / "sink-out";
+  const fs::path data = scratch / "data", out = data / "sinks" / "files";
 
   ServerProcess server = start_server(data, scratch / "serve-0.err");
   ASSERT_GT(server.port, 0) << slurp(scratch / "serve-0.err");

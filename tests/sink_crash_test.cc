@@ -837,8 +837,8 @@ void run_crash_test(const std::string& kind) {
     if (Clock::now() - final_started > std::chrono::seconds(60)) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
-      FAIL() << "the final run did not reach " << kUntil << " within 60 s of the last append: "
-             << slurp(final_err);
+      FAIL() << "the final run did not reach " << kUntil
+             << " within 60 s of the last append: " << slurp(final_err);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

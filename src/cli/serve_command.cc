@@ -1,6 +1,7 @@
 // `tidemark serve`: the HTTP server on the configured location (DESIGN.md 9).
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -95,6 +96,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
 
   auto urls = location_urls(globals);
   if (!urls) return report(urls.error());
+  // File sinks write under the data directory only.
+  options.file_sink_root = std::filesystem::absolute(globals.data_dir).string() + "/sinks";
   auto blob = open_blob(urls->first);
   if (!blob) return report(blob.error());
   auto consensus = open_consensus(urls->second);

@@ -1,11 +1,13 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <charconv>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -530,11 +532,30 @@ class Session : public std::enable_shared_from_this<Session> {
   void create_sink() {
     auto spec = SinkSpec::parse(small_body_);
     if (!spec) return respond_error(spec.error());
+    if (auto inside = check_file_sink(spec->to); !inside) return respond_error(inside.error());
     blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },
                           [self = shared_from_this()](Result<std::string> r) {
                             if (!r) return self->respond_error(r.error());
                             self->respond(201, std::move(*r));
                           });
+  }
+
+  // A file sink writes only inside the server's file_sink_root.
+  Status check_file_sink(const std::string& to) {
+    constexpr std::string_view kFile = "file://";
+    if (!to.starts_with(kFile)) return {};
+    const auto& root = server_->options.file_sink_root;
+    if (!root) return invalid_usage("this server has no directory for file sinks");
+    std::error_code ec;
+    const auto base = std::filesystem::weakly_canonical(*root, ec);
+    const auto dir = std::filesystem::weakly_canonical(to.substr(kFile.size()), ec);
+    if (ec) return invalid_usage("sink destination " + to + ": " + ec.message());
+    auto [b, d] = std::mismatch(base.begin(), base.end(), dir.begin(), dir.end());
+    if (b != base.end() || d == dir.end()) {
+      return invalid_usage("sink destination " + to + ": file sinks write inside " + base.string() +
+                           " on this server");
+    }
+    return {};
   }
 
   void list_shards() {

@@ -44,7 +44,8 @@
 // Security: binds 127.0.0.1 unless told otherwise; with a token every
 // route but /healthz needs "Authorization: Bearer <token>"; headers are
 // limited to kHeaderLimitBytes and non-append bodies to kSmallBodyBytes;
-// shard names are validated, and no request names a path.
+// shard names are validated; the only path a request names is a file
+// sink's directory, which must lie inside file_sink_root.
 //
 // Thread-safety: start/stop/wait from one thread; everything else is
 // internal.
@@ -67,6 +68,10 @@ struct ServerOptions {
   std::uint64_t max_record_bytes = 32ull << 20;
   unsigned io_threads = 2;
   unsigned workers = 4;
+  // Where file:// sinks may write: a sink's directory must be inside it
+  // (after resolving "..", symlinks of existing parts). Unset: file sinks
+  // are refused.
+  std::optional<std::string> file_sink_root;
   // Benchmarks only: bound the appenders' queues by record count instead of
   // bytes (AppenderOptions::queue_records), to compare against.
   std::optional<std::size_t> appender_queue_records;

@@ -82,6 +82,7 @@ class ServerTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     options_.port = 0;
+    options_.file_sink_root = (dir_ / "sinks").string();
   }
   void TearDown() override {
     server_.reset();
@@ -391,12 +392,14 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   };
   ASSERT_NO_FATAL_FAILURE(append_at(0, 0, 100));
   ASSERT_NO_FATAL_FAILURE(append_at(1, 100, 100));
-  const fs::path out = dir_ / "sink-out";
+  const fs::path out = dir_ / "sinks" / "out";
   const std::string spec = "{\"name\": \"files\", \"shard\": \"s\", \"to\": \"file://" +
                            out.string() + "\", \"envelope\": \"upsert\", \"format\": \"json\"}";
   EXPECT_EQ(post("/v1/sinks", R"({"name": "x", "shard": "s", "to": "ftp://nowhere"})").status,
             400u);
-  EXPECT_EQ(post("/v1/sinks", R"({"name": "x", "shard": "missing", "to": "file:///tmp/x"})").status,
+  EXPECT_EQ(post("/v1/sinks", "{\"name\": \"x\", \"shard\": \"missing\", \"to\": \"file://" +
+                                  (dir_ / "sinks" / "x").string() + "\"}")
+                .status,
             404u);
   Reply created = post("/v1/sinks", spec);
   ASSERT_EQ(created.status, 201u) << created.body;
