@@ -27,6 +27,8 @@
 #include <sstream>
 #include <thread>
 
+#include "server/test_client.h"
+
 extern char** environ;
 
 namespace {
@@ -37,31 +39,12 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 namespace fs = std::filesystem;
 
-struct Reply {
-  unsigned status = 0;
-  std::string body;
-};
+using tidemark::testing::lines_of;
+using tidemark::testing::Reply;
 
 Reply call(std::uint16_t port, http::verb method, const std::string& target,
            const std::string& body = "") {
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  beast::error_code ec;
-  stream.expires_after(std::chrono::seconds(30));
-  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
-  if (ec) return {};
-  http::request<http::string_body> request(method, target, 11);
-  request.set(http::field::host, "127.0.0.1");
-  request.body() = body;
-  request.prepare_payload();
-  http::write(stream, request, ec);
-  if (ec) return {};
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-  http::read(stream, buffer, parser, ec);
-  if (ec) return {};
-  return {parser.get().result_int(), parser.get().body()};
+  return tidemark::testing::http_call(port, method, target, body);
 }
 
 std::string slurp(const fs::path& path) {
@@ -101,13 +84,6 @@ ServerProcess start_server(const fs::path& data, const fs::path& err) {
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
   }
   return server;
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) out.push_back(line);
-  return out;
 }
 
 // The "key" text of a line {"key":K,...} (keys here are strings w/o quotes).

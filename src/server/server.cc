@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "server/metrics.h"
 #include "server/sinks.h"
@@ -180,29 +181,25 @@ struct Server::Impl : std::enable_shared_from_this<Impl> {
 
   std::string render_metrics() {
     std::string out;
-    out.append("# HELP tidemark_pool_used_bytes Bytes held in the server's memory pools.\n");
-    out.append("# TYPE tidemark_pool_used_bytes gauge\n");
-    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
-                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
-                                     std::pair{"sinks", sink_pool}}) {
-      append_sample(&out, "tidemark_pool_used_bytes", std::string("pool=\"") + name + "\"",
-                    static_cast<double>(pool->used()));
-    }
-    out.append("# HELP tidemark_pool_capacity_bytes Capacity of the server's memory pools.\n");
-    out.append("# TYPE tidemark_pool_capacity_bytes gauge\n");
-    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
-                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
-                                     std::pair{"sinks", sink_pool}}) {
-      append_sample(&out, "tidemark_pool_capacity_bytes", std::string("pool=\"") + name + "\"",
-                    static_cast<double>(pool->capacity()));
-    }
-    out.append("# HELP tidemark_pool_peak_bytes The most bytes a pool has held.\n");
-    out.append("# TYPE tidemark_pool_peak_bytes gauge\n");
-    for (const auto& [name, pool] : {std::pair{"server", root}, std::pair{"requests", requests},
-                                     std::pair{"appenders", appenders}, std::pair{"reads", reads},
-                                     std::pair{"sinks", sink_pool}}) {
-      append_sample(&out, "tidemark_pool_peak_bytes", std::string("pool=\"") + name + "\"",
-                    static_cast<double>(pool->stats().peak_used));
+    const std::pair<const char*, const MemoryPool*> pools[] = {{"server", root.get()},
+                                                               {"requests", requests.get()},
+                                                               {"appenders", appenders.get()},
+                                                               {"reads", reads.get()},
+                                                               {"sinks", sink_pool.get()}};
+    const std::tuple<const char*, const char*, std::uint64_t (*)(const MemoryPool&)> gauges[] = {
+        {"tidemark_pool_used_bytes", "Bytes held in the server's memory pools.",
+         [](const MemoryPool& p) { return p.used(); }},
+        {"tidemark_pool_capacity_bytes", "Capacity of the server's memory pools.",
+         [](const MemoryPool& p) { return p.capacity(); }},
+        {"tidemark_pool_peak_bytes", "The most bytes a pool has held.",
+         [](const MemoryPool& p) { return p.stats().peak_used; }}};
+    for (const auto& [metric, help, read] : gauges) {
+      out.append("# HELP ").append(metric).append(" ").append(help).append("\n");
+      out.append("# TYPE ").append(metric).append(" gauge\n");
+      for (const auto& [name, pool] : pools) {
+        append_sample(&out, metric, std::string("pool=\"") + name + "\"",
+                      static_cast<double>(read(*pool)));
+      }
     }
     std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
     std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;

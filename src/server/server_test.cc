@@ -20,6 +20,7 @@
 #include <set>
 #include <thread>
 
+#include "server/test_client.h"
 #include "util/json.h"
 
 namespace tidemark {
@@ -31,46 +32,12 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 namespace fs = std::filesystem;
 
-struct Reply {
-  unsigned status = 0;
-  std::string body;
-  std::string content_type;
-};
+using testing::lines_of;
+using testing::Reply;
 
-// One request on a fresh connection; status 0 if the connection failed.
 Reply call(std::uint16_t port, http::verb method, const std::string& target,
            const std::string& body = "", const std::map<std::string, std::string>& headers = {}) {
-  net::io_context ioc;
-  beast::tcp_stream stream(ioc);
-  beast::error_code ec;
-  stream.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port), ec);
-  if (ec) return {};
-  http::request<http::string_body> request(method, target, 11);
-  request.set(http::field::host, "127.0.0.1");
-  for (const auto& [name, value] : headers) request.set(name, value);
-  request.body() = body;
-  request.prepare_payload();
-  http::write(stream, request, ec);
-  if (ec) return {};
-  beast::flat_buffer buffer;
-  http::response_parser<http::string_body> parser;
-  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
-  http::read(stream, buffer, parser, ec);
-  if (ec) return {};
-  Reply reply;
-  reply.status = parser.get().result_int();
-  reply.body = parser.get().body();
-  reply.content_type = std::string(parser.get()[http::field::content_type]);
-  return reply;
-}
-
-std::vector<std::string> lines_of(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
-    out.push_back(text.substr(start, nl - start));
-  }
-  return out;
+  return testing::http_call(port, method, target, body, headers);
 }
 
 class ServerTest : public ::testing::Test {
