@@ -103,7 +103,7 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 // ---------------------------------------------------------------------------
 // The server's shared state.
 
-struct Server::Impl : std::enable_shared_from_this<Impl> {
+struct Server::Impl {
   Impl(std::shared_ptr<Client> c, ServerOptions o)
       : client(std::move(c)),
         options(std::move(o)),
@@ -260,8 +260,11 @@ namespace {
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<Server::Impl> server)
-      : stream_(std::move(socket)), server_(std::move(server)) {}
+  // `server` outlives every handler: Server::stop joins the threads that
+  // run them, and handlers still queued are destroyed with its io_context.
+  // (A shared_ptr here would be a cycle: server -> io_context -> queued
+  // handler -> session -> server, and nothing would ever be freed.)
+  Session(tcp::socket socket, Server::Impl* server) : stream_(std::move(socket)), server_(server) {}
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
@@ -1123,7 +1126,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
-  std::shared_ptr<Server::Impl> server_;
+  Server::Impl* server_;
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;
   bool keep_alive_ = false;
@@ -1165,12 +1168,11 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 void Server::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc),
-                        [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-                          if (!self->acceptor.is_open()) return;
-                          if (!ec) std::make_shared<Session>(std::move(socket), self)->start();
-                          self->accept();
-                        });
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+    if (!acceptor.is_open()) return;
+    if (!ec) std::make_shared<Session>(std::move(socket), this)->start();
+    accept();
+  });
 }
 
 // ---------------------------------------------------------------------------
