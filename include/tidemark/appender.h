@@ -4,7 +4,8 @@
 // or retry. In the background the appender:
 //   - assigns each batch a time: wall-clock milliseconds, at least the
 //     shard's upper and above the previous batch's (monotonic);
-//   - cuts batches by bytes and record count and uploads each batch's parts
+//   - cuts batches by bytes and record count (or after batch_linger while
+//     the previous batch is still in flight) and uploads each batch's parts
 //     while the previous commit is in flight (a builder thread and a
 //     committer thread);
 //   - commits every ready batch with one compare_and_append (batch_appends;
@@ -81,6 +82,11 @@ struct AppenderOptions {
   std::uint64_t batch_max_bytes = 8ull << 20;
   std::size_t batch_max_records = 100'000;
   bool batch_appends = true;
+  // While a batch is uploading or committing, the builder waits up to this
+  // long for more records before cutting the next batch (unless a whole
+  // batch is queued). An idle appender cuts at once. Under load this makes
+  // fewer, larger parts: each part costs a file (or object) and a sync.
+  std::chrono::milliseconds batch_linger{5};
   MismatchPolicy on_mismatch = MismatchPolicy::kRetime;
   // Failures retried before the appender gives up (fatal).
   int max_retries = 10;

@@ -116,6 +116,10 @@ struct Appender::Impl {
   std::condition_variable built_cv;     // the committer waits for batches; the builder for room
   std::condition_variable capacity_cv;  // records-mode senders wait for room
   std::deque<Record> queue;             // GUARDED_BY(mu)
+  std::uint64_t queued_bytes = 0;       // GUARDED_BY(mu): keys and values in queue
+  // GUARDED_BY(mu): when the oldest record in queue arrived (or was left
+  // behind by a full batch).
+  std::chrono::steady_clock::time_point queue_since;
   // Batches in time order, each uploading (or uploaded) on its own thread.
   std::deque<std::shared_ptr<Built>> built;              // GUARDED_BY(mu)
   std::vector<Canary> canaries;                          // GUARDED_BY(mu)
@@ -128,6 +132,7 @@ struct Appender::Impl {
   Time last_commit_time = 0;               // GUARDED_BY(mu)
   bool closing = false;                    // GUARDED_BY(mu)
   bool builder_done = false;               // GUARDED_BY(mu)
+  bool committing = false;                 // GUARDED_BY(mu): the committer holds batches
   std::optional<Error> fatal;              // GUARDED_BY(mu)
   AppenderStats stats;                     // GUARDED_BY(mu)
   std::thread builder_thread;
@@ -184,6 +189,7 @@ struct Appender::Impl {
       staged.push_back(std::move(record));
     }
     if (!staged.empty()) staged.back().token = std::move(token);
+    bool wake = false;
     {
       std::lock_guard lock(mu);
       if (closing) {
@@ -191,27 +197,60 @@ struct Appender::Impl {
         capacity_cv.notify_all();
         return closed_error();
       }
+      const bool was_empty = queue.empty();
+      if (was_empty) queue_since = std::chrono::steady_clock::now();
       for (Record& record : staged) {
         record.seq = next_seq++;
+        queued_bytes += record.key.size() + record.value.size();
         queue.push_back(std::move(record));
       }
+      // The builder waits for the first record, or lingers until a batch
+      // is full; other arrivals need not wake it.
+      wake = was_empty || queue_full();
     }
-    work_cv.notify_one();
+    if (wake) work_cv.notify_one();
     return {};
   }
 
   // --- builder ---
+
+  // REQUIRES: mu held.
+  bool queue_full() const {
+    return queue.size() >= options.batch_max_records || queued_bytes >= options.batch_max_bytes;
+  }
+
+  // Waits until a batch should be cut: records are queued, fewer than
+  // kMaxBuiltBatches are built, and either nothing is uploading or
+  // committing (idle: cut at once), a whole batch is queued, the oldest
+  // record has lingered batch_linger, or the appender is closing. False
+  // when the builder should stop.
+  // REQUIRES: mu held (by `lock`).
+  bool wait_for_batch(std::unique_lock<std::mutex>& lock) {
+    for (;;) {
+      if (fatal) return false;
+      if (queue.empty()) {
+        if (closing) return false;
+        work_cv.wait(lock);
+        continue;
+      }
+      if (built.size() >= kMaxBuiltBatches) {
+        work_cv.wait(lock);
+        continue;
+      }
+      const bool idle = built.empty() && !committing;
+      if (idle || closing || queue_full()) return true;
+      const auto deadline = queue_since + options.batch_linger;
+      if (std::chrono::steady_clock::now() >= deadline) return true;
+      work_cv.wait_until(lock, deadline);
+    }
+  }
 
   void run_builder() {
     for (;;) {
       std::vector<Record> records;
       {
         std::unique_lock lock(mu);
-        work_cv.wait(lock, [&] {
-          return fatal || (!queue.empty() && built.size() < kMaxBuiltBatches) ||
-                 (closing && queue.empty());
-        });
-        if (fatal || queue.empty()) break;
+        if (!wait_for_batch(lock)) break;
         std::uint64_t bytes = 0;
         while (!queue.empty() && records.size() < options.batch_max_records &&
                bytes < options.batch_max_bytes) {
@@ -219,6 +258,8 @@ struct Appender::Impl {
           records.push_back(std::move(queue.front()));
           queue.pop_front();
         }
+        queued_bytes -= bytes;
+        if (!queue.empty()) queue_since = std::chrono::steady_clock::now();
       }
       auto batch = std::make_shared<Built>();
       batch->records = std::move(records);
@@ -279,6 +320,7 @@ struct Appender::Impl {
         if (fatal || built.empty()) break;
         taken.push_back(std::move(built.front()));
         built.pop_front();
+        committing = true;
       }
       // Wait for the oldest batch's upload; with batch_appends, take every
       // later one that has finished uploading too.
@@ -311,6 +353,11 @@ struct Appender::Impl {
         break;
       }
       if (!group.empty()) commit(group);
+      {
+        std::lock_guard lock(mu);
+        committing = false;
+      }
+      work_cv.notify_all();  // an idle appender cuts its next batch at once
     }
     // Uploads still running hold pointers into batches: wait for them.
     std::deque<std::shared_ptr<Built>> rest;
@@ -479,6 +526,7 @@ struct Appender::Impl {
       if (!fatal) fatal = error;
       closing = true;
       queued.swap(queue);
+      queued_bytes = 0;
       // Built batches stay: the committer fails them once their uploads end.
     }
     work_cv.notify_all();

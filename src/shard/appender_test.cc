@@ -354,6 +354,35 @@ TEST_F(AppenderTest, BatchedAppendsCommitManyBatchesPerCall) {
   }
 }
 
+TEST_F(AppenderTest, BusyAppenderLingersIdleOneCutsAtOnce) {
+  // Each part upload takes 100 ms. The first record finds the appender idle
+  // and is cut at once; the 25 that follow while it uploads make full
+  // batches of 10 at once and leave 5, which wait (a linger longer than the
+  // test) until the appender is idle again: 4 batches in all. Cutting
+  // whenever there was room (the old way) made a batch of nearly each.
+  blob_->set_config(FaultConfig{std::chrono::milliseconds(100)});
+  AppenderOptions options;
+  options.batch_max_records = 10;
+  options.batch_linger = std::chrono::minutes(10);
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  const auto started = std::chrono::steady_clock::now();
+  auto first = sender.enqueue_with_token(record(0));
+  ASSERT_TRUE(first);
+  // Time for the builder to wake and cut it (its upload takes 100 ms).
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  std::vector<CommitToken> tokens;
+  for (int i = 1; i <= 25; ++i) tokens.push_back(*sender.enqueue_with_token(record(i)));
+  ASSERT_TRUE(first->wait());
+  for (const CommitToken& token : tokens) ASSERT_TRUE(token.wait());
+  // Everything was enqueued well before the first upload ended.
+  ASSERT_LT(std::chrono::steady_clock::now() - started, std::chrono::minutes(1));
+  AppenderStats stats = appender->stats();
+  EXPECT_EQ(stats.records_committed, 26u);
+  EXPECT_EQ(stats.batches_committed, 4u);
+  EXPECT_EQ(contents().size(), 26u);
+}
+
 TEST_F(AppenderTest, ManySendersFromManyThreads) {
   auto appender = open();
   std::vector<std::thread> producers;

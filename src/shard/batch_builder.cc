@@ -186,7 +186,22 @@ Result<Batch> BatchBuilder::finish(Frontier upper) {
                           " is not below the batch upper " + upper.to_string(),
                       std::nullopt, std::nullopt});
   }
-  if (!s.buffer.entries.empty()) s.start_upload(Description{s.lower, upper, Frontier::at(0)});
+  if (!s.buffer.entries.empty()) {
+    const Description desc{s.lower, upper, Frontier::at(0)};
+    if (s.uploads.empty()) {
+      // The only part: written on this thread (a thread per small batch
+      // cost more than the upload itself).
+      auto part = write_part(s.context, s.writer_id, std::move(s.buffer), desc);
+      s.buffer = PartBuffer{};
+      if (!part) {
+        s.failed = part.error();
+      } else if (!part->key.empty()) {
+        s.parts.push_back(std::move(*part));
+      }
+    } else {
+      s.start_upload(desc);
+    }
+  }
   while (!s.uploads.empty()) s.collect_oldest();
   if (s.failed) return fail(*s.failed);
   for (PartRef& part : s.parts) {
