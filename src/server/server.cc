@@ -138,6 +138,8 @@ struct Server::Impl {
   std::map<std::string, std::shared_ptr<SharedWriter>, std::less<>> writers;
 
   std::uint16_t bound_port = 0;  // set before the I/O threads start
+  // Requests whose header was read and that are not answered yet (a
+  // stream counts until it ends). stop() waits for them.
   std::atomic<int> in_flight{0};
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
@@ -201,6 +203,10 @@ struct Server::Impl {
                       static_cast<double>(read(*pool)));
       }
     }
+    out.append(
+        "# HELP tidemark_http_requests_in_flight Requests read and not yet answered (open "
+        "streams included).\n# TYPE tidemark_http_requests_in_flight gauge\n");
+    append_sample(&out, "tidemark_http_requests_in_flight", "", in_flight.load());
     std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
     std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;
     {
@@ -265,6 +271,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
   Session(tcp::socket socket, Server::Impl* server) : stream_(std::move(socket)), server_(server) {}
+  ~Session() { end_request(); }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
@@ -363,6 +370,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // --- routing ---------------------------------------------------------------
 
   void on_header() {
+    begin_request();
     auto& request = parser_->get();
     keep_alive_ = request.keep_alive();
     small_body_.clear();
@@ -1045,12 +1053,18 @@ class Session : public std::enable_shared_from_this<Session> {
         stream_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
           if (ec) return self->close();
           self->out_lease_ = self->server_->reads->force_reserve(Server::kStreamChunkBytes);
+          self->watch_peer();
           self->next_chunk(fill);
         });
   }
 
   void next_chunk(Fill fill) {
-    if (server_->stopping) return end_stream();
+    if (peer_gone_) return close();
+    if (server_->stopping) {
+      // Said in the stream, so a cut snapshot never looks whole.
+      out_data_ = error_json("the server is shutting down; the stream ends here") + "\n";
+      return write_chunk(fill, false);
+    }
     blocking<bool>(
         [self = shared_from_this(), fill]() -> Result<bool> {
           self->out_data_.clear();
@@ -1069,18 +1083,23 @@ class Session : public std::enable_shared_from_this<Session> {
             return timer->async_wait(
                 [self, fill, timer](beast::error_code) { self->next_chunk(fill); });
           }
-          self->out_res_->body().data = self->out_data_.data();
-          self->out_res_->body().size = self->out_data_.size();
-          self->out_res_->body().more = true;
-          self->stream_.expires_after(kIdleTimeout);
-          http::async_write(self->stream_, *self->out_sr_,
-                            [self, fill, more = *more](beast::error_code ec, std::size_t) {
-                              if (ec == http::error::need_buffer) ec = {};
-                              if (ec) return self->close();
-                              if (!more) return self->end_stream();
-                              self->next_chunk(fill);
-                            });
+          self->write_chunk(fill, *more);
         });
+  }
+
+  // Writes out_data_ as a chunk; then the next, or the end.
+  void write_chunk(Fill fill, bool more) {
+    out_res_->body().data = out_data_.data();
+    out_res_->body().size = out_data_.size();
+    out_res_->body().more = true;
+    stream_.expires_after(kIdleTimeout);
+    http::async_write(stream_, *out_sr_,
+                      [self = shared_from_this(), fill, more](beast::error_code ec, std::size_t) {
+                        if (ec == http::error::need_buffer) ec = {};
+                        if (ec) return self->close();
+                        if (!more) return self->end_stream();
+                        self->next_chunk(fill);
+                      });
   }
 
   void end_stream() {
@@ -1128,15 +1147,48 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(kIdleTimeout);
     net::async_write(stream_, net::buffer(*text),
                      [self = shared_from_this(), text, keep](beast::error_code ec, std::size_t) {
+                       self->end_request();
                        if (ec || !keep) return self->close();
                        self->read_header();
                      });
   }
 
   void close() {
+    end_request();
     release_body();
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().cancel(ec);  // the peer watch, if any
+  }
+
+  void begin_request() {
+    if (counted_) return;
+    counted_ = true;
+    server_->in_flight.fetch_add(1);
+  }
+  void end_request() {
+    if (!counted_) return;
+    counted_ = false;
+    server_->in_flight.fetch_sub(1);
+  }
+
+  // While a stream runs, notices a client that went away: an idle listen
+  // writes nothing, so no write would fail. (A stream ends its connection,
+  // so bytes the client sends are never read; the watch then stops.)
+  void watch_peer() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+          if (ec == net::error::operation_aborted) return;
+          auto& socket = self->stream_.socket();
+          beast::error_code peek_ec;
+          socket.non_blocking(true, peek_ec);
+          char byte;
+          const std::size_t n = ec || peek_ec ? 0
+                                              : socket.receive(net::buffer(&byte, 1),
+                                                               tcp::socket::message_peek, peek_ec);
+          if (peek_ec == net::error::would_block) return self->watch_peer();
+          if (ec || peek_ec || n == 0) self->peer_gone_ = true;
+        });
   }
 
   beast::tcp_stream stream_;
@@ -1144,6 +1196,8 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;
   bool keep_alive_ = false;
+  bool counted_ = false;    // in server_->in_flight
+  bool peer_gone_ = false;  // the client of a stream closed its end
   std::string route_;
   std::string path_;
   std::string name_;
@@ -1240,15 +1294,24 @@ void Server::stop(std::chrono::milliseconds grace) {
     beast::error_code ec;
     impl.acceptor.close(ec);
   });
+  const auto deadline = Clock::now() + grace;
   // Sinks stop first, each committing what it wrote (its progress).
   impl.sinks->stop_all();
-  // Requests in flight finish: managed appends are answered once durable.
+  // Requests in flight are answered: managed appends once durable, streams
+  // end with an error line. Idle keep-alive connections are closed by
+  // ioc.stop() below (no request of theirs was read).
+  while (impl.in_flight.load() > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (int left = impl.in_flight.load(); left > 0) {
+    std::fprintf(stderr, "tidemark: %d requests still in flight after the grace period: cut\n",
+                 left);
+  }
   std::vector<std::shared_ptr<Appender>> appenders;
   {
     std::lock_guard lock(impl.mutex);
     for (auto& [name, a] : impl.shard_appenders) appenders.push_back(a);
   }
-  const auto deadline = Clock::now() + grace;
   for (auto& a : appenders) {
     (void)a->flush();
     if (Clock::now() > deadline) break;

@@ -13,6 +13,7 @@
 #include <boost/beast/http.hpp>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "location/faulty.h"
 #include "server/test_client.h"
 #include "util/json.h"
 
@@ -60,8 +62,15 @@ class ServerTest : public ::testing::Test {
   void start() {
     ClientOptions client_options;
     client_options.listen_poll_interval = std::chrono::milliseconds(5);
-    auto client = Client::open("file://" + (dir_ / "blob").string(),
-                               "sqlite://" + (dir_ / "consensus.db").string(), client_options);
+    auto blob = open_blob("file://" + (dir_ / "blob").string());
+    ASSERT_TRUE(blob) << blob.error().message;
+    auto consensus = open_consensus("sqlite://" + (dir_ / "consensus.db").string());
+    ASSERT_TRUE(consensus) << consensus.error().message;
+    std::shared_ptr<Blob> served = *blob;
+    if (blob_latency_.count() > 0) {
+      served = std::make_shared<FaultyBlob>(*blob, FaultConfig{blob_latency_});
+    }
+    auto client = Client::open(Location{served, *consensus}, client_options);
     ASSERT_TRUE(client) << client.error().message;
     client_ = *client;
     auto server = Server::start(client_, options_);
@@ -80,6 +89,7 @@ class ServerTest : public ::testing::Test {
 
   fs::path dir_;
   ServerOptions options_;
+  std::chrono::microseconds blob_latency_{0};  // injected into every blob call
   std::shared_ptr<Client> client_;
   std::unique_ptr<Server> server_;
   std::uint16_t port_ = 0;
@@ -423,6 +433,101 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
 
 // One keep-alive connection, requests to two shards in turn: each append
 // lands in the shard it names.
+TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {
+  // Every blob call takes 30 ms, so appends are in flight when stop() is
+  // called. Each request gets its answer or was never read: after a
+  // restart the shard holds exactly the answered records.
+  blob_latency_ = std::chrono::milliseconds(30);
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  std::promise<Reply> listen_reply;
+  auto listen_done = listen_reply.get_future();
+  std::thread listener([&] { listen_reply.set_value(get("/v1/shards/s/listen?from=0")); });
+  std::atomic<bool> stop_started{false};
+  std::atomic<int> answered_after_stop{0};
+  std::mutex mu;
+  std::set<std::string> answered, unanswered;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 16; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0;; ++i) {
+        const std::string key = "\"c" + std::to_string(c) + "-" + std::to_string(i) + "\"";
+        Reply r = post("/v1/shards/s/append", "{\"key\":" + key + ",\"value\":1}\n");
+        std::lock_guard lock(mu);
+        if (r.status == 0) {
+          unanswered.insert(key);
+          return;  // the server is gone
+        }
+        EXPECT_EQ(r.status, 200u) << r.body;
+        answered.insert(key);
+        if (stop_started) ++answered_after_stop;
+      }
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  stop_started = true;
+  server_->stop();
+  for (auto& t : clients) t.join();
+  // Answers were written after stop() began, for requests read before.
+  EXPECT_GT(answered_after_stop.load(), 0);
+  EXPECT_EQ(unanswered.size(), 16u);
+  // The listen stream ended, and says why rather than just stopping.
+  const bool listen_ended =
+      listen_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  EXPECT_TRUE(listen_ended) << "the listen stream is still open after stop()";
+  server_.reset();  // closes it if it was not
+  listener.join();
+  if (listen_ended) {
+    const Reply listen = listen_done.get();
+    ASSERT_FALSE(lines_of(listen.body).empty());
+    EXPECT_NE(lines_of(listen.body).back().find("shutting down"), std::string::npos) << listen.body;
+  }
+
+  client_.reset();
+  blob_latency_ = {};
+  ASSERT_NO_FATAL_FAILURE(start());
+  std::set<std::string> stored;
+  for (const std::string& line : lines_of(get("/v1/shards/s/snapshot").body)) {
+    auto row = parse_json(line);
+    ASSERT_TRUE(row) << line;
+    stored.insert(row->find("key")->to_json());
+  }
+  EXPECT_EQ(stored, answered);
+}
+
+// The value of an unlabelled sample in /metrics, or -1.
+double metric(const std::string& text, const std::string& name) {
+  for (const std::string& line : lines_of(text)) {
+    if (line.starts_with(name + " ")) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+TEST_F(ServerTest, AnIdleListenWhoseClientLeftIsForgotten) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  // A listen on a quiet shard: after its header nothing is ever written.
+  net::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  net::write(socket, net::buffer(std::string("GET /v1/shards/s/listen?from=0 HTTP/1.1\r\n"
+                                             "Host: 127.0.0.1\r\n\r\n")));
+  std::string head;
+  net::read_until(socket, net::dynamic_buffer(head), "\r\n\r\n");
+  ASSERT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+  // In flight: the listen, and the /metrics request asking.
+  EXPECT_EQ(metric(get("/metrics").body, "tidemark_http_requests_in_flight"), 2);
+  socket.close();
+  // The server notices at once (not at its next write, which for a quiet
+  // shard never comes) and lets the listen go.
+  double in_flight = -1;
+  for (int i = 0; i < 500 && in_flight != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    in_flight = metric(get("/metrics").body, "tidemark_http_requests_in_flight");
+  }
+  EXPECT_EQ(in_flight, 1);
+}
+
 TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "a"})").status, 201u);
