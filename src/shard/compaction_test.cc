@@ -481,5 +481,75 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
   expect_snapshots_match(*shard);
 }
 
+// A MemBlob whose ranged reads take 20 ms each, counting them.
+class SlowReadsBlob final : public Blob {
+ public:
+  explicit SlowReadsBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
+  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                std::uint64_t length) override {
+    ++ranged_reads;
+    if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return inner_->get_range(key, offset, length);
+  }
+  Status set(std::string_view key, std::string_view bytes) override {
+    return inner_->set(key, bytes);
+  }
+  Status remove(std::string_view key) override { return inner_->remove(key); }
+  Status list(std::string_view prefix,
+              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
+    return inner_->list(prefix, visit);
+  }
+  std::atomic<bool> slow{false};
+  std::atomic<int> ranged_reads{0};
+
+ private:
+  std::shared_ptr<Blob> inner_;
+};
+
+TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {
+  // 200 batches, never compacted; then a shard with a background compactor
+  // that reads through a blob whose every read takes 20 ms, woken by one
+  // more append. Closing it mid-merge abandons the merge at once: nothing
+  // registered, and what it wrote is deleted. Before, closing waited for
+  // the merge to finish.
+  for (Time t = 0; t < 200; ++t) append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
+  auto slow = std::make_shared<SlowReadsBlob>(blob_);
+  slow->slow = true;
+  ClientOptions background = options_;
+  background.background_compaction = true;
+  auto client = *Client::open(Location{slow, consensus_}, background);
+  auto shard = *client->open_shard("s");
+  auto writer = *shard->open_writer();
+  {
+    std::vector<Update> one{Update{"last", "v", 200, 1}};
+    std::vector<Batch> batches;
+    batches.push_back(*writer->batch(one, Frontier::at(200), Frontier::at(201)));
+    ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(200), Frontier::at(201)));
+    model_.push_back(one[0]);
+  }
+  const std::size_t batches_before = shard->inspect()->batches;
+  // Wait until the merge is reading its inputs.
+  const int reads_before = slow->ranged_reads;
+  for (int i = 0; i < 500 && slow->ranged_reads <= reads_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(slow->ranged_reads, reads_before) << "the compactor never started";
+  writer.reset();
+  shard.reset();
+  client.reset();  // joins the compactor
+  slow->slow = false;
+  EXPECT_EQ(shard_->inspect()->batches, batches_before);
+  // No part the state does not reference (the abandoned merge's output).
+  std::set<std::string> unreferenced;
+  const std::set<std::string> live = referenced();
+  for (const std::string& key : listed(shard_part_prefix("s"))) {
+    if (!live.contains(key)) unreferenced.insert(key);
+  }
+  EXPECT_TRUE(unreferenced.empty())
+      << unreferenced.size() << " parts, e.g. " << *unreferenced.begin();
+  expect_snapshots_match(*shard_);
+}
+
 }  // namespace
 }  // namespace tidemark

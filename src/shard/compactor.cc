@@ -143,18 +143,23 @@ class RunWriter {
 
 // Streams the merge of `inputs` into `out`: times advanced to `advance_to`
 // (when below it), equal (key, value, time) summed, zero sums dropped.
+// `stop` is asked while the inputs open and every 4096 updates: once it says
+// true the merge ends with Closed.
 Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs, Time advance_to,
-                  RunWriter& out) {
+                  RunWriter& out, const std::function<bool()>& stop) {
   std::vector<MergeCursor::PartRun> runs;
   runs.reserve(inputs.size());
   for (const HollowBatch& batch : inputs)
     runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
-  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.location.blob, runs, TimeWindow{}));
+  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.location.blob, runs, TimeWindow{}, stop));
   std::string key, value;
   Time time = 0;
   Diff sum = 0;
   bool have = false;
-  for (;;) {
+  for (std::uint64_t n = 1;; ++n) {
+    if (stop && n % 4096 == 0 && stop()) {
+      return make_error(ErrorKind::kClosed, "the compaction was stopped");
+    }
     TM_ASSIGN(auto update, merge.next());
     if (update) {
       const Time t = std::max(update->time, advance_to);
@@ -175,7 +180,8 @@ Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs,
 }
 
 // One merge, if the spine needs one. False when it is in shape.
-Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionReport& report) {
+Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionReport& report,
+                        const std::function<bool()>& stop) {
   TM_TRY(writer.advance_hold());
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<MergeRequest> request = next_merge(*state);
@@ -190,8 +196,10 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   const Time advance_to = state->since.is_closed() ? cap : std::min(state->since.time(), cap);
 
   RunWriter out(context, writer, desc);
-  if (auto merged = merge_into(context, inputs, advance_to, out); !merged) {
+  if (auto merged = merge_into(context, inputs, advance_to, out, stop); !merged) {
     out.drop();
+    // Stopped: the inputs are untouched and the pass ends.
+    if (merged.error().is(ErrorKind::kClosed) && stop && stop()) return false;
     return std::unexpected(merged.error());
   }
   const HollowBatch output{desc, PartList(out.written()), true};
@@ -229,7 +237,7 @@ Result<CompactionReport> compact_shard(ShardContext& context, const std::functio
   PassWriter writer(context);
   TM_TRY(writer.open());
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
-    TM_ASSIGN(bool merged, merge_once(context, writer, report));
+    TM_ASSIGN(bool merged, merge_once(context, writer, report, stop));
     if (!merged) break;
   }
   return report;

@@ -49,8 +49,9 @@
 
 namespace tidemark {
 
-// `stop` (when given) is checked between merges: a pass ends early once it
-// returns true (the merge in flight finishes first).
+// `stop` (when given) is checked between merges, while a merge opens its
+// inputs and every 4096 updates it merges: once it returns true the merge
+// in flight is abandoned (what it wrote is deleted) and the pass ends.
 [[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
                                                      const std::function<bool()>& stop = {});
 [[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context);

@@ -17,7 +17,9 @@
 // Memory: one decoded block per open part (PartReader streams by ranged
 // reads), and at most one open part per run, plus a heap of input indices:
 // O((unordered parts + runs) x block size), never O(data). Parts whose time
-// range misses the window are never opened.
+// range misses the window are never opened. Opening them concurrently
+// changes no bound: every input's first block was read before the first
+// update came out anyway.
 //
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
@@ -26,6 +28,7 @@
 // Thread-safety: single-threaded.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +48,9 @@ struct TimeWindow {
 
 class MergeCursor {
  public:
+  // Threads that open parts at once (see open()).
+  static constexpr std::size_t kOpenThreads = 8;
+
   // Parts read as one input of the merge. ordered: the parts form one sorted
   // run (each part's updates all sort before the next part's), so they are
   // opened one after another; otherwise each part is an input of its own.
@@ -54,10 +60,14 @@ class MergeCursor {
   };
 
   // Opens every unordered part and the first wanted part of each ordered
-  // run; the rest of a run is opened (and validated) as next() reaches it.
+  // run, and reads each one's first update: one by one while that is quick,
+  // the rest on up to kOpenThreads threads once it has taken 2 ms;
+  // the rest of a run is opened (and validated) as next() reaches it.
+  // `stop` (when given) is asked before each part: once it says true, open
+  // fails with Closed.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
-                                                const std::vector<PartRun>& runs,
-                                                TimeWindow window);
+                                                const std::vector<PartRun>& runs, TimeWindow window,
+                                                const std::function<bool()>& stop = {});
   // Every part an input of its own.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRef>& parts,

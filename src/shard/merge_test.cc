@@ -5,9 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "part/part.h"
 #include "tidemark/location.h"
@@ -29,7 +33,9 @@ std::string numbered_key(const std::string& prefix, int index) {
 }
 
 // A Blob that forwards to another and records the key of every ranged read,
-// in order: the reads of a PartReader.
+// in order: the reads of a PartReader. Each ranged read may be delayed by
+// `latency`; the most reads in progress at once is kept. Thread-safe (a
+// cursor opens parts concurrently).
 class RecordingBlob final : public Blob {
  public:
   explicit RecordingBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
@@ -37,8 +43,16 @@ class RecordingBlob final : public Blob {
   Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
-    fetches.emplace_back(key);
-    return inner_->get_range(key, offset, length);
+    {
+      std::lock_guard lock(mu_);
+      fetches.emplace_back(key);
+      max_concurrent = std::max(max_concurrent, ++concurrent_);
+    }
+    std::this_thread::sleep_for(latency);
+    auto result = inner_->get_range(key, offset, length);
+    std::lock_guard lock(mu_);
+    --concurrent_;
+    return result;
   }
   Status set(std::string_view key, std::string_view bytes) override {
     return inner_->set(key, bytes);
@@ -52,9 +66,13 @@ class RecordingBlob final : public Blob {
   std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
 
   std::vector<std::string> fetches;
+  std::chrono::milliseconds latency{0};
+  int max_concurrent = 0;
 
  private:
   std::shared_ptr<Blob> inner_;
+  std::mutex mu_;
+  int concurrent_ = 0;
 };
 
 class MergeRunTest : public ::testing::Test {
@@ -276,6 +294,42 @@ TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
     }
   }
   EXPECT_EQ(previous, kParts - 1);
+}
+
+TEST_F(MergeRunTest, SlowPartsOpenConcurrently) {
+  // 24 loose parts behind a blob whose reads take 20 ms: opened one by one
+  // that is 48 reads in a row (footer, first block). The cursor opens them
+  // on up to kOpenThreads threads, and the merge is unchanged.
+  std::vector<PartRef> loose;
+  std::vector<Update> expected;
+  for (int p = 0; p < 24; ++p) {
+    std::vector<Update> updates;
+    for (int i = 0; i < 3; ++i) {
+      updates.push_back(Update{numbered_key("k", i * 24 + p), "v", 1, 1});
+      expected.push_back(updates.back());
+    }
+    loose.push_back(write_part("loose" + std::to_string(p), description(0, 5), updates));
+  }
+  std::sort(expected.begin(), expected.end(),
+            [](const Update& a, const Update& b) { return a.key < b.key; });
+  blob_->latency = std::chrono::milliseconds(20);
+  auto merged = read_all({PartRun{loose, false}});
+  ASSERT_TRUE(merged) << merged.error().to_string();
+  EXPECT_EQ(*merged, expected);
+  EXPECT_GT(blob_->max_concurrent, 1);
+  EXPECT_LE(blob_->max_concurrent, static_cast<int>(MergeCursor::kOpenThreads));
+}
+
+TEST_F(MergeRunTest, OpenStopsWhenAsked) {
+  std::vector<PartRef> loose;
+  for (int p = 0; p < 8; ++p) {
+    loose.push_back(
+        write_part("p" + std::to_string(p), description(0, 5), {Update{"k", "v", 1, 1}}));
+  }
+  auto cursor = MergeCursor::open(blob_, {PartRun{loose, false}}, {}, [] { return true; });
+  ASSERT_FALSE(cursor);
+  EXPECT_TRUE(cursor.error().is(ErrorKind::kClosed)) << cursor.error().to_string();
+  EXPECT_TRUE(blob_->fetches.empty());
 }
 
 }  // namespace
