@@ -45,7 +45,7 @@
 
 #include "bench_util.h"
 #include "cli/cli.h"
-#include "sink/file_destination.h"
+#include "sink/destination_url.h"
 #include "sink/kafka_destination.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
@@ -65,8 +65,6 @@ constexpr const char* kUpsertChild = "sink-child";
 constexpr const char* kDebeziumChild = "sink-debezium-child";
 constexpr const char* kBrokersFile = "kafka-brokers";  // in DIR: sink into Kafka
 constexpr const char* kTopic = "bench";
-constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
-constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
 
 // DIR/kafka-brokers, if the parent wrote one.
 std::optional<std::string> kafka_brokers(const std::filesystem::path& dir) {
@@ -111,18 +109,14 @@ struct SinkRun {
 Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
   TM_ASSIGN(auto shard, client->open_shard(kShardName));
-  std::unique_ptr<SinkDestination> destination;
+  // Opened as `tidemark sink run --to URL` opens it: the same pool and queue.
   const auto brokers = kafka_brokers(dir);
-  if (brokers) {
-    KafkaDestinationOptions kafka;
-    kafka.sink_id = std::string("tidemark/") + kShardName + "/" + kSinkName;
-    kafka.pool = MemoryPool::create("sink", kSinkPoolBytes);
-    kafka.queue_bytes = kKafkaQueueBytes;
-    TM_ASSIGN(destination, KafkaDestination::open(bench_address(*brokers), envelope, kafka));
-  } else {
-    TM_ASSIGN(destination,
-              FileDestination::open((dir / "out").string(), envelope, SinkFormat::kJson));
-  }
+  const std::string url = brokers ? "kafka://" + *brokers + "/" + kTopic
+                                  : "file://" + std::filesystem::absolute(dir / "out").string();
+  TM_ASSIGN(SinkUrl parsed, parse_sink_url(url, SinkFormat::kJson));
+  TM_ASSIGN(auto destination,
+            open_sink_destination(parsed, envelope, SinkFormat::kJson, kShardName, kSinkName,
+                                  MemoryPool::create("sink", kSinkPoolBytes)));
   SinkOptions options;
   options.sink_name = kSinkName;
   options.as_of = 0;

@@ -25,9 +25,6 @@ void on_interrupt(int) {
   g_interrupted = 1;
 }
 
-// The sink's memory pool: the Kafka producer's queue is reserved from it.
-constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
-
 class ProgressReporter {
  public:
   using Clock = std::chrono::steady_clock;

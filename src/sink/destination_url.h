@@ -23,6 +23,9 @@
 namespace tidemark {
 
 inline constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
+// The pool `tidemark sink run` (and its benchmark) gives one sink: the
+// Kafka producer's queue is reserved from it.
+inline constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
 
 struct SinkUrl {
   std::optional<std::string> directory;  // file://
