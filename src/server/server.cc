@@ -121,6 +121,11 @@ struct Server::Impl {
   std::shared_ptr<Client> client;
   ServerOptions options;
   net::io_context ioc;
+  // Keeps ioc.run() going while nothing is pending on a socket: an append
+  // waiting for its commit has no asio operation outstanding, and once the
+  // acceptor closes (stop) the I/O threads would return with its answer
+  // still to be posted. Reset by stop() after the requests in flight.
+  net::executor_work_guard<net::io_context::executor_type> io_work = net::make_work_guard(ioc);
   tcp::acceptor acceptor;
   net::thread_pool workers;
   std::vector<std::thread> threads;
@@ -1317,6 +1322,7 @@ void Server::stop(std::chrono::milliseconds grace) {
     if (Clock::now() > deadline) break;
   }
   for (auto& a : appenders) a->close();
+  impl.io_work.reset();
   impl.ioc.stop();
   for (auto& t : impl.threads) t.join();
   impl.workers.join();
