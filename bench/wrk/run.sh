@@ -58,7 +58,9 @@ echo "server peak RSS: $(grep VmHWM /proc/$pid/status | awk '{print $2, $3}')"
 curl -sf "$url/metrics" | grep -E "^tidemark_appender_(batches|commits|records)|tidemark_append_commit_seconds_(sum|count)|pool_peak" || true
 # Count the rows with a server without injected latency (a snapshot reads
 # every part, one block per blob call).
+stop_started=$(date +%s.%N)
 kill -TERM "$pid"; wait "$pid" || true
+echo "server stopped $(awk -v a="$stop_started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s after SIGTERM"
 start_server
 rows=$(curl -sf "$url/v1/shards/bench/snapshot" | wc -l)
 echo "rows in the shard: $rows (wrk counts only the answers it read; requests in flight at its end commit too)"

@@ -284,16 +284,17 @@ void BackgroundCompactor::run() {
     if (stopping_) return;
     requested_ = false;
     lock.unlock();
-    auto compacted = compact_shard(*context_, [this] {
+    const auto stop = [this] {
       std::lock_guard stop_lock(mu_);
       return stopping_;
-    });
+    };
+    auto compacted = compact_shard(*context_, stop);
     std::optional<Error> error;
     if (!compacted) error = compacted.error();
     const std::uint64_t now = wall_clock_millis();
     if (compacted && compacted->merges > 0 && now >= last_gc_ms + 1000) {
       last_gc_ms = now;
-      auto collected = collect_garbage(*context_);
+      auto collected = collect_garbage(*context_, stop);
       if (!collected) error = collected.error();
     }
     lock.lock();

@@ -54,7 +54,10 @@ namespace tidemark {
 // in flight is abandoned (what it wrote is deleted) and the pass ends.
 [[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
                                                      const std::function<bool()>& stop = {});
-[[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context);
+// `stop` (when given) is asked between steps of deletes: once it returns
+// true the pass ends (what is left, the next pass deletes).
+[[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context,
+                                               const std::function<bool()>& stop = {});
 
 class BackgroundCompactor {
  public:

@@ -48,7 +48,7 @@ Error retry_later(const std::string& shard, std::string what) {
 
 }  // namespace
 
-Result<GcReport> collect_garbage(ShardContext& context) {
+Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool()>& stop) {
   GcReport report;
   const std::string& shard = context.name;
   Blob& blob = *context.location.blob;
@@ -124,7 +124,18 @@ Result<GcReport> collect_garbage(ShardContext& context) {
       doomed.push_back(std::move(part));
     }
   }
-  TM_TRY(blob.remove_many(doomed));
+  // A few at a time, so a pass stops soon when asked (under blob latency
+  // each delete is a round trip). Stopping here is safe: the next pass
+  // finds the rest.
+  constexpr std::size_t kDeleteStep = 16;
+  for (std::size_t i = 0; i < doomed.size(); i += kDeleteStep) {
+    if (stop && stop()) return report;
+    const auto end =
+        doomed.begin() + static_cast<std::ptrdiff_t>(std::min(doomed.size(), i + kDeleteStep));
+    TM_TRY(blob.remove_many(
+        std::vector<std::string>(doomed.begin() + static_cast<std::ptrdiff_t>(i), end)));
+  }
+  if (stop && stop()) return report;
   // Versions below the rollup the chain from `since` starts at, and only
   // then the rollups below it: the oldest retained version must always
   // find its rollup (a pass killed between the two leaves stale rollups,
