@@ -269,13 +269,17 @@ struct Server::Impl {
 
 namespace {
 
+using Strand = net::strand<net::io_context::executor_type>;
+using StrandSocket = tcp::socket::rebind_executor<Strand>::other;
+
 class Session : public std::enable_shared_from_this<Session> {
  public:
   // `server` outlives every handler: Server::stop joins the threads that
   // run them, and handlers still queued are destroyed with its io_context.
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
-  Session(tcp::socket socket, Server::Impl* server) : stream_(std::move(socket)), server_(server) {}
+  Session(StrandSocket socket, Server::Impl* server)
+      : stream_(std::move(socket)), server_(server) {}
   ~Session() { end_request(); }
 
   void start() {
@@ -1196,7 +1200,9 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
-  beast::tcp_stream stream_;
+  // A concrete strand, not asio's type-erased executor: copying that one
+  // costs an allocation or reference counts on every operation.
+  beast::basic_stream<tcp, Strand> stream_;
   Server::Impl* server_;
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;
@@ -1241,7 +1247,7 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 void Server::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
+  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, StrandSocket socket) {
     if (!acceptor.is_open()) return;
     if (!ec) std::make_shared<Session>(std::move(socket), this)->start();
     accept();
