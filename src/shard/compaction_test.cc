@@ -481,30 +481,18 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
   expect_snapshots_match(*shard);
 }
 
-// A MemBlob whose ranged reads take 20 ms each, counting them.
-class SlowReadsBlob final : public Blob {
+// A Blob whose ranged reads take 20 ms each while `slow`, counting them.
+class SlowReadsBlob final : public testing::ForwardingBlob {
  public:
-  explicit SlowReadsBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
-  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  using ForwardingBlob::ForwardingBlob;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
     ++ranged_reads;
     if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return inner_->get_range(key, offset, length);
-  }
-  Status set(std::string_view key, std::string_view bytes) override {
-    return inner_->set(key, bytes);
-  }
-  Status remove(std::string_view key) override { return inner_->remove(key); }
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
-    return inner_->list(prefix, visit);
+    return ForwardingBlob::get_range(key, offset, length);
   }
   std::atomic<bool> slow{false};
   std::atomic<int> ranged_reads{0};
-
- private:
-  std::shared_ptr<Blob> inner_;
 };
 
 TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "part/part.h"
+#include "shard/test_util.h"
 #include "tidemark/location.h"
 
 namespace tidemark {
@@ -36,11 +37,9 @@ std::string numbered_key(const std::string& prefix, int index) {
 // in order: the reads of a PartReader. Each ranged read may be delayed by
 // `latency`; the most reads in progress at once is kept. Thread-safe (a
 // cursor opens parts concurrently).
-class RecordingBlob final : public Blob {
+class RecordingBlob final : public testing::ForwardingBlob {
  public:
-  explicit RecordingBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
-
-  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  using ForwardingBlob::ForwardingBlob;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
     {
@@ -49,18 +48,10 @@ class RecordingBlob final : public Blob {
       max_concurrent = std::max(max_concurrent, ++concurrent_);
     }
     std::this_thread::sleep_for(latency);
-    auto result = inner_->get_range(key, offset, length);
+    auto result = ForwardingBlob::get_range(key, offset, length);
     std::lock_guard lock(mu_);
     --concurrent_;
     return result;
-  }
-  Status set(std::string_view key, std::string_view bytes) override {
-    return inner_->set(key, bytes);
-  }
-  Status remove(std::string_view key) override { return inner_->remove(key); }
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
-    return inner_->list(prefix, visit);
   }
 
   std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
@@ -70,7 +61,6 @@ class RecordingBlob final : public Blob {
   int max_concurrent = 0;
 
  private:
-  std::shared_ptr<Blob> inner_;
   std::mutex mu_;
   int concurrent_ = 0;
 };

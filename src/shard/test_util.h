@@ -1,5 +1,5 @@
 // Helpers shared by the shard tests: a reference model of a shard's
-// collection, and snapshot/listen collectors.
+// collection, snapshot/listen collectors, and a Blob decorator base.
 #pragma once
 
 #include <algorithm>
@@ -10,10 +10,34 @@
 #include <vector>
 
 #include "tidemark/client.h"
+#include "tidemark/location.h"
 #include "tidemark/read.h"
 #include "tidemark/update.h"
 
 namespace tidemark::testing {
+
+// A Blob that forwards every call to `inner`; tests override the calls
+// they watch or slow down.
+class ForwardingBlob : public Blob {
+ public:
+  explicit ForwardingBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
+  Result<std::optional<std::string>> get(std::string_view key) override { return inner_->get(key); }
+  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                std::uint64_t length) override {
+    return inner_->get_range(key, offset, length);
+  }
+  Status set(std::string_view key, std::string_view bytes) override {
+    return inner_->set(key, bytes);
+  }
+  Status remove(std::string_view key) override { return inner_->remove(key); }
+  Status list(std::string_view prefix,
+              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
+    return inner_->list(prefix, visit);
+  }
+
+ private:
+  std::shared_ptr<Blob> inner_;
+};
 
 // (key, value) -> diff, the consolidated collection at some as_of.
 using Collection = std::map<std::pair<std::string, std::string>, Diff>;
