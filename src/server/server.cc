@@ -739,16 +739,20 @@ class Session : public std::enable_shared_from_this<Session> {
                             std::to_string(server_->options.max_record_bytes) + " bytes"));
   }
 
-  // Managed: enqueue as the body arrives.
-  void read_managed() {
-    read_piece(
-        [self = shared_from_this()](beast::error_code ec, std::string_view piece, bool finished) {
-          if (ec) return self->close();
-          self->pending_ = piece;
-          self->finished_ = finished;
-          self->process_managed();
-        });
+  // Reads the next piece of an append's body into pending_, then runs
+  // `process` (managed or explicit).
+  void read_body_piece(void (Session::*process)()) {
+    read_piece([self = shared_from_this(), process](beast::error_code ec, std::string_view piece,
+                                                    bool finished) {
+      if (ec) return self->close();
+      self->pending_ = piece;
+      self->finished_ = finished;
+      ((*self).*process)();
+    });
   }
+
+  // Managed: enqueue as the body arrives.
+  void read_managed() { read_body_piece(&Session::process_managed); }
 
   void process_managed() {
     if (stalled_) {
@@ -852,15 +856,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Explicit: parse and add each piece on a worker (adds may upload parts).
-  void read_explicit() {
-    read_piece(
-        [self = shared_from_this()](beast::error_code ec, std::string_view piece, bool finished) {
-          if (ec) return self->close();
-          self->pending_ = piece;
-          self->finished_ = finished;
-          self->process_explicit();
-        });
-  }
+  void read_explicit() { read_body_piece(&Session::process_explicit); }
 
   void process_explicit() {
     auto self = shared_from_this();

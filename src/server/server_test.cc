@@ -441,28 +441,45 @@ double metric(const std::string& text, const std::string& name) {
   return -1;
 }
 
+// A request made on a thread of its own; its reply is awaited with a
+// timeout, so a server that never answers fails the test instead of
+// hanging it (the test client's reads have no timeout).
+class PendingCall {
+ public:
+  explicit PendingCall(std::function<Reply()> call)
+      : thread_([this, call = std::move(call)] { promise_.set_value(call()); }) {}
+  ~PendingCall() { join(); }
+  // The reply, if it comes within `timeout`.
+  std::optional<Reply> wait(std::chrono::seconds timeout) {
+    if (future_.wait_for(timeout) != std::future_status::ready) return std::nullopt;
+    return future_.get();
+  }
+  void join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::promise<Reply> promise_;
+  std::future<Reply> future_ = promise_.get_future();
+  std::thread thread_;
+};
+
 TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {
   // The one request in flight has no socket operation pending while its
   // batch uploads (200 ms): the I/O threads must still be there to answer.
   blob_latency_ = std::chrono::milliseconds(200);
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
-  std::promise<Reply> reply;
-  auto answered = reply.get_future();
-  std::thread client(
-      [&] { reply.set_value(post("/v1/shards/s/append", "{\"key\":1,\"value\":1}")); });
+  PendingCall client([&] { return post("/v1/shards/s/append", "{\"key\":1,\"value\":1}"); });
   while (metric(get("/metrics").body, "tidemark_http_requests_in_flight") < 2) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   server_->stop();
-  const bool done = answered.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
-  EXPECT_TRUE(done) << "no answer after stop()";
+  const std::optional<Reply> reply = client.wait(std::chrono::seconds(30));
+  EXPECT_TRUE(reply) << "no answer after stop()";
   server_.reset();  // ends the exchange if it was not
   client.join();
-  if (done) {
-    const Reply r = answered.get();
-    EXPECT_EQ(r.status, 200u) << r.body;
-  }
+  if (reply) EXPECT_EQ(reply->status, 200u) << reply->body;
 }
 
 TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {
@@ -472,9 +489,7 @@ TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {
   blob_latency_ = std::chrono::milliseconds(100);
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
-  std::promise<Reply> listen_reply;
-  auto listen_done = listen_reply.get_future();
-  std::thread listener([&] { listen_reply.set_value(get("/v1/shards/s/listen?from=0")); });
+  PendingCall listener([&] { return get("/v1/shards/s/listen?from=0"); });
   std::atomic<bool> stop_started{false};
   std::atomic<int> answered_after_stop{0};
   std::mutex mu;
@@ -504,15 +519,14 @@ TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {
   EXPECT_GT(answered_after_stop.load(), 0);
   EXPECT_EQ(unanswered.size(), 16u);
   // The listen stream ended, and says why rather than just stopping.
-  const bool listen_ended =
-      listen_done.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-  EXPECT_TRUE(listen_ended) << "the listen stream is still open after stop()";
+  const std::optional<Reply> listen = listener.wait(std::chrono::seconds(10));
+  EXPECT_TRUE(listen) << "the listen stream is still open after stop()";
   server_.reset();  // closes it if it was not
   listener.join();
-  if (listen_ended) {
-    const Reply listen = listen_done.get();
-    ASSERT_FALSE(lines_of(listen.body).empty());
-    EXPECT_NE(lines_of(listen.body).back().find("shutting down"), std::string::npos) << listen.body;
+  if (listen) {
+    ASSERT_FALSE(lines_of(listen->body).empty());
+    EXPECT_NE(lines_of(listen->body).back().find("shutting down"), std::string::npos)
+        << listen->body;
   }
 
   client_.reset();
