@@ -8,7 +8,7 @@ ASAN_BUILD ?= build-asan
 CMAKE_GEN  := -G Ninja
 JOBS       ?= 2
 
-.PHONY: deps build run demo test test-tsan test-asan bench clean format
+.PHONY: deps build run demo test test-now test-tsan test-asan bench clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -27,8 +27,13 @@ run: build
 demo: build
 	bash scripts/demo.sh $(BUILD)/tidemark
 
-# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer.
+# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer,
+# with a PostgreSQL and an S3 server (s3rver) running for the scale-out tests
+# (scripts/test-services.sh starts them and stops them afterwards).
 test: build
+	bash scripts/test-services.sh $(MAKE) --no-print-directory test-now
+
+test-now:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 	$(MAKE) test-tsan
 

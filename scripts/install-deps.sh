@@ -7,7 +7,14 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libzstd-dev libxxhash-dev libsqlite3-dev librdkafka-dev libboost-dev
   libgtest-dev curl wrk
+  libpq-dev libcurl4-openssl-dev libssl-dev
+  postgresql
 )
+# s3rver (tools/s3rver, for the S3 tests) runs on the machine's Node.js;
+# Debian's only when the machine has none.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The real servers the scale-out tests run against, started for one command:
+#   scripts/test-services.sh COMMAND [ARGS...]
+# starts PostgreSQL (Debian's packages) and s3rver (npm, tools/s3rver) on
+# loopback in a fresh temporary directory, runs COMMAND with these set:
+#   TIDEMARK_TEST_POSTGRES  postgres://tidemark:tidemark@127.0.0.1:PORT/tidemark
+#   TIDEMARK_TEST_S3        s3://tidemark/PREFIX?endpoint=http://127.0.0.1:PORT&region=us-east-1
+#   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY  (s3rver's fixed credentials)
+# then stops both servers and removes their data, whatever COMMAND did, and
+# exits with COMMAND's status. Tests that need a server skip without these
+# variables and fail, never skip, when they are set but the server is not
+# there. Ports: TIDEMARK_PG_PORT (default 55432), TIDEMARK_S3_PORT (45680).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+pg_port=${TIDEMARK_PG_PORT:-55432}
+s3_port=${TIDEMARK_S3_PORT:-45680}
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+[ -x "$pg_bin/initdb" ] || { echo "test-services: PostgreSQL not installed (make deps)" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/tidemark-services.XXXXXX)
+chmod 755 "$work"
+as_pg=()
+if [ "$(id -u)" -eq 0 ]; then
+  # PostgreSQL refuses to run as root; Debian's package made this user.
+  chown postgres: "$work"
+  as_pg=(runuser -u postgres --)
+fi
+s3_pid=
+stop() {
+  "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
+  if [ -n "$s3_pid" ]; then kill "$s3_pid" 2>/dev/null || true; wait "$s3_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap stop EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
+
+# PostgreSQL: its own cluster, password auth over TCP, socket in $work.
+echo tidemark >"$work/pwfile"
+chmod 644 "$work/pwfile"
+"${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U tidemark --pwfile="$work/pwfile" \
+  --auth-local=trust --auth-host=scram-sha-256 >"$work/initdb.log" 2>&1 ||
+  { cat "$work/initdb.log" >&2; exit 1; }
+"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w -t 60 \
+  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" \
+  start >/dev/null || { cat "$work/pg.log" >&2; exit 1; }
+"${as_pg[@]}" "$pg_bin/createdb" -h "$work" -p "$pg_port" -U tidemark tidemark
+
+# s3rver: installed from the npm registry into tools/s3rver (lockfile pinned).
+if [ ! -x "$root/tools/s3rver/node_modules/.bin/s3rver" ]; then
+  (cd "$root/tools/s3rver" && npm ci --no-audit --no-fund --loglevel=error >&2)
+fi
+mkdir -p "$work/s3"
+# --openssl-legacy-provider: s3rver makes ListObjectsV2 continuation tokens
+# with DES, which OpenSSL 3 (Node >= 17) refuses without it.
+node --openssl-legacy-provider "$root/tools/s3rver/node_modules/.bin/s3rver" -d "$work/s3" -a 127.0.0.1 -p "$s3_port" \
+  --silent --no-vhost-buckets --configure-bucket tidemark >"$work/s3rver.log" 2>&1 &
+s3_pid=$!
+for _ in $(seq 100); do
+  if curl -s -o /dev/null "http://127.0.0.1:$s3_port/"; then break; fi
+  kill -0 "$s3_pid" 2>/dev/null || { cat "$work/s3rver.log" >&2; exit 1; }
+  sleep 0.1
+done
+
+export TIDEMARK_TEST_POSTGRES="postgres://tidemark:tidemark@127.0.0.1:$pg_port/tidemark"
+export TIDEMARK_TEST_S3="s3://tidemark/test?endpoint=http://127.0.0.1:$s3_port&region=us-east-1"
+export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
+echo "test-services: PostgreSQL on 127.0.0.1:$pg_port, s3rver on 127.0.0.1:$s3_port" >&2
+status=0
+"$@" || status=$?
+exit "$status"
