@@ -105,9 +105,15 @@ class Consensus {
 };
 
 // Opens a backend by URL (DESIGN.md section 9):
-//   blob:      file:///abs/dir, mem://
-//   consensus: sqlite:///abs/path.db, mem://
-// An unknown scheme or a malformed URL is InvalidUsage.
+//   blob:      file:///abs/dir, mem://,
+//              s3://bucket/prefix?endpoint=http://host:port&region=R
+//              (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY;
+//              parameters in src/location/s3_client.h)
+//   consensus: sqlite:///abs/path.db, mem://,
+//              postgres://user:password@host:port/db (or postgresql://)
+// An unknown scheme or a malformed URL is InvalidUsage. postgres:// connects
+// (and creates its tables) here: an unreachable server is Determinate. s3://
+// does no I/O until the first call.
 [[nodiscard]] Result<std::shared_ptr<Blob>> open_blob(std::string_view url);
 [[nodiscard]] Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url);
 

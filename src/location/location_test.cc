@@ -2,7 +2,13 @@
 // against the fault decorators with faults switched off, which must be
 // indistinguishable from what they wrap. Backend-specific behaviour is
 // tested beside each backend (file_blob_test.cc, sqlite_consensus_test.cc,
-// faulty_test.cc, open_test.cc).
+// postgres_consensus_test.cc, faulty_test.cc, open_test.cc).
+//
+// The PostgreSQL instances run against the server named by
+// TIDEMARK_TEST_POSTGRES, each in a fresh schema, and skip when it is unset
+// (postgres_test_schema.h). The S3 instance runs against the server named
+// by TIDEMARK_TEST_S3, each under a fresh prefix, and skips when it is unset
+// (s3_test_prefix.h).
 #include <memory>
 #include <string>
 
@@ -11,6 +17,8 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "location/postgres_test_schema.h"
+#include "location/s3_test_prefix.h"
 #include "location/scratch_directory.h"
 #include "location/sqlite_consensus.h"
 
@@ -65,6 +73,14 @@ INSTANTIATE_TEST_SUITE_P(
                                              std::make_shared<MemConsensus>());
                                        }}),
     BackendName());
+
+INSTANTIATE_TEST_SUITE_P(Postgres, ConsensusConformance,
+                         ::testing::Values(ConsensusBackend{"Postgres",
+                                                            open_postgres_test_consensus}),
+                         BackendName());
+
+INSTANTIATE_TEST_SUITE_P(S3, BlobConformance,
+                         ::testing::Values(BlobBackend{"S3", open_s3_test_blob}), BackendName());
 
 }  // namespace
 }  // namespace tidemark

@@ -1,5 +1,7 @@
 // open_blob and open_consensus: the URL -> backend mapping of DESIGN.md
-// section 9. Paths in URLs are taken literally (no percent-decoding).
+// section 9. Paths in file:// and sqlite:// URLs are taken literally (no
+// percent-decoding); s3:// and postgres:// URLs are parsed by their
+// backends (s3_blob.h, postgres_consensus.h).
 #include <memory>
 #include <string>
 #include <string_view>
@@ -7,6 +9,8 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "location/postgres_consensus.h"
+#include "location/s3_blob.h"
 #include "location/sqlite_consensus.h"
 #include "tidemark/location.h"
 
@@ -33,11 +37,6 @@ Result<std::string> absolute_path_after(std::string_view url, std::string_view s
   return std::string(path);
 }
 
-std::unexpected<Error> not_supported_yet(std::string_view url, std::string_view backend) {
-  return invalid_usage("location URL \"" + std::string(url) + "\": the " + std::string(backend) +
-                       " backend is not supported yet");
-}
-
 bool has_scheme(std::string_view url, std::string_view scheme) {
   return url.starts_with(scheme) && url.substr(scheme.size()).starts_with("://");
 }
@@ -51,13 +50,17 @@ Result<std::shared_ptr<Blob>> open_blob(std::string_view url) {
     TM_ASSIGN(std::unique_ptr<FileBlob> blob, FileBlob::open(std::move(path)));
     return std::shared_ptr<Blob>(std::move(blob));
   }
-  if (has_scheme(url, "s3")) return not_supported_yet(url, "s3 blob");
+  if (has_scheme(url, "s3")) {
+    TM_ASSIGN(std::unique_ptr<S3Blob> blob, S3Blob::open(url));
+    return std::shared_ptr<Blob>(std::move(blob));
+  }
   if (has_scheme(url, "sqlite") || has_scheme(url, "postgres") || has_scheme(url, "postgresql")) {
     return invalid_usage("location URL \"" + std::string(url) +
                          "\" names a consensus backend, not a blob backend");
   }
   return invalid_usage("unknown blob location URL \"" + std::string(url) +
-                       "\" (expected file:///abs/dir or mem://)");
+                       "\" (expected file:///abs/dir, "
+                       "s3://bucket/prefix?endpoint=http://host:port&region=R or mem://)");
 }
 
 Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
@@ -68,14 +71,17 @@ Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
     return std::shared_ptr<Consensus>(std::move(consensus));
   }
   if (has_scheme(url, "postgres") || has_scheme(url, "postgresql")) {
-    return not_supported_yet(url, "postgres consensus");
+    TM_ASSIGN(std::unique_ptr<PostgresConsensus> consensus,
+              PostgresConsensus::open(std::string(url)));
+    return std::shared_ptr<Consensus>(std::move(consensus));
   }
   if (has_scheme(url, "file") || has_scheme(url, "s3")) {
     return invalid_usage("location URL \"" + std::string(url) +
                          "\" names a blob backend, not a consensus backend");
   }
   return invalid_usage("unknown consensus location URL \"" + std::string(url) +
-                       "\" (expected sqlite:///abs/path.db or mem://)");
+                       "\" (expected sqlite:///abs/path.db, "
+                       "postgres://user:password@host:port/db or mem://)");
 }
 
 }  // namespace tidemark

@@ -1,0 +1,572 @@
+#include "location/postgres_consensus.h"
+
+#include <libpq-fe.h>
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <utility>
+
+#include "location/seqno_bounds.h"
+
+namespace tidemark {
+
+namespace {
+
+constexpr std::string_view kPostgresScheme = "postgres://";
+constexpr std::string_view kPostgresqlScheme = "postgresql://";
+
+// Connection defaults that a URL parameter of the same name overrides: they
+// come before the URL in PQconnectdbParams's arrays, and libpq lets later
+// entries win.
+constexpr const char* kDefaultKeywords[] = {
+    "connect_timeout",  "keepalives_idle",           "keepalives_interval",
+    "keepalives_count", "fallback_application_name",
+};
+constexpr const char* kDefaultValues[] = {"5", "30", "10", "3", "tidemark"};
+
+// A bytea value is at most 1 GiB in PostgreSQL; anything larger would be
+// refused by the server, and would not fit libpq's int lengths much beyond.
+constexpr std::size_t kMaxFieldBytes = (std::size_t{1} << 30) - 1;
+
+// Fixed OIDs of the built-in types the statements bind (pg_type.dat).
+constexpr Oid kByteaOid = 17;
+constexpr Oid kInt8Oid = 20;
+constexpr Oid kTextOid = 25;
+
+// READ COMMITTED is what makes a losing compare_and_set re-check its WHERE
+// against the winner's row instead of failing to serialize; a commit with
+// synchronous_commit=off could be lost after it was acknowledged.
+constexpr const char* kSessionSetup =
+    "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+    "SELECT set_config('synchronous_commit', 'on', false) "
+    "WHERE current_setting('synchronous_commit') = 'off'";
+
+// Concurrent CREATE TABLE IF NOT EXISTS of one name can still fail on
+// pg_type's unique index, so creators queue on an advisory lock (the key is
+// "tidemark" in ASCII) that the COMMIT releases.
+constexpr const char* kCreateTables =
+    "BEGIN; "
+    "SELECT pg_advisory_xact_lock(8388346167743836779); "
+    "CREATE TABLE IF NOT EXISTS tidemark_consensus_heads ("
+    "key TEXT COLLATE \"C\" PRIMARY KEY, seqno BIGINT NOT NULL); "
+    "CREATE TABLE IF NOT EXISTS tidemark_consensus ("
+    "key TEXT COLLATE \"C\" NOT NULL, seqno BIGINT NOT NULL, data BYTEA NOT NULL, "
+    "PRIMARY KEY (key, seqno)); "
+    "COMMIT";
+
+constexpr const char* kHead = "tidemark_head";
+constexpr const char* kMoveHead = "tidemark_move_head";
+constexpr const char* kCreateHead = "tidemark_create_head";
+constexpr const char* kScan = "tidemark_scan";
+constexpr const char* kTruncate = "tidemark_truncate";
+
+struct StatementText {
+  const char* name;
+  const char* sql;
+  int parameter_count;
+  std::array<Oid, 4> parameter_types;
+};
+
+constexpr StatementText kStatements[] = {
+    {kHead,
+     "SELECT v.seqno, v.data FROM tidemark_consensus_heads h "
+     "JOIN tidemark_consensus v ON v.key = h.key AND v.seqno = h.seqno WHERE h.key = $1",
+     1,
+     {kTextOid}},
+    // $1 key, $2 expected, $3 next, $4 data. Inserts one row iff the head moved.
+    {kMoveHead,
+     "WITH moved AS (UPDATE tidemark_consensus_heads SET seqno = $3 "
+     "WHERE key = $1 AND seqno = $2 RETURNING key) "
+     "INSERT INTO tidemark_consensus (key, seqno, data) SELECT key, $3, $4 FROM moved",
+     4,
+     {kTextOid, kInt8Oid, kInt8Oid, kByteaOid}},
+    // $1 key, $2 next, $3 data. Inserts one row iff the head was created.
+    {kCreateHead,
+     "WITH created AS (INSERT INTO tidemark_consensus_heads (key, seqno) VALUES ($1, $2) "
+     "ON CONFLICT DO NOTHING RETURNING key) "
+     "INSERT INTO tidemark_consensus (key, seqno, data) SELECT key, $2, $3 FROM created",
+     3,
+     {kTextOid, kInt8Oid, kByteaOid}},
+    // $1 key, $2 from, $3 limit.
+    {kScan,
+     "SELECT seqno, data FROM tidemark_consensus WHERE key = $1 AND seqno >= $2 "
+     "ORDER BY seqno LIMIT $3",
+     3,
+     {kTextOid, kInt8Oid, kInt8Oid}},
+    // $1 key, $2 seqno. Returns the head seqno (NULL when there is none) and
+    // how many versions it deleted: none unless $2 <= the head. Versions
+    // below a head never change again, so the head read in this statement's
+    // snapshot is a safe bound even while compare_and_set moves it on.
+    {kTruncate,
+     "WITH head AS (SELECT seqno FROM tidemark_consensus_heads WHERE key = $1), "
+     "deleted AS (DELETE FROM tidemark_consensus "
+     "WHERE key = $1 AND seqno < $2 AND $2 <= (SELECT seqno FROM head) RETURNING 1) "
+     "SELECT (SELECT seqno FROM head), (SELECT count(*) FROM deleted)",
+     2,
+     {kTextOid, kInt8Oid}},
+};
+
+// Connections ignore server notices ("relation already exists, skipping")
+// rather than let libpq print them to stderr.
+void ignore_notice(void*, const PGresult*) {}
+
+// REQUIRES: value <= kMaxSeqNo (or another value that fits BIGINT).
+std::array<char, 8> encode_int8(std::uint64_t value) {
+  std::array<char, 8> bytes;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = static_cast<char>(value >> (56 - 8 * i));
+  }
+  return bytes;
+}
+
+// A binary BIGINT field, or nullopt when it is NULL or not 8 bytes.
+std::optional<std::int64_t> decode_int8(const PGresult* result, int row, int column) {
+  if (PQgetisnull(result, row, column) || PQgetlength(result, row, column) != 8) {
+    return std::nullopt;
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(PQgetvalue(result, row, column));
+  std::uint64_t value = 0;
+  for (int i = 0; i < 8; ++i) value = value << 8 | bytes[i];
+  return static_cast<std::int64_t>(value);
+}
+
+// libpq's messages end in a newline, put each report (the error, its
+// CONTEXT, a lost connection) on a line, and continue a sentence on a
+// tab-indented line; a message here is one line, reports split by "; ".
+std::string one_line(std::string_view message) {
+  std::string out;
+  for (std::size_t i = 0; i < message.size(); ++i) {
+    if (message[i] != '\n') {
+      out += message[i];
+    } else if (i + 1 < message.size() && message[i + 1] == '\t') {
+      out += ' ';
+      ++i;
+    } else if (i + 1 < message.size()) {
+      out += "; ";
+    }
+  }
+  return out;
+}
+
+std::string replace_secrets(std::string text, const std::vector<std::string>& secrets) {
+  for (const std::string& secret : secrets) {
+    for (auto at = text.find(secret); at != std::string::npos; at = text.find(secret, at + 3)) {
+      text.replace(at, secret.size(), "***");
+    }
+  }
+  return text;
+}
+
+// libpq's `password`, and `sslpassword` (of the client key).
+bool is_password_keyword(std::string_view keyword) {
+  return keyword.ends_with("password");
+}
+
+// `url` with the password of its user info and the value of any password
+// parameter replaced by "***"; the replaced strings, as written, go to
+// `secrets`.
+std::string redact_url(std::string_view url, std::vector<std::string>& secrets) {
+  struct Span {
+    std::size_t begin;
+    std::size_t end;
+  };
+  std::vector<Span> passwords;
+  std::size_t authority_begin = url.find("://");
+  authority_begin = authority_begin == std::string_view::npos ? 0 : authority_begin + 3;
+  std::size_t authority_end = std::min(url.find_first_of("/?", authority_begin), url.size());
+  std::string_view authority = url.substr(authority_begin, authority_end - authority_begin);
+  if (auto at = authority.rfind('@'); at != std::string_view::npos) {
+    if (auto colon = authority.find(':'); colon < at) {
+      passwords.push_back({authority_begin + colon + 1, authority_begin + at});
+    }
+  }
+  if (auto query = url.find('?', authority_end); query != std::string_view::npos) {
+    for (std::size_t begin = query + 1; begin < url.size();) {
+      std::size_t end = std::min(url.find('&', begin), url.size());
+      std::string_view parameter = url.substr(begin, end - begin);
+      if (auto equals = parameter.find('=');
+          equals != std::string_view::npos && is_password_keyword(parameter.substr(0, equals))) {
+        passwords.push_back({begin + equals + 1, end});
+      }
+      begin = end + 1;
+    }
+  }
+  std::string out(url);
+  // Back to front, so earlier spans keep their offsets.
+  for (auto it = passwords.rbegin(); it != passwords.rend(); ++it) {
+    if (it->end == it->begin) continue;
+    secrets.emplace_back(url.substr(it->begin, it->end - it->begin));
+    out.replace(it->begin, it->end - it->begin, "***");
+  }
+  return out;
+}
+
+// Whether an idle connection can take a statement: libpq thinks it is up,
+// no transaction is open, and the server has sent nothing since the last
+// result. An idle backend sends nothing unless it is going away (the FATAL
+// of a shutdown or pg_terminate_backend, or end of file), so readable data
+// means the connection is dead even though libpq has not looked yet.
+bool is_ready_for_use(PGconn* connection) {
+  if (PQstatus(connection) != CONNECTION_OK) return false;
+  if (PQtransactionStatus(connection) != PQTRANS_IDLE) return false;
+  pollfd socket{.fd = PQsocket(connection), .events = POLLIN, .revents = 0};
+  if (socket.fd < 0) return false;
+  return ::poll(&socket, 1, 0) == 0;
+}
+
+// Whether a failed statement certainly did not apply: the server reported
+// an ordinary ERROR (which rolls back its transaction) and the connection
+// survived. A FATAL, a lost connection, or a failure libpq made up itself
+// leaves the outcome unknown.
+bool certainly_rolled_back(const PGresult* result, const PGconn* connection) {
+  if (result == nullptr || PQstatus(connection) != CONNECTION_OK) return false;
+  const char* severity = PQresultErrorField(result, PG_DIAG_SEVERITY_NONLOCALIZED);
+  const char* sqlstate = PQresultErrorField(result, PG_DIAG_SQLSTATE);
+  return severity != nullptr && sqlstate != nullptr && std::string_view(severity) == "ERROR";
+}
+
+// What went wrong, from libpq. Since PostgreSQL 14 the connection's message
+// gathers every report since the statement was sent (a FATAL and then the
+// lost connection), where the result holds only the last; the result's is
+// the fallback.
+std::string failure_message(const PGresult* result, const PGconn* connection) {
+  std::string_view message = connection != nullptr ? PQerrorMessage(connection) : "";
+  if (message.empty() && result != nullptr) message = PQresultErrorMessage(result);
+  if (message.empty()) message = "unknown libpq failure (out of memory?)";
+  return one_line(message);
+}
+
+}  // namespace
+
+// Lease ---------------------------------------------------------------------
+
+class PostgresConsensus::Lease {
+ public:
+  Lease(PostgresConsensus& owner, Connection connection)
+      : owner_(&owner), connection_(std::move(connection)) {}
+  Lease(Lease&& other) noexcept = default;
+  Lease& operator=(Lease&&) = delete;
+  ~Lease() {
+    if (connection_) owner_->give_back(std::move(connection_));
+  }
+
+  PGconn* get() const { return connection_.get(); }
+
+ private:
+  PostgresConsensus* owner_;
+  Connection connection_;  // null once moved from
+};
+
+// PostgresConsensus ---------------------------------------------------------
+
+void PostgresConsensus::ConnectionCloser::operator()(pg_conn* connection) const {
+  PQfinish(connection);
+}
+
+void PostgresConsensus::ResultClearer::operator()(pg_result* result) const {
+  PQclear(result);
+}
+
+PostgresConsensus::Parameter PostgresConsensus::Parameter::of(std::string_view bytes) {
+  // A null pointer would bind SQL NULL; empty bytes are an empty value.
+  return Parameter{bytes.empty() ? "" : bytes.data(), static_cast<int>(bytes.size())};
+}
+
+Result<std::unique_ptr<PostgresConsensus>> PostgresConsensus::open(std::string url) {
+  if (!url.starts_with(kPostgresScheme) && !url.starts_with(kPostgresqlScheme)) {
+    return invalid_usage(
+        "postgres consensus: the URL must start with postgres:// or postgresql://");
+  }
+  std::vector<std::string> secrets;
+  std::string redacted = redact_url(url, secrets);
+
+  // libpq parses the URL again when connecting; parsing it now tells a
+  // malformed URL (InvalidUsage) from an unreachable server, and yields the
+  // password as libpq decodes it, to keep out of messages too.
+  char* parse_error = nullptr;
+  PQconninfoOption* options = PQconninfoParse(url.c_str(), &parse_error);
+  if (options == nullptr) {
+    std::string message = parse_error != nullptr ? parse_error : "out of memory";
+    PQfreemem(parse_error);
+    return invalid_usage("postgres consensus " + redacted +
+                         ": malformed URL: " + replace_secrets(one_line(message), secrets));
+  }
+  for (const PQconninfoOption* option = options; option->keyword != nullptr; ++option) {
+    if (is_password_keyword(option->keyword) && option->val != nullptr && *option->val != '\0') {
+      secrets.emplace_back(option->val);
+    }
+  }
+  PQconninfoFree(options);
+
+  auto consensus = std::make_unique<PostgresConsensus>(PrivateTag{}, std::move(url),
+                                                       std::move(redacted), std::move(secrets));
+  TM_ASSIGN(Connection first, consensus->connect(/*create_tables=*/true));
+  {
+    std::lock_guard lock(consensus->mutex_);
+    consensus->idle_.push_back(std::move(first));
+    consensus->open_connections_ = 1;
+  }
+  return consensus;
+}
+
+PostgresConsensus::PostgresConsensus(PrivateTag, std::string url, std::string redacted_url,
+                                     std::vector<std::string> secrets)
+    : url_(std::move(url)), redacted_url_(std::move(redacted_url)), secrets_(std::move(secrets)) {}
+
+PostgresConsensus::~PostgresConsensus() = default;
+
+std::string PostgresConsensus::describe(std::string_view what, std::string_view detail) const {
+  std::string out = "postgres consensus " + redacted_url_ + ": ";
+  out += what;
+  out += ": ";
+  out += replace_secrets(std::string(detail), secrets_);
+  return out;
+}
+
+std::string PostgresConsensus::describe(std::string_view call, std::string_view key,
+                                        std::string_view detail) const {
+  std::string what(call);
+  what += " \"";
+  what += key;
+  what += "\"";
+  return describe(what, detail);
+}
+
+Result<PostgresConsensus::Connection> PostgresConsensus::connect(bool create_tables) {
+  constexpr std::size_t kDefaults = std::size(kDefaultKeywords);
+  std::array<const char*, kDefaults + 2> keywords{};
+  std::array<const char*, kDefaults + 2> values{};
+  std::copy(std::begin(kDefaultKeywords), std::end(kDefaultKeywords), keywords.begin());
+  std::copy(std::begin(kDefaultValues), std::end(kDefaultValues), values.begin());
+  // expand_dbname = 1: the "dbname" value is the whole URL, expanded into
+  // its parameters, which override the defaults before it.
+  keywords[kDefaults] = "dbname";
+  values[kDefaults] = url_.c_str();
+  Connection connection(PQconnectdbParams(keywords.data(), values.data(), 1));
+  if (connection == nullptr) return determinate(describe("connect", "out of memory"));
+  PGconn* raw = connection.get();
+  if (PQstatus(raw) != CONNECTION_OK) {
+    return determinate(describe("connect", failure_message(nullptr, raw)));
+  }
+  PQsetNoticeReceiver(raw, &ignore_notice, nullptr);
+
+  QueryResult setup(PQexec(raw, kSessionSetup));
+  if (PQresultStatus(setup.get()) != PGRES_TUPLES_OK) {
+    return determinate(
+        describe("connect", "set up the session: " + failure_message(setup.get(), raw)));
+  }
+  if (create_tables) {
+    QueryResult created(PQexec(raw, kCreateTables));
+    if (PQresultStatus(created.get()) != PGRES_COMMAND_OK) {
+      return determinate(
+          describe("connect", "create the tables: " + failure_message(created.get(), raw)));
+    }
+  }
+  for (const StatementText& statement : kStatements) {
+    QueryResult prepared(PQprepare(raw, statement.name, statement.sql, statement.parameter_count,
+                                   statement.parameter_types.data()));
+    if (PQresultStatus(prepared.get()) != PGRES_COMMAND_OK) {
+      return determinate(describe(
+          "connect", "",
+          std::string("prepare ") + statement.name + ": " + failure_message(prepared.get(), raw)));
+    }
+  }
+  return connection;
+}
+
+Result<PostgresConsensus::Lease> PostgresConsensus::lease() {
+  std::vector<Connection> dead;  // closed after the lock is released
+  std::unique_lock lock(mutex_);
+  while (true) {
+    while (!idle_.empty()) {
+      // The most recently returned first: it is the least likely to have
+      // been dropped by a firewall or pooler while idle.
+      Connection connection = std::move(idle_.back());
+      idle_.pop_back();
+      if (is_ready_for_use(connection.get())) return Lease(*this, std::move(connection));
+      dead.push_back(std::move(connection));
+      --open_connections_;
+      // Room for a new connection, which a waiting thread may use too.
+      connection_released_.notify_one();
+    }
+    if (open_connections_ < kMaxConnections) break;
+    connection_released_.wait(lock);
+  }
+  ++open_connections_;
+  lock.unlock();
+
+  auto connection = connect(/*create_tables=*/false);
+  if (!connection) {
+    {
+      std::lock_guard relock(mutex_);
+      --open_connections_;
+    }
+    connection_released_.notify_one();
+    return std::unexpected(std::move(connection).error());
+  }
+  return Lease(*this, std::move(*connection));
+}
+
+void PostgresConsensus::give_back(Connection connection) {
+  // A connection that failed mid-statement is CONNECTION_BAD, or may be
+  // inside a transaction it cannot finish: close it, and let the next call
+  // open a fresh one.
+  bool reusable = PQstatus(connection.get()) == CONNECTION_OK &&
+                  PQtransactionStatus(connection.get()) == PQTRANS_IDLE;
+  {
+    std::lock_guard lock(mutex_);
+    if (reusable) {
+      idle_.push_back(std::move(connection));
+    } else {
+      --open_connections_;
+    }
+  }
+  connection_released_.notify_one();
+  // An unusable connection is closed here, outside the lock.
+}
+
+Result<PostgresConsensus::QueryResult> PostgresConsensus::execute(
+    Lease& lease, const char* name, std::span<const Parameter> parameters, Effect effect,
+    std::string_view call, std::string_view key) {
+  constexpr std::size_t kMaxParameters = 4;
+  std::array<const char*, kMaxParameters> values{};
+  std::array<int, kMaxParameters> lengths{};
+  std::array<int, kMaxParameters> formats{};
+  for (std::size_t i = 0; i < parameters.size() && i < kMaxParameters; ++i) {
+    values[i] = parameters[i].bytes;
+    lengths[i] = parameters[i].length;
+    formats[i] = 1;  // binary
+  }
+  PGconn* connection = lease.get();
+  QueryResult result(PQexecPrepared(connection, name, static_cast<int>(parameters.size()),
+                                    values.data(), lengths.data(), formats.data(),
+                                    /*resultFormat=*/1));
+  ExecStatusType status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
+  if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return result;
+
+  std::string message = describe(call, key, failure_message(result.get(), connection));
+  if (effect == Effect::kWrite && !certainly_rolled_back(result.get(), connection)) {
+    return indeterminate(std::move(message) + " (the outcome is unknown: it may have applied)");
+  }
+  return determinate(std::move(message));
+}
+
+Result<VersionedData> PostgresConsensus::read_version(const pg_result* result, int row,
+                                                      std::string_view key) const {
+  std::optional<std::int64_t> seqno = decode_int8(result, row, 0);
+  if (!seqno || *seqno < 0 || PQgetisnull(result, row, 1)) {
+    return corruption(describe("read", key, "a stored version has a malformed seqno or no data"));
+  }
+  VersionedData version;
+  version.seqno = static_cast<SeqNo>(*seqno);
+  version.data.assign(PQgetvalue(result, row, 1),
+                      static_cast<std::size_t>(PQgetlength(result, row, 1)));
+  return version;
+}
+
+Result<std::optional<VersionedData>> PostgresConsensus::head(std::string_view key) {
+  if (key.size() > kMaxFieldBytes) return std::nullopt;  // could never have been stored
+  const Parameter parameters[] = {Parameter::of(key)};
+  TM_ASSIGN(Lease lease, this->lease());
+  TM_ASSIGN(QueryResult result, execute(lease, kHead, parameters, Effect::kRead, "head", key));
+  if (PQntuples(result.get()) == 0) return std::nullopt;
+  TM_ASSIGN(VersionedData version, read_version(result.get(), 0, key));
+  return version;
+}
+
+Result<CasOutcome> PostgresConsensus::compare_and_set(std::string_view key,
+                                                      std::optional<SeqNo> expected,
+                                                      VersionedData next) {
+  TM_TRY(validate_compare_and_set(expected, next.seqno));
+  if (key.size() > kMaxFieldBytes || next.data.size() > kMaxFieldBytes) {
+    return invalid_usage(
+        "postgres consensus: compare_and_set: a key or value is larger than "
+        "PostgreSQL's 1 GiB field limit");
+  }
+  const std::array<char, 8> next_seqno = encode_int8(next.seqno);
+  const std::array<char, 8> expected_seqno = encode_int8(expected.value_or(0));
+  TM_ASSIGN(Lease lease, this->lease());
+  QueryResult result;
+  if (expected) {
+    const Parameter parameters[] = {
+        Parameter::of(key),
+        Parameter::of({expected_seqno.data(), expected_seqno.size()}),
+        Parameter::of({next_seqno.data(), next_seqno.size()}),
+        Parameter::of(next.data),
+    };
+    TM_ASSIGN(result,
+              execute(lease, kMoveHead, parameters, Effect::kWrite, "compare_and_set", key));
+  } else {
+    const Parameter parameters[] = {
+        Parameter::of(key),
+        Parameter::of({next_seqno.data(), next_seqno.size()}),
+        Parameter::of(next.data),
+    };
+    TM_ASSIGN(result,
+              execute(lease, kCreateHead, parameters, Effect::kWrite, "compare_and_set", key));
+  }
+  std::string_view inserted = PQcmdTuples(result.get());
+  if (inserted == "1") return CasOutcome::kCommitted;
+  if (inserted == "0") return CasOutcome::kExpectationMismatch;
+  return indeterminate(describe("compare_and_set", key,
+                                "unexpected inserted row count \"" + std::string(inserted) + "\""));
+}
+
+Result<std::vector<VersionedData>> PostgresConsensus::scan(std::string_view key, SeqNo from,
+                                                           std::size_t limit) {
+  std::vector<VersionedData> out;
+  // No stored seqno exceeds kMaxSeqNo, and a larger bound would not fit BIGINT.
+  if (limit == 0 || from > kMaxSeqNo || key.size() > kMaxFieldBytes) return out;
+  const std::array<char, 8> from_seqno = encode_int8(from);
+  const std::array<char, 8> row_limit = encode_int8(std::min<std::uint64_t>(limit, kMaxSeqNo));
+  const Parameter parameters[] = {
+      Parameter::of(key),
+      Parameter::of({from_seqno.data(), from_seqno.size()}),
+      Parameter::of({row_limit.data(), row_limit.size()}),
+  };
+  TM_ASSIGN(Lease lease, this->lease());
+  TM_ASSIGN(QueryResult result, execute(lease, kScan, parameters, Effect::kRead, "scan", key));
+  int rows = PQntuples(result.get());
+  out.reserve(static_cast<std::size_t>(rows));
+  for (int row = 0; row < rows; ++row) {
+    TM_ASSIGN(VersionedData version, read_version(result.get(), row, key));
+    out.push_back(std::move(version));
+  }
+  return out;
+}
+
+Result<std::size_t> PostgresConsensus::truncate(std::string_view key, SeqNo seqno) {
+  if (seqno > kMaxSeqNo) {
+    return invalid_usage("truncate \"" + std::string(key) + "\" to seqno " + std::to_string(seqno) +
+                         ": beyond any head (seqnos end at " + std::to_string(kMaxSeqNo) + ")");
+  }
+  if (key.size() > kMaxFieldBytes) {
+    return invalid_usage("truncate: the key is larger than PostgreSQL's 1 GiB field limit");
+  }
+  const std::array<char, 8> bound = encode_int8(seqno);
+  const Parameter parameters[] = {Parameter::of(key), Parameter::of({bound.data(), bound.size()})};
+  TM_ASSIGN(Lease lease, this->lease());
+  TM_ASSIGN(QueryResult result,
+            execute(lease, kTruncate, parameters, Effect::kWrite, "truncate", key));
+  std::optional<std::int64_t> deleted;
+  if (PQntuples(result.get()) == 1) deleted = decode_int8(result.get(), 0, 1);
+  if (!deleted || *deleted < 0) {
+    // The statement ran, so versions may have been deleted.
+    return indeterminate(describe("truncate", key, "malformed result"));
+  }
+  std::optional<std::int64_t> head = decode_int8(result.get(), 0, 0);
+  if (!head) {
+    return invalid_usage("truncate \"" + std::string(key) + "\" to seqno " + std::to_string(seqno) +
+                         ": there is no version yet");
+  }
+  if (seqno > static_cast<SeqNo>(*head)) {
+    return invalid_usage("truncate \"" + std::string(key) + "\" to seqno " + std::to_string(seqno) +
+                         ": beyond the head seqno " + std::to_string(*head));
+  }
+  return static_cast<std::size_t>(*deleted);
+}
+
+}  // namespace tidemark

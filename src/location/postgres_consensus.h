@@ -1,0 +1,158 @@
+// PostgresConsensus: a Consensus in a PostgreSQL database, for many
+// processes sharing shards (`postgres://user:password@host:port/db`, or
+// `postgresql://`). The URL is handed to libpq as a connection URI, so
+// libpq parameters pass through (`?options=-csearch_path%3Dtidemark`,
+// `connect_timeout=10`, `sslmode=require`). Unless the URL says otherwise,
+// connecting gives up after 5 s and TCP keepalives notice a vanished server
+// within about a minute.
+//
+// Schema (created at open when missing, in the first schema of the
+// search_path, under a transaction-scoped advisory lock so that processes
+// opening at once do not race on the catalog):
+//   tidemark_consensus_heads(key TEXT PRIMARY KEY, seqno BIGINT NOT NULL)
+//   tidemark_consensus(key TEXT, seqno BIGINT, data BYTEA NOT NULL,
+//                      PRIMARY KEY(key, seqno))
+// (keys use the "C" collation: byte order, whatever the database locale).
+// Seqnos follow seqno_bounds.h (BIGINT is signed 64-bit).
+//
+// Invariants:
+//   - a key's head row holds the largest seqno among its versions, and that
+//     version is never deleted: truncate deletes only below a seqno no
+//     greater than the head's;
+//   - compare_and_set is one statement in its own transaction, one round
+//     trip: it moves the head row from `expected` to `next` (or creates it
+//     when `expected` is nullopt) and inserts the version only if the row
+//     moved. Racing calls queue on the head row's lock; under READ
+//     COMMITTED, which every connection sets, the loser re-reads the moved
+//     row, matches nothing and inserts nothing. That makes it linearizable
+//     across processes;
+//   - each connection raises synchronous_commit to `on` if the server has it
+//     `off`, so a commit is durable when compare_and_set or truncate returns.
+//
+// Errors: failing to connect, and any failed head or scan, is Determinate.
+// A compare_and_set or truncate that the server answers with an ERROR on a
+// live connection rolled back: Determinate. Any other failure once it was
+// sent (a lost connection, a FATAL such as a terminated backend) is
+// Indeterminate: it may have committed. A malformed URL is InvalidUsage.
+// Messages name the call and key and carry libpq's message, with the
+// password (and sslpassword) replaced by "***". There is no statement
+// timeout unless the URL sets one (`options=-cstatement_timeout%3D10s`).
+//
+// Bounds: at most kMaxConnections connections per instance, opened on
+// demand and kept open while healthy; each prepares its statements once, so
+// a pooler in between must keep sessions (PgBouncer's session mode). A
+// broken connection (server restart, terminated backend) is closed when
+// noticed, at the latest when it is next taken from the pool, and the next
+// call opens a fresh one.
+//
+// Thread-safety: safe for concurrent use from many threads (each call holds
+// one connection of the pool; calls beyond kMaxConnections wait for one to
+// be returned) and from many processes sharing one database. Do not carry
+// an instance across fork(): open a new one in the child.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tidemark/location.h"
+
+struct pg_conn;
+struct pg_result;
+
+namespace tidemark {
+
+class PostgresConsensus : public Consensus {
+ public:
+  static constexpr std::size_t kMaxConnections = 8;
+
+  // Connects once (so a wrong URL or an unreachable server fails here, as
+  // Determinate), creates the tables if missing and keeps the connection in
+  // the pool.
+  [[nodiscard]] static Result<std::unique_ptr<PostgresConsensus>> open(std::string url);
+
+  [[nodiscard]] Result<std::optional<VersionedData>> head(std::string_view key) override;
+  [[nodiscard]] Result<CasOutcome> compare_and_set(std::string_view key,
+                                                   std::optional<SeqNo> expected,
+                                                   VersionedData next) override;
+  [[nodiscard]] Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                                        std::size_t limit) override;
+  [[nodiscard]] Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override;
+
+  // The URL with its password replaced by "***", as messages show it.
+  const std::string& redacted_url() const { return redacted_url_; }
+
+ private:
+  struct ConnectionCloser {
+    void operator()(pg_conn* connection) const;
+  };
+  struct ResultClearer {
+    void operator()(pg_result* result) const;
+  };
+  using Connection = std::unique_ptr<pg_conn, ConnectionCloser>;
+  using QueryResult = std::unique_ptr<pg_result, ResultClearer>;
+
+  // A connection taken from the pool for one call; returned (or closed, if
+  // broken) when the lease ends.
+  class Lease;
+
+  // One bound parameter, always in binary format.
+  struct Parameter {
+    // REQUIRES: `bytes` outlives the statement it is bound to, and is
+    // shorter than 2 GiB.
+    static Parameter of(std::string_view bytes);
+    const char* bytes;
+    int length;
+  };
+  enum class Effect : bool { kRead, kWrite };
+
+  // Lets open() use std::make_unique while keeping construction private.
+  struct PrivateTag {};
+
+ public:
+  PostgresConsensus(PrivateTag, std::string url, std::string redacted_url,
+                    std::vector<std::string> secrets);
+  ~PostgresConsensus() override;
+
+ private:
+  // A new connection with its session set up and statements prepared;
+  // `create_tables` also creates the schema first.
+  [[nodiscard]] Result<Connection> connect(bool create_tables);
+
+  // A healthy idle connection, or a new one when there is none and fewer
+  // than kMaxConnections exist; otherwise waits for one to be returned.
+  [[nodiscard]] Result<Lease> lease();
+  void give_back(Connection connection);
+
+  // Runs the prepared statement `name`, returning its result when it succeeded and otherwise
+  // an error classified by `effect` (see Errors above).
+  [[nodiscard]] Result<QueryResult> execute(Lease& lease, const char* name,
+                                            std::span<const Parameter> parameters, Effect effect,
+                                            std::string_view call, std::string_view key);
+
+  // "postgres consensus <redacted url>: <what>: <detail>", with every
+  // secret in `detail` replaced; the second names the call and its key.
+  std::string describe(std::string_view what, std::string_view detail) const;
+  std::string describe(std::string_view call, std::string_view key, std::string_view detail) const;
+
+  [[nodiscard]] Result<VersionedData> read_version(const pg_result* result, int row,
+                                                   std::string_view key) const;
+
+  const std::string url_;
+  const std::string redacted_url_;
+  const std::vector<std::string> secrets_;  // the password as written and as decoded
+
+  std::mutex mutex_;
+  // Notified when a connection is returned to the pool or closed.
+  std::condition_variable connection_released_;
+  std::vector<Connection> idle_;      // guarded by mutex_
+  std::size_t open_connections_ = 0;  // idle, leased or being opened; guarded by mutex_
+};
+
+}  // namespace tidemark
