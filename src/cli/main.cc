@@ -16,8 +16,10 @@ constexpr const char* kUsage =
   listen NAME --from T [--until T]
   compact NAME
   serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE]
-  sink run NAME --to file:///DIR|kafka://HOST:PORT/TOPIC [--envelope upsert|debezium]
-      [--format json|csv] [--sink-name S] [--as-of T] [--until T]
+  sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
+      [--sink-name S] [--as-of T] [--until T]
+      URL: file:///DIR | s3://BUCKET/PREFIX?endpoint=http://HOST:PORT[&region=R]
+           | kafka://HOST:PORT[,HOST:PORT]/TOPIC
   bench engine [--json] [--updates N] [--appends N]
   bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
       [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
@@ -28,6 +30,7 @@ constexpr const char* kUsage =
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
 --consensus (env TIDEMARK_BLOB, TIDEMARK_CONSENSUS) override them.
+s3:// URLs take credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 Exit status: 0 ok, 1 error, 2 usage, 3 upper mismatch.
 )";
 

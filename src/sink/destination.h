@@ -5,10 +5,12 @@
 // visible atomically with its progress: after commit(upper) returns OK,
 // progress() is upper and a restarted sink reads that same progress back.
 // Pairs written after begin() and never committed are never visible as
-// output (a file's temporary is deleted; a Kafka transaction is aborted).
+// output (a file's temporary is deleted; an S3 upload is aborted; a Kafka
+// transaction is aborted).
 //
-// Implementations: FileDestination (rolling files), KafkaDestination
-// (transactional producer plus progress topic).
+// Implementations: FileDestination (rolling files), S3Destination (the
+// same files as S3 objects), KafkaDestination (transactional producer plus
+// progress topic).
 //
 // Thread-safety: one sink uses a destination from one thread.
 #pragma once

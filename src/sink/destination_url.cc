@@ -1,6 +1,7 @@
 #include "sink/destination_url.h"
 
 #include "sink/file_destination.h"
+#include "sink/s3_destination.h"
 
 namespace tidemark {
 
@@ -16,6 +17,11 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
     out.directory = std::move(directory);
     return out;
   }
+  if (url.starts_with("s3://")) {
+    TM_ASSIGN(S3Url address, parse_s3_url(url));
+    out.s3 = std::move(address);
+    return out;
+  }
   if (url.starts_with("kafka://")) {
     TM_ASSIGN(KafkaAddress address, KafkaAddress::parse(url));
     if (format != SinkFormat::kJson) {
@@ -26,8 +32,8 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
     return out;
   }
   return invalid_usage("sink destination " + std::string(url) +
-                       ": expected file:///dir or kafka://host:port[,host:port]/topic (s3:// is "
-                       "not built yet)");
+                       ": expected file:///dir, s3://bucket/prefix?endpoint=http://host:port or "
+                       "kafka://host:port[,host:port]/topic");
 }
 
 Result<std::unique_ptr<SinkDestination>> open_sink_destination(const SinkUrl& url,
@@ -38,6 +44,14 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(const SinkUrl& ur
   if (url.directory) {
     TM_ASSIGN(auto file, FileDestination::open(*url.directory, envelope, format));
     return std::unique_ptr<SinkDestination>(std::move(file));
+  }
+  if (url.s3) {
+    TM_ASSIGN(S3Credentials credentials, s3_credentials_from_environment());
+    S3DestinationOptions options;
+    options.pool = std::move(pool);
+    TM_ASSIGN(auto objects,
+              S3Destination::open(*url.s3, std::move(credentials), envelope, format, options));
+    return std::unique_ptr<SinkDestination>(std::move(objects));
   }
   if (!url.kafka) return invalid_usage("an empty sink destination");
   KafkaDestinationOptions options;

@@ -1,13 +1,17 @@
 // Sink destination URLs (DESIGN.md 8): parsing, then opening.
 //
 //   file:///abs/dir                                  FileDestination
+//   s3://bucket/prefix?endpoint=http://host:port[&region=R&part_size=S...]
+//                                                    S3Destination
 //   kafka://host:port[,host:port]/topic[?progress_topic=NAME]   KafkaDestination
 //
 // parse_sink_url checks a URL and a format without touching anything
 // (InvalidUsage naming what is wrong); open_sink_destination opens it for
 // the sink `sink_name` of shard `shard`: the Kafka producer id is
 // "tidemark/<shard>/<sink_name>" and its queue (kKafkaQueueBytes) is
-// reserved from `pool`.
+// reserved from `pool`; an S3 destination's buffer (part_size + 64 KiB) is
+// reserved from `pool` too, and its credentials come from the environment
+// (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 #pragma once
 
 #include <memory>
@@ -15,6 +19,7 @@
 #include <string>
 #include <string_view>
 
+#include "location/s3_client.h"
 #include "sink/destination.h"
 #include "sink/envelope.h"
 #include "sink/kafka_destination.h"
@@ -24,11 +29,13 @@ namespace tidemark {
 
 inline constexpr std::uint64_t kKafkaQueueBytes = 16ull << 20;
 // The pool `tidemark sink run` (and its benchmark) gives one sink: the
-// Kafka producer's queue is reserved from it.
+// Kafka producer's queue, or the S3 destination's buffer, is reserved from
+// it.
 inline constexpr std::uint64_t kSinkPoolBytes = 64ull << 20;
 
 struct SinkUrl {
   std::optional<std::string> directory;  // file://
+  std::optional<S3Url> s3;               // s3://
   std::optional<KafkaAddress> kafka;     // kafka://
 };
 

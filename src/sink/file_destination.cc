@@ -14,81 +14,11 @@
 #include <vector>
 
 #include "location/posix_io.h"
+#include "sink/committed_name.h"
 #include "util/ids.h"
 
 namespace tidemark {
 namespace {
-
-constexpr std::size_t kBoundDigits = 20;  // the decimal digits of u64's maximum
-constexpr std::string_view kTemporarySuffix = ".tmp";
-
-std::string_view extension_of(SinkFormat format) {
-  return format == SinkFormat::kJson ? "json" : "csv";
-}
-
-// A bound as it appears in a file name: 20 digits, zero-padded, so that
-// names sort as their times do.
-std::string bound_text(Time time) {
-  char digits[kBoundDigits + 1];
-  std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(time));
-  return std::string(digits, kBoundDigits);
-}
-
-// A crashed sink's temporary (".<lower>-<random>.tmp"). Other dot-files are
-// not ours and are left alone.
-bool is_temporary_name(std::string_view name) {
-  return name.size() > 1 + kTemporarySuffix.size() && name.starts_with('.') &&
-         name.ends_with(kTemporarySuffix);
-}
-
-struct CommittedRange {
-  Time lower = 0;
-  Time upper = 0;
-  std::string name;
-};
-
-// 20 decimal digits; nullopt when they exceed u64.
-std::optional<Time> parse_bound(std::string_view digits) {
-  Time value = 0;
-  for (char c : digits) {
-    Time digit = static_cast<Time>(c - '0');
-    if (value > (UINT64_MAX - digit) / 10) return std::nullopt;
-    value = value * 10 + digit;
-  }
-  return value;
-}
-
-bool all_digits(std::string_view text) {
-  return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// nullopt for a name that is not `<20 digits>-<20 digits>.<extension>` (not
-// a committed file of this sink: ignored); Corruption for one that is but
-// does not hold a range [lower, upper) with lower < upper.
-Result<std::optional<CommittedRange>> parse_committed_name(const std::string& directory,
-                                                           std::string_view name,
-                                                           std::string_view extension) {
-  const std::size_t stem = 2 * kBoundDigits + 1;
-  if (name.size() != stem + 1 + extension.size() || name[kBoundDigits] != '-' ||
-      name[stem] != '.' || name.substr(stem + 1) != extension) {
-    return std::nullopt;
-  }
-  std::string_view lower_digits = name.substr(0, kBoundDigits);
-  std::string_view upper_digits = name.substr(kBoundDigits + 1, kBoundDigits);
-  if (!all_digits(lower_digits) || !all_digits(upper_digits)) return std::nullopt;
-  auto lower = parse_bound(lower_digits);
-  auto upper = parse_bound(upper_digits);
-  const std::string path = directory + "/" + std::string(name);
-  if (!lower || !upper) {
-    return corruption("file destination: committed file " + path +
-                      ": a bound is larger than any time");
-  }
-  if (*lower >= *upper) {
-    return corruption("file destination: committed file " + path + ": lower " +
-                      std::to_string(*lower) + " is not below upper " + std::to_string(*upper));
-  }
-  return CommittedRange{*lower, *upper, std::string(name)};
-}
 
 // Adds "file destination: " to a helper's error, keeping its kind.
 std::unexpected<Error> in_destination(Error error) {
@@ -192,9 +122,9 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(std::string direc
         removed_temporaries = true;
         continue;
       }
-      TM_ASSIGN(std::optional<CommittedRange> range,
-                parse_committed_name(root, name, state->extension));
-      if (range) committed.push_back(std::move(*range));
+      auto range = parse_committed_name(root, name, state->extension);
+      if (!range) return in_destination(range.error());
+      if (*range) committed.push_back(std::move(**range));
     }
   }
   if (removed_temporaries) {
@@ -205,19 +135,11 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(std::string direc
     }
   }
 
-  std::sort(committed.begin(), committed.end(),
-            [](const CommittedRange& a, const CommittedRange& b) { return a.lower < b.lower; });
-  std::optional<Frontier> progress;
-  for (std::size_t i = 0; i < committed.size(); ++i) {
-    if (i > 0 && committed[i - 1].upper > committed[i].lower) {
-      return corruption("file destination: committed files " + root + "/" + committed[i - 1].name +
-                        " and " + root + "/" + committed[i].name + " overlap");
-    }
-    progress = Frontier::at(committed[i].upper);  // sorted and disjoint: uppers increase too
-  }
+  auto progress = committed_progress(root, committed);
+  if (!progress) return in_destination(progress.error());
 
   auto destination = std::unique_ptr<FileDestination>(new FileDestination(std::move(state)));
-  destination->progress_ = progress;
+  destination->progress_ = *progress;
   return destination;
 }
 
@@ -313,8 +235,8 @@ Status FileDestination::commit(Frontier upper) {
     return state.fail(
         determinate(errno_message("file destination: close", file.temporary_path, error_number)));
   }
-  const std::string target = state.directory + "/" + bound_text(file.lower) + "-" +
-                             bound_text(upper.time()) + "." + std::string(state.extension);
+  const std::string target =
+      state.directory + "/" + committed_name(file.lower, upper.time(), state.extension);
   if (::rename(file.temporary_path.c_str(), target.c_str()) != 0) {
     int error_number = errno;
     return state.fail(indeterminate(errno_message(
