@@ -28,8 +28,7 @@
 #include <thread>
 
 #include "server/test_client.h"
-
-extern char** environ;
+#include "server_process.h"
 
 namespace {
 
@@ -41,49 +40,16 @@ namespace fs = std::filesystem;
 
 using tidemark::testing::lines_of;
 using tidemark::testing::Reply;
+using tidemark::testing::ServerProcess;
+using tidemark::testing::slurp;
+
+ServerProcess start_server(const fs::path& data, const fs::path& err) {
+  return tidemark::testing::start_server({"--data", data.string()}, err);
+}
 
 Reply call(std::uint16_t port, http::verb method, const std::string& target,
            const std::string& body = "") {
   return tidemark::testing::http_call(port, method, target, body);
-}
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct ServerProcess {
-  pid_t pid = -1;
-  std::uint16_t port = 0;
-};
-
-ServerProcess start_server(const fs::path& data, const fs::path& err) {
-  std::vector<std::string> words = {TIDEMARK_BINARY, "--data",   data.string(),
-                                    "serve",         "--listen", "127.0.0.1:0"};
-  std::vector<char*> argv;
-  for (auto& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ServerProcess server;
-  if (posix_spawn(&server.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) {
-    server.pid = -1;
-  }
-  posix_spawn_file_actions_destroy(&actions);
-  for (int i = 0; i < 200 && server.pid > 0; ++i) {
-    const std::string text = slurp(err);
-    const auto at = text.find("serving on http://127.0.0.1:");
-    if (at != std::string::npos) {
-      server.port = static_cast<std::uint16_t>(std::stoul(text.substr(at + 28)));
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  return server;
 }
 
 // The "key" text of a line {"key":K,...} (keys here are strings w/o quotes).

@@ -61,10 +61,9 @@
 #include <thread>
 #include <vector>
 
+#include "server_process.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
-
-extern char** environ;
 
 namespace {
 
@@ -80,31 +79,15 @@ constexpr int kSnapshotRounds = 3;  // killed mid-write of the snapshot
 constexpr int kListenRounds = 6;    // killed after 100-1800 ms
 constexpr char kSnapshotTemporaryPrefix[] = ".00000000000000000000-";
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using tidemark::testing::slurp;
 
-// Spawns `tidemark --data DATA args...` with stdin from `input` (or
-// /dev/null) and stdout/stderr into files. Returns the pid, or -1.
+// Spawns `tidemark --data DATA args...` with stdin from /dev/null and
+// stdout/stderr into files. Returns the pid, or -1.
 pid_t spawn_tidemark(const fs::path& data, const std::vector<std::string>& args,
                      const fs::path& out, const fs::path& err) {
-  std::vector<std::string> words = {TIDEMARK_BINARY, "--data", data.string()};
+  std::vector<std::string> words = {"--data", data.string()};
   words.insert(words.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& word : words) argv.push_back(word.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
+  return tidemark::testing::spawn_tidemark(words, err, out);
 }
 
 // Runs a tidemark command to its end; returns its exit code (-1 if it did

@@ -221,32 +221,50 @@ struct Server::Impl {
     }
     out.append("# HELP tidemark_appender_queue_bytes Bytes queued in a shard's appender.\n");
     out.append("# TYPE tidemark_appender_queue_bytes gauge\n");
-    std::string batches, commits, records;
+    // The appenders' counters, one family each (name, help, field).
+    struct Counter {
+      const char* name;
+      const char* help;
+      std::uint64_t AppenderStats::*field;
+      std::string samples;
+    };
+    Counter counters[] = {
+        {"tidemark_appender_batches_committed_total",
+         "Batches committed; divided by commits: batches per commit.",
+         &AppenderStats::batches_committed,
+         {}},
+        {"tidemark_appender_commits_total",
+         "compare_and_append calls that succeeded.",
+         &AppenderStats::commits,
+         {}},
+        {"tidemark_appender_records_committed_total",
+         "Records made durable.",
+         &AppenderStats::records_committed,
+         {}},
+        {"tidemark_appender_mismatches_total",
+         "compare_and_append calls that lost to another writer (another process).",
+         &AppenderStats::mismatches,
+         {}},
+        {"tidemark_appender_retimed_batches_total",
+         "Batches rebuilt at a later time after a lost compare_and_append.",
+         &AppenderStats::retimed_batches,
+         {}},
+    };
     for (const auto& [name, a] : appender_list) {
       const AppenderStats stats = a->stats();
       const std::string label = "shard=\"" + name + "\"";
       append_sample(&out, "tidemark_appender_queue_bytes", label,
                     static_cast<double>(stats.pool.used));
-      append_sample(&batches, "tidemark_appender_batches_committed_total", label,
-                    static_cast<double>(stats.batches_committed));
-      append_sample(&commits, "tidemark_appender_commits_total", label,
-                    static_cast<double>(stats.commits));
-      append_sample(&records, "tidemark_appender_records_committed_total", label,
-                    static_cast<double>(stats.records_committed));
+      for (Counter& counter : counters) {
+        append_sample(&counter.samples, counter.name, label,
+                      static_cast<double>(stats.*counter.field));
+      }
     }
-    out.append(
-        "# HELP tidemark_appender_batches_committed_total Batches committed; divided by "
-        "commits: batches per commit.\n# TYPE tidemark_appender_batches_committed_total "
-        "counter\n");
-    out += batches;
-    out.append(
-        "# HELP tidemark_appender_commits_total compare_and_append calls that "
-        "succeeded.\n# TYPE tidemark_appender_commits_total counter\n");
-    out += commits;
-    out.append(
-        "# HELP tidemark_appender_records_committed_total Records made durable.\n# TYPE "
-        "tidemark_appender_records_committed_total counter\n");
-    out += records;
+    for (const Counter& counter : counters) {
+      out.append("# HELP ").append(counter.name).append(" ").append(counter.help).append("\n");
+      out.append("# TYPE ").append(counter.name).append(" counter\n");
+      out += counter.samples;
+    }
     out.append("# HELP tidemark_shard_upper A shard's upper (absent when closed).\n");
     out.append("# TYPE tidemark_shard_upper gauge\n");
     for (const auto& [name, s] : shard_list) {

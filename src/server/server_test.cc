@@ -479,7 +479,9 @@ TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {
   EXPECT_TRUE(reply) << "no answer after stop()";
   server_.reset();  // ends the exchange if it was not
   client.join();
-  if (reply) EXPECT_EQ(reply->status, 200u) << reply->body;
+  if (reply) {
+    EXPECT_EQ(reply->status, 200u) << reply->body;
+  }
 }
 
 TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {

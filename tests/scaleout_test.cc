@@ -1,0 +1,290 @@
+// Scale-out: four `tidemark serve` processes share one shard through a real
+// PostgreSQL (consensus) and a real S3 server (blobs), as N servers of a
+// deployment do (README, "Deploying several servers").
+//
+// Sixteen clients (four a server) send managed appends of 1-4 records with
+// distinct keys; each server's own appender commits them, losing races to
+// the others and re-timing its batches. Meanwhile other processes (the
+// `tidemark` command line) take snapshots and listen at frontiers the shard
+// has reached: each snapshot must equal what the listen saw below the same
+// frontier. And the servers are restarted one after another, each killed
+// with SIGKILL, while the others keep writing. At the end every
+// acknowledged record is in the shard exactly once and nothing unsent is.
+//
+// Needs TIDEMARK_TEST_POSTGRES and TIDEMARK_TEST_S3 (scripts/test-services.sh
+// sets them, as `make test` does); skipped without them. TIDEMARK_KEEP_SCRATCH
+// keeps the processes' logs (in $TMPDIR/tidemark-scaleout-*) after a pass.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/test_client.h"
+#include "server_process.h"
+
+namespace {
+
+namespace http = boost::beast::http;
+namespace fs = std::filesystem;
+
+using tidemark::testing::http_call;
+using tidemark::testing::lines_of;
+using tidemark::testing::Reply;
+using tidemark::testing::run_tidemark;
+using tidemark::testing::ServerProcess;
+using tidemark::testing::slurp;
+
+constexpr int kServers = 4;
+constexpr int kClientsPerServer = 4;
+
+// The text of a string field `"name":"..."` in a JSON line ("" if absent).
+std::string string_field(const std::string& line, const std::string& name) {
+  const std::string start = "\"" + name + "\":\"";
+  const auto at = line.find(start);
+  if (at == std::string::npos) return "";
+  const auto end = line.find('"', at + start.size());
+  return line.substr(at + start.size(), end - at - start.size());
+}
+
+// The number after `"name":` in a JSON line, or -1 when absent or null.
+long long number_field(const std::string& line, const std::string& name) {
+  const std::string start = "\"" + name + "\":";
+  const auto at = line.find(start);
+  if (at == std::string::npos || line.compare(at + start.size(), 4, "null") == 0) return -1;
+  return std::stoll(line.substr(at + start.size()));
+}
+
+// Sum of one metric's samples in a Prometheus text answer.
+double metric_sum(const std::string& text, const std::string& name) {
+  double sum = 0;
+  for (const auto& line : lines_of(text)) {
+    if (line.starts_with(name + "{") || line.starts_with(name + " ")) {
+      sum += std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return sum;
+}
+
+// The keys of snapshot lines {"key":K,"value":V,"diff":D}, each with diff 1
+// (the records here have distinct keys); a failure names the bad line.
+testing::AssertionResult snapshot_keys(const std::string& text, std::set<std::string>* keys) {
+  for (const auto& line : lines_of(text)) {
+    if (number_field(line, "diff") != 1) return testing::AssertionFailure() << "not once: " << line;
+    if (!keys->insert(string_field(line, "key")).second) {
+      return testing::AssertionFailure() << "twice: " << line;
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
+class ScaleOutTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    const char* postgres = std::getenv("TIDEMARK_TEST_POSTGRES");
+    const char* s3 = std::getenv("TIDEMARK_TEST_S3");
+    if (postgres == nullptr || s3 == nullptr) {
+      GTEST_SKIP() << "TIDEMARK_TEST_POSTGRES and TIDEMARK_TEST_S3 are not set "
+                      "(scripts/test-services.sh sets them)";
+    }
+    const std::string run = std::to_string(getpid()) + "-" +
+                            std::to_string(std::chrono::system_clock::now().time_since_epoch() /
+                                           std::chrono::milliseconds(1));
+    // A prefix and a shard of this run's own, so runs never meet.
+    std::string blob = s3;
+    const auto query = blob.find('?');
+    blob.insert(query == std::string::npos ? blob.size() : query, "/scaleout-" + run);
+    blob_url_ = blob;
+    consensus_url_ = postgres;
+    shard_ = "s" + run;
+    scratch_ = fs::temp_directory_path() / ("tidemark-scaleout-" + run);
+    fs::create_directories(scratch_);
+  }
+
+  void TearDown() override {
+    for (ServerProcess& server : servers_) {
+      if (server.pid > 0) {
+        kill(server.pid, SIGKILL);
+        waitpid(server.pid, nullptr, 0);
+      }
+    }
+    if (!HasFailure() && !scratch_.empty() && std::getenv("TIDEMARK_KEEP_SCRATCH") == nullptr) {
+      fs::remove_all(scratch_);
+    }
+  }
+
+  // --data (unused by the shard: its own directory per process), --blob,
+  // --consensus.
+  std::vector<std::string> location(const std::string& name) const {
+    return {"--data",      (scratch_ / ("data-" + name)).string(),
+            "--blob",      blob_url_,
+            "--consensus", consensus_url_};
+  }
+
+  ServerProcess start(int index, int generation) {
+    const std::string name = "serve-" + std::to_string(index);
+    return tidemark::testing::start_server(
+        location(name), scratch_ / (name + "-" + std::to_string(generation) + ".err"));
+  }
+
+  std::string blob_url_, consensus_url_, shard_;
+  fs::path scratch_;
+  std::vector<ServerProcess> servers_;
+};
+
+TEST_F(ScaleOutTest, FourServersShareOneShardThroughARollingRestart) {
+  for (int i = 0; i < kServers; ++i) {
+    servers_.push_back(start(i, 0));
+    ASSERT_GT(servers_.back().port, 0)
+        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+  }
+  const std::string shard_path = "/v1/shards/" + shard_;
+  Reply created =
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}");
+  ASSERT_EQ(created.status, 201u) << created.body;
+  // The others see it: the shard lives in PostgreSQL and S3, not in a server.
+  for (int i = 1; i < kServers; ++i) {
+    Reply again = http_call(servers_[i].port, http::verb::post, "/v1/shards",
+                            "{\"name\":\"" + shard_ + "\"}");
+    EXPECT_EQ(again.status, 409u) << again.body;
+  }
+
+  std::mutex mutex;
+  std::set<std::string> acked, sent;
+  std::atomic<std::uint16_t> ports[kServers];
+  for (int i = 0; i < kServers; ++i) ports[i] = servers_[i].port;
+  std::atomic<bool> writing{true};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kServers * kClientsPerServer; ++c) {
+    clients.emplace_back([&, c] {
+      const int server = c % kServers;
+      for (int n = 0; writing; ++n) {
+        std::string body;
+        std::vector<std::string> keys;
+        for (int k = 0; k < 1 + (n % 4); ++k) {
+          keys.push_back("c" + std::to_string(c) + "n" + std::to_string(n) + "k" +
+                         std::to_string(k));
+          body += "{\"key\":\"" + keys.back() + "\",\"value\":" + std::to_string(n) + "}\n";
+        }
+        {
+          std::lock_guard lock(mutex);
+          sent.insert(keys.begin(), keys.end());
+        }
+        Reply reply = http_call(ports[server], http::verb::post, shard_path + "/append", body);
+        if (reply.status == 200) {
+          std::lock_guard lock(mutex);
+          acked.insert(keys.begin(), keys.end());
+        } else if (reply.status == 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // that server is down
+        } else {
+          ADD_FAILURE() << "append answered " << reply.status << ": " << reply.body;
+          return;
+        }
+      }
+    });
+  }
+
+  // Readers in processes of their own, at frontiers the shard has reached:
+  // a snapshot as of U-1 equals the listen from 0 until U.
+  std::atomic<int> consistent_reads{0};
+  std::thread readers([&] {
+    for (int round = 0; writing; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      Reply inspect = http_call(ports[round % kServers], http::verb::get, shard_path);
+      const long long upper = number_field(inspect.body, "upper");
+      if (inspect.status != 200 || upper <= 0) continue;
+      const std::string tag = "read-" + std::to_string(round);
+      tidemark::testing::CommandOutcome snapshot, listen;
+      std::thread listener([&] {
+        auto words = location(tag + "-listen");
+        words.insert(words.end(),
+                     {"listen", shard_, "--from", "0", "--until", std::to_string(upper)});
+        listen = run_tidemark(words, scratch_, tag + "-listen");
+      });
+      auto words = location(tag + "-snapshot");
+      words.insert(words.end(), {"snapshot", shard_, "--as-of", std::to_string(upper - 1)});
+      snapshot = run_tidemark(words, scratch_, tag + "-snapshot");
+      listener.join();
+      ASSERT_EQ(snapshot.status, 0) << snapshot.err;
+      ASSERT_EQ(listen.status, 0) << listen.err;
+      std::set<std::string> in_snapshot;
+      ASSERT_TRUE(snapshot_keys(snapshot.out, &in_snapshot));
+      std::map<std::string, long long> seen;
+      for (const auto& line : lines_of(listen.out)) {
+        if (line.starts_with("{\"progress\"")) continue;
+        if (number_field(line, "time") >= upper) continue;
+        seen[string_field(line, "key")] += number_field(line, "diff");
+      }
+      std::set<std::string> in_listen;
+      for (const auto& [key, diff] : seen) {
+        ASSERT_EQ(diff, 1) << key;
+        in_listen.insert(key);
+      }
+      ASSERT_EQ(in_snapshot, in_listen) << "snapshot as of " << upper - 1 << " vs listen";
+      ++consistent_reads;
+    }
+  });
+
+  // A rolling restart: each server in turn killed mid-load and started
+  // again, while the other three keep committing.
+  for (int i = 0; i < kServers; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    ASSERT_EQ(kill(servers_[i].pid, SIGKILL), 0);
+    waitpid(servers_[i].pid, nullptr, 0);
+    servers_[i] = start(i, 1);
+    ASSERT_GT(servers_[i].port, 0) << slurp(scratch_ / ("serve-" + std::to_string(i) + "-1.err"));
+    ports[i] = servers_[i].port;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  writing = false;
+  for (auto& client : clients) client.join();
+  readers.join();
+
+  // Every acknowledged record is present once; nothing unsent is.
+  Reply snapshot = http_call(servers_[1].port, http::verb::get, shard_path + "/snapshot");
+  ASSERT_EQ(snapshot.status, 200u) << snapshot.body;
+  std::set<std::string> present;
+  ASSERT_TRUE(snapshot_keys(snapshot.body, &present));
+  for (const auto& key : present) EXPECT_TRUE(sent.contains(key)) << "never sent: " << key;
+  std::size_t missing = 0;
+  for (const auto& key : acked) missing += present.contains(key) ? 0 : 1;
+  EXPECT_EQ(missing, 0u) << "acknowledged appends lost";
+  EXPECT_GT(acked.size(), 500u);
+  EXPECT_GE(consistent_reads.load(), 3);
+
+  // The servers raced each other: some commits lost and were re-timed.
+  double mismatches = 0, retimed = 0, records = 0;
+  for (const ServerProcess& server : servers_) {
+    Reply metrics = http_call(server.port, http::verb::get, "/metrics");
+    mismatches += metric_sum(metrics.body, "tidemark_appender_mismatches_total");
+    retimed += metric_sum(metrics.body, "tidemark_appender_retimed_batches_total");
+    records += metric_sum(metrics.body, "tidemark_appender_records_committed_total");
+  }
+  EXPECT_GT(mismatches, 0) << "four writers never lost a race?";
+  EXPECT_GT(retimed, 0);
+  std::printf(
+      "%zu records sent, %zu acknowledged, %zu present; %d consistent snapshot/listen pairs; "
+      "since the restarts: %.0f records committed, %.0f lost races, %.0f batches re-timed\n",
+      sent.size(), acked.size(), present.size(), consistent_reads.load(), records, mismatches,
+      retimed);
+
+  for (ServerProcess& server : servers_) {
+    kill(server.pid, SIGTERM);
+    int status = 0;
+    waitpid(server.pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    server.pid = -1;
+  }
+}
+
+}  // namespace
