@@ -1,12 +1,14 @@
 // tidemark bench appender: the background appender (DESIGN.md section 4)
 // under a closed loop of producers, on the embedded default (file blob +
 // SQLite) in a scratch directory, with latency injected into the blob or
-// the consensus (FaultyBlob / FaultyConsensus, latency only, no errors).
+// the consensus (FaultyBlob / FaultyConsensus, latency only, no errors), or
+// against `--blob URL --consensus URL` (S3 + PostgreSQL, say; latency can
+// still be injected on top).
 //
 //   tidemark bench appender [--producers N] [--record-bytes B]
 //       [--queue bytes[:SIZE]|records[:N]] [--batch-appends on|off]
 //       [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S]
-//       [--json]
+//       [--blob URL --consensus URL] [--json]
 //
 // N producer threads, each with its own AppendSender, loop until the
 // deadline: enqueue one record of B bytes (a unique JSON string key such
@@ -68,7 +70,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kAppenderUsage =
     "bench appender [--producers N] [--record-bytes B] [--queue bytes[:SIZE]|records[:N]] "
     "[--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L] "
-    "[--duration S] [--json]";
+    "[--duration S] [--blob URL --consensus URL] [--json]";
 
 // Room for the longest key ("p" + producer + "-" + sequence, quoted) and
 // the quotes of the value.
@@ -215,9 +217,9 @@ std::string queue_text(const Options& o) {
 
 // Counts the rows and sums the diffs of the shard's snapshot at upper - 1,
 // read through a client without injected latency.
-Status verify_snapshot(const std::filesystem::path& dir, Figures* f) {
-  TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
-  TM_ASSIGN(auto shard, client->open_shard("appender"));
+Status verify_snapshot(const BenchPlace& place, Figures* f) {
+  TM_ASSIGN(auto client, Client::open(place.blob, place.consensus));
+  TM_ASSIGN(auto shard, client->open_shard(place.shard("appender")));
   TM_ASSIGN(Frontier upper, shard->upper());
   if (upper.is_closed()) return determinate("the shard's upper is closed");
   if (upper.time() == 0) return {};  // nothing was ever committed
@@ -231,15 +233,16 @@ Status verify_snapshot(const std::filesystem::path& dir, Figures* f) {
   return {};
 }
 
-Result<Figures> run(const Options& o, const std::filesystem::path& dir) {
+Result<Figures> run(const Options& o, const BenchPlace& place) {
   Figures f;
-  TM_ASSIGN(auto file_blob, open_blob(blob_url(dir)));
-  TM_ASSIGN(auto sqlite, open_consensus(consensus_url(dir)));
-  auto blob = std::make_shared<FaultyBlob>(file_blob, latency_only(o.blob_latency_ms));
-  auto consensus = std::make_shared<FaultyConsensus>(sqlite, latency_only(o.consensus_latency_ms));
+  TM_ASSIGN(auto real_blob, open_blob(place.blob));
+  TM_ASSIGN(auto real_consensus, open_consensus(place.consensus));
+  auto blob = std::make_shared<FaultyBlob>(real_blob, latency_only(o.blob_latency_ms));
+  auto consensus =
+      std::make_shared<FaultyConsensus>(real_consensus, latency_only(o.consensus_latency_ms));
   TM_ASSIGN(auto client, Client::open(Location{blob, consensus}));
-  TM_TRY(client->create_shard("appender"));
-  TM_ASSIGN(auto shard, client->open_shard("appender"));
+  TM_TRY(client->create_shard(place.shard("appender")));
+  TM_ASSIGN(auto shard, client->open_shard(place.shard("appender")));
 
   AppenderOptions options;
   options.queue_bytes = o.queue_bytes;
@@ -347,7 +350,6 @@ Result<Figures> run(const Options& o, const std::filesystem::path& dir) {
                    static_cast<unsigned long long>(s.queued_records),
                    static_cast<unsigned long long>(s.pool.used));
       std::fflush(stderr);
-      std::filesystem::remove_all(dir);
       std::_Exit(kExitError);
     }
   }
@@ -387,7 +389,7 @@ Result<Figures> run(const Options& o, const std::filesystem::path& dir) {
   appender.reset();
   shard.reset();
   client.reset();
-  TM_TRY(verify_snapshot(dir, &f));
+  TM_TRY(verify_snapshot(place, &f));
   return f;
 }
 
@@ -395,7 +397,7 @@ std::string json_number(std::optional<std::uint64_t> v) {
   return v ? std::to_string(*v) : "null";
 }
 
-void print(const Options& o, const Figures& f) {
+void print(const Options& o, const BenchPlace& place, const Figures& f) {
   const double batches_per_commit =
       f.window_commits ? static_cast<double>(f.window_batches) / f.window_commits : 0;
   const std::optional<std::uint64_t> bound =
@@ -437,10 +439,11 @@ void print(const Options& o, const Figures& f) {
     return;
   }
   std::printf(
-      "appender: %zu producers, %llu-byte records, queue %s, batch appends %s, blob latency %g "
-      "ms, consensus latency %g ms\n",
-      o.producers, static_cast<unsigned long long>(o.record_bytes), queue_text(o).c_str(),
-      o.batch_appends ? "on" : "off", o.blob_latency_ms, o.consensus_latency_ms);
+      "appender on %s: %zu producers, %llu-byte records, queue %s, batch appends %s, blob "
+      "latency %g ms, consensus latency %g ms\n",
+      place.describe().c_str(), o.producers, static_cast<unsigned long long>(o.record_bytes),
+      queue_text(o).c_str(), o.batch_appends ? "on" : "off", o.blob_latency_ms,
+      o.consensus_latency_ms);
   std::printf("window              %.1f s after a %.1f s warm-up, %llu records\n", f.window_s,
               f.warmup_s, static_cast<unsigned long long>(f.window_records));
   if (f.ideal) {
@@ -502,11 +505,16 @@ int run_bench_appender(const Globals& globals, const std::vector<std::string>& a
                               ("tidemark-bench-appender-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  auto figures = run(o, dir);
+  auto place = bench_place(globals.blob_url, globals.consensus_url, dir);
+  if (!place) {
+    std::filesystem::remove_all(dir);
+    return usage_error(place.error().message);
+  }
+  auto figures = run(o, *place);
   std::filesystem::remove_all(dir);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
-  print(o, f);
+  print(o, *place, f);
 
   int status = kExitOk;
   if (f.failed > 0) {

@@ -1,6 +1,6 @@
-// tidemark bench engine: the embedded engine's figures for
-// docs/benchmarks.md, on the embedded default (file blob + SQLite) in a
-// scratch directory.
+// tidemark bench engine: the engine's figures for docs/benchmarks.md, on
+// the embedded default (file blob + SQLite) in a scratch directory, or
+// against `--blob URL --consensus URL` (S3 + PostgreSQL, say).
 //
 //   fsync latency        write + fsync, median of 200, on the same disk: 4 KiB
 //                        overwriting one block, 4 KiB appended, and one
@@ -10,10 +10,14 @@
 //                        compare_and_append, records/s and MB/s
 //   compare_and_append   latency of the call alone (batch prebuilt), p50/p99,
 //                        and of appends carrying no data (the consensus write)
+//   small append         one record end to end: its part written, then
+//                        compare_and_append, p50/p99
 //   snapshot             a shard of --updates updates (default 10,000,000)
 //                        read three times by a child process: the median
 //                        updates/s and the largest of the child's
 //                        peak RSS (its VmHWM)
+// The fsync probes measure the scratch directory's disk and are skipped
+// against remote URLs.
 //
 // Benchmarks report figures; they never pass or fail on time.
 #include <fcntl.h>
@@ -83,11 +87,10 @@ class FsyncProbe {
   std::uint64_t writes_ = 0;
 };
 
-Result<std::shared_ptr<Shard>> fresh_shard(const std::filesystem::path& dir,
-                                           const std::string& name) {
-  TM_ASSIGN(auto client, Client::open(blob_url(dir), consensus_url(dir)));
-  TM_TRY(client->create_shard(name));
-  return client->open_shard(name);
+Result<std::shared_ptr<Shard>> fresh_shard(const BenchPlace& place, const std::string& name) {
+  TM_ASSIGN(auto client, Client::open(place.blob, place.consensus));
+  TM_TRY(client->create_shard(place.shard(name)));
+  return client->open_shard(place.shard(name));
 }
 
 // Appends `total` records in appends of `per_append`, keys in a scrambled
@@ -118,6 +121,7 @@ struct Figures {
   double cas_empty_p50_ms = 0, cas_empty_p99_ms = 0;
   double append_records_per_s = 0, append_mb_per_s = 0;
   double cas_p50_ms = 0, cas_p99_ms = 0;
+  double small_append_p50_ms = 0, small_append_p99_ms = 0;
   std::uint64_t snapshot_updates = 0;
   double snapshot_updates_per_s = 0, snapshot_seconds = 0, snapshot_updates_per_cpu_s = 0;
   double snapshot_peak_rss_mib = 0;
@@ -125,11 +129,11 @@ struct Figures {
 };
 
 // The child half of the snapshot figure: reads the shard, prints
-// "<rows> <seconds>".
-int snapshot_child(const std::string& dir) {
-  auto client = Client::open(blob_url(dir), consensus_url(dir));
+// "<rows> <seconds> <bytes> <peak RSS KiB> <CPU seconds>".
+int snapshot_child(const std::string& blob, const std::string& consensus, const std::string& name) {
+  auto client = Client::open(blob, consensus);
   if (!client) return report(client.error());
-  auto shard = (*client)->open_shard("snapshot");
+  auto shard = (*client)->open_shard(name);
   if (!shard) return report(shard.error());
   auto upper = (*shard)->upper();
   if (!upper) return report(upper.error());
@@ -161,17 +165,19 @@ struct SnapshotRun {
   double cpu_seconds = 0;
 };
 
-// Runs `tidemark bench snapshot-child DIR` and reads its figures.
-Result<SnapshotRun> run_snapshot_child(const std::filesystem::path& dir) {
-  TM_ASSIGN(std::string text, run_bench_child("snapshot-child", dir));
+// Runs `tidemark bench snapshot-child BLOB CONSENSUS SHARD` and reads its
+// figures.
+Result<SnapshotRun> run_snapshot_child(const BenchPlace& place) {
+  TM_ASSIGN(std::string text, run_bench_child("snapshot-child", {place.blob, place.consensus,
+                                                                 place.shard("snapshot")}));
   SnapshotRun run;
   std::sscanf(text.c_str(), "%llu %lf %llu %llu %lf", &run.rows, &run.seconds, &run.bytes,
               &run.peak_rss_kib, &run.cpu_seconds);
   return run;
 }
 
-Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updates,
-                           int cas_appends) {
+Result<Figures> run_engine(const std::filesystem::path& dir, const BenchPlace& place,
+                           std::uint64_t updates, int cas_appends) {
   Figures f;
   // Latency first, before the bulk phases leave the disk busy with
   // writeback. The disk's speed drifts on a shared VM, so every round takes
@@ -179,10 +185,12 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
   // compare_and_append (batch prebuilt), and one carrying no data (the
   // consensus write alone), each on its own shard.
   {
-    TM_ASSIGN(auto data_shard, fresh_shard(dir, "cas"));
-    TM_ASSIGN(auto empty_shard, fresh_shard(dir, "cas-empty"));
+    TM_ASSIGN(auto data_shard, fresh_shard(place, "cas"));
+    TM_ASSIGN(auto empty_shard, fresh_shard(place, "cas-empty"));
+    TM_ASSIGN(auto small_shard, fresh_shard(place, "small"));
     TM_ASSIGN(auto data_writer, data_shard->open_writer());
     TM_ASSIGN(auto empty_writer, empty_shard->open_writer());
+    TM_ASSIGN(auto small_writer, small_shard->open_writer());
     std::vector<Batch> prebuilt;
     std::string key, value;
     for (int i = 0; i < cas_appends; ++i) {
@@ -195,12 +203,14 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
     FsyncProbe overwrite(dir, "probe-overwrite", false, 4096);
     FsyncProbe append(dir, "probe-append", true, 4096);
     FsyncProbe wal_frame(dir, "probe-wal-frame", true, 4096 + 24);
-    std::vector<double> s_overwrite, s_append, s_frame, s_data, s_empty;
+    std::vector<double> s_overwrite, s_append, s_frame, s_data, s_empty, s_small;
     for (int i = 0; i < cas_appends; ++i) {
       Time t = static_cast<Time>(i);
-      s_overwrite.push_back(overwrite.sample());
-      s_append.push_back(append.sample());
-      s_frame.push_back(wal_frame.sample());
+      if (!place.remote()) {
+        s_overwrite.push_back(overwrite.sample());
+        s_append.push_back(append.sample());
+        s_frame.push_back(wal_frame.sample());
+      }
       // Alternate which append goes first after the probes, so neither
       // always pays for following the probes' fsyncs.
       auto append_data = [&]() -> Status {
@@ -224,6 +234,14 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
         TM_TRY(append_empty());
         TM_TRY(append_data());
       }
+      // One record end to end: its part written, then committed.
+      make_record(i, &key, &value);
+      std::vector<Update> one{Update{key, value, t, 1}};
+      auto start = Clock::now();
+      TM_ASSIGN(Batch small, small_writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+      TM_TRY(small_writer->compare_and_append(std::span<Batch>(&small, 1), Frontier::at(t),
+                                              Frontier::at(t + 1)));
+      s_small.push_back(seconds_since(start) * 1e3);
     }
     f.fsync_ms = percentile(s_overwrite, 0.5);
     f.fsync_append_ms = percentile(s_append, 0.5);
@@ -232,11 +250,13 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
     f.cas_p99_ms = percentile(s_data, 0.99);
     f.cas_empty_p50_ms = percentile(s_empty, 0.5);
     f.cas_empty_p99_ms = percentile(s_empty, 0.99);
+    f.small_append_p50_ms = percentile(s_small, 0.5);
+    f.small_append_p99_ms = percentile(s_small, 0.99);
   }
 
   // Append throughput: 1,000,000 records in appends of 100,000.
   {
-    TM_ASSIGN(auto shard, fresh_shard(dir, "append"));
+    TM_ASSIGN(auto shard, fresh_shard(place, "append"));
     const std::uint64_t total = 1'000'000;
     TM_ASSIGN(double secs, ingest(*shard, total, 100'000));
     f.append_records_per_s = total / secs;
@@ -245,12 +265,12 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
 
   // Snapshot of a large shard, read by a child so its peak RSS is its own.
   {
-    TM_ASSIGN(auto shard, fresh_shard(dir, "snapshot"));
+    TM_ASSIGN(auto shard, fresh_shard(place, "snapshot"));
     TM_ASSIGN(f.ingest_seconds, ingest(*shard, updates, 1'000'000));
     // Three runs: the median throughput and the largest peak RSS.
     std::vector<double> rates, cpu_rates;
     for (int run = 0; run < 3; ++run) {
-      TM_ASSIGN(SnapshotRun r, run_snapshot_child(dir));
+      TM_ASSIGN(SnapshotRun r, run_snapshot_child(place));
       f.snapshot_updates = r.rows;
       rates.push_back(r.seconds > 0 ? r.rows / r.seconds : 0);
       cpu_rates.push_back(r.cpu_seconds > 0 ? r.rows / r.cpu_seconds : 0);
@@ -267,7 +287,9 @@ Result<Figures> run_engine(const std::filesystem::path& dir, std::uint64_t updat
 }  // namespace
 
 int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
-  if (argv.size() == 2 && argv[0] == "snapshot-child") return snapshot_child(argv[1]);
+  if (argv.size() == 4 && argv[0] == "snapshot-child") {
+    return snapshot_child(argv[1], argv[2], argv[3]);
+  }
   if (!argv.empty() && argv[0] == "appender") return run_bench_appender(globals, argv);
   if (!argv.empty() && (argv[0] == "compaction" || argv[0] == "compaction-child")) {
     return run_bench_compaction(globals, argv);
@@ -280,9 +302,11 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"engine"}) {
     return usage_error(
-        "bench engine [--json] [--updates N] [--appends N] [--dir DIR] | bench appender "
+        "bench engine [--json] [--updates N] [--appends N] [--dir DIR] [--blob URL --consensus "
+        "URL] | bench appender "
         "[--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] [--batch-appends "
-        "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--json] | bench "
+        "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--blob URL "
+        "--consensus URL] [--json] | bench "
         "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json] | bench "
         "sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]");
   }
@@ -303,7 +327,9 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
           .string());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  auto figures = run_engine(dir, updates, appends);
+  auto place = bench_place(globals.blob_url, globals.consensus_url, dir);
+  if (!place) return usage_error(place.error().message);
+  auto figures = run_engine(dir, *place, updates, appends);
   if (!keep) std::filesystem::remove_all(dir);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
@@ -312,20 +338,25 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
         "{\"fsync_ms\":%.3f,\"fsync_append_ms\":%.3f,\"fsync_wal_frame_ms\":%.3f,\"append_records_"
         "per_s\":%.0f,"
         "\"append_mb_per_s\":%.1f,\"cas_p50_ms\":%.3f,\"cas_p99_ms\":%.3f,"
-        "\"cas_empty_p50_ms\":%.3f,\"cas_empty_p99_ms\":%.3f,\"snapshot_updates\":%llu,"
+        "\"cas_empty_p50_ms\":%.3f,\"cas_empty_p99_ms\":%.3f,\"small_append_p50_ms\":%.3f,"
+        "\"small_append_p99_ms\":%.3f,\"snapshot_updates\":%llu,"
         "\"snapshot_seconds\":%.3f,\"snapshot_updates_per_s\":%.0f,"
         "\"snapshot_updates_per_cpu_s\":%.0f,"
         "\"snapshot_peak_rss_mib\":%.1f,\"ingest_seconds\":%.2f}\n",
         f.fsync_ms, f.fsync_append_ms, f.fsync_wal_frame_ms, f.append_records_per_s,
         f.append_mb_per_s, f.cas_p50_ms, f.cas_p99_ms, f.cas_empty_p50_ms, f.cas_empty_p99_ms,
+        f.small_append_p50_ms, f.small_append_p99_ms,
         static_cast<unsigned long long>(f.snapshot_updates), f.snapshot_seconds,
         f.snapshot_updates_per_s, f.snapshot_updates_per_cpu_s, f.snapshot_peak_rss_mib,
         f.ingest_seconds);
   } else {
-    std::printf(
-        "fsync latency (median)            4 KiB overwrite %.3f ms, 4 KiB append %.3f ms, "
-        "WAL frame append %.3f ms\n",
-        f.fsync_ms, f.fsync_append_ms, f.fsync_wal_frame_ms);
+    std::printf("location                          %s\n", place->describe().c_str());
+    if (!place->remote()) {
+      std::printf(
+          "fsync latency (median)            4 KiB overwrite %.3f ms, 4 KiB append %.3f ms, "
+          "WAL frame append %.3f ms\n",
+          f.fsync_ms, f.fsync_append_ms, f.fsync_wal_frame_ms);
+    }
     std::printf("append throughput (100 B records) %10.0f records/s  %.1f MB/s\n",
                 f.append_records_per_s, f.append_mb_per_s);
     std::printf(
@@ -333,6 +364,8 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
         f.cas_p50_ms, f.cas_p99_ms, appends);
     std::printf("compare_and_append, no data       p50 %.3f ms  p99 %.3f ms\n", f.cas_empty_p50_ms,
                 f.cas_empty_p99_ms);
+    std::printf("small append (part + commit)      p50 %.3f ms  p99 %.3f ms\n",
+                f.small_append_p50_ms, f.small_append_p99_ms);
     std::printf(
         "snapshot of %llu updates (median of 3) %.0f updates/s (%.2f s), %.0f updates per CPU "
         "second, peak RSS %.1f MiB\n",

@@ -38,7 +38,39 @@ std::string consensus_url(const std::filesystem::path& dir) {
   return "sqlite://" + (dir / "consensus.db").string();
 }
 
-Result<std::string> run_bench_child(std::string_view mode, const std::filesystem::path& dir) {
+std::string BenchPlace::describe() const {
+  if (!remote()) return "file + SQLite";
+  // The consensus URL may carry a password: show its host part only.
+  std::string consensus_shown = consensus;
+  if (auto at = consensus_shown.rfind('@'); at != std::string::npos) {
+    consensus_shown = consensus_shown.substr(0, consensus_shown.find("://") + 3) + "...@" +
+                      consensus_shown.substr(at + 1);
+  }
+  return blob + " + " + consensus_shown;
+}
+
+Result<BenchPlace> bench_place(const std::optional<std::string>& blob,
+                               const std::optional<std::string>& consensus,
+                               const std::filesystem::path& dir) {
+  if (blob.has_value() != consensus.has_value()) {
+    return invalid_usage("give both --blob and --consensus, or neither");
+  }
+  BenchPlace place;
+  if (!blob) {
+    place.blob = blob_url(dir);
+    place.consensus = consensus_url(dir);
+    return place;
+  }
+  place.blob = *blob;
+  place.consensus = *consensus;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  place.suffix = "-" + std::to_string(getpid()) + "-" + std::to_string(ms);
+  return place;
+}
+
+Result<std::string> run_bench_child(std::string_view mode, const std::vector<std::string>& args) {
   int out[2];
   if (pipe(out) != 0) return determinate("pipe failed");
   posix_spawn_file_actions_t actions;
@@ -47,11 +79,13 @@ Result<std::string> run_bench_child(std::string_view mode, const std::filesystem
   posix_spawn_file_actions_addclose(&actions, out[0]);
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::string mode_arg(mode);
-  std::string dir_arg = dir.string();
-  char* argv[] = {self.data(), const_cast<char*>("bench"), mode_arg.data(), dir_arg.data(),
-                  nullptr};
+  std::vector<std::string> words = {self, "bench", mode_arg};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
   pid_t pid;
-  int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv, environ);
+  int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
   if (spawned != 0) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,9 +45,36 @@ double percentile(std::vector<T> values, double p) {
 std::string blob_url(const std::filesystem::path& dir);
 std::string consensus_url(const std::filesystem::path& dir);
 
-// Runs the child and returns its standard output; an error if it could not
-// start or did not exit with status 0.
+// Where a bench's shards live: the embedded default in its scratch
+// directory, or the URLs given with the global `--blob URL --consensus URL`
+// (or TIDEMARK_BLOB / TIDEMARK_CONSENSUS; both or neither), e.g. S3 +
+// PostgreSQL. Against shared URLs every run names its
+// shards `<name>-<pid>-<ms>`, so runs never meet (nor clean up: the
+// shards stay where they were written).
+struct BenchPlace {
+  std::string blob;
+  std::string consensus;
+  std::string suffix;  // "" on the embedded default
+
+  bool remote() const { return !suffix.empty(); }
+  std::string shard(std::string_view name) const { return std::string(name) + suffix; }
+  // "file + SQLite" or the two URLs, for the report.
+  std::string describe() const;
+};
+
+// From `--blob` / `--consensus` (InvalidUsage if only one is given), else
+// the embedded default under `dir`.
+[[nodiscard]] Result<BenchPlace> bench_place(const std::optional<std::string>& blob,
+                                             const std::optional<std::string>& consensus,
+                                             const std::filesystem::path& dir);
+
+// Runs `tidemark bench MODE ARGS...` and returns its standard output; an
+// error if it could not start or did not exit with status 0.
 [[nodiscard]] Result<std::string> run_bench_child(std::string_view mode,
-                                                  const std::filesystem::path& dir);
+                                                  const std::vector<std::string>& args);
+inline Result<std::string> run_bench_child(std::string_view mode,
+                                           const std::filesystem::path& dir) {
+  return run_bench_child(mode, std::vector<std::string>{dir.string()});
+}
 
 }  // namespace tidemark::cli
