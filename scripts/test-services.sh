@@ -9,11 +9,19 @@
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
-# there. Ports: TIDEMARK_PG_PORT (default 55432), TIDEMARK_S3_PORT (45680).
+# there. Ports: the first free from TIDEMARK_PG_PORT (default 55432) and
+# TIDEMARK_S3_PORT (45680).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-pg_port=${TIDEMARK_PG_PORT:-55432}
-s3_port=${TIDEMARK_S3_PORT:-45680}
+# The first port from `start` on which nothing listens yet (another run's
+# servers may hold the defaults).
+free_port() {
+  local port=$1
+  while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
+  echo "$port"
+}
+pg_port=$(free_port "${TIDEMARK_PG_PORT:-55432}")
+s3_port=$(free_port "${TIDEMARK_S3_PORT:-45680}")
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$pg_bin/initdb" ] || { echo "test-services: PostgreSQL not installed (make deps)" >&2; exit 1; }
 
