@@ -3,8 +3,10 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "location/posix_io.h"
@@ -143,8 +145,18 @@ Result<std::unique_ptr<SqliteConsensus>> SqliteConsensus::open(std::string path)
   sqlite3_extended_result_codes(db, 1);
   sqlite3_busy_timeout(db, kBusyTimeoutMilliseconds);
 
+  // Switching a new database to WAL needs an exclusive lock, and SQLite
+  // answers SQLITE_BUSY at once, without the busy handler, while another
+  // process opening the same new file holds a lock: retry, within the busy
+  // timeout.
   std::string journal_mode;
-  code = execute(db, "PRAGMA journal_mode=WAL", &journal_mode);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kBusyTimeoutMilliseconds);
+  for (int attempt = 0;; ++attempt) {
+    code = execute(db, "PRAGMA journal_mode=WAL", &journal_mode);
+    if ((code & 0xff) != SQLITE_BUSY || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << std::min(attempt, 6), 50)));
+  }
   if (code != SQLITE_OK) return determinate(consensus->describe("set journal_mode=WAL", code));
   if (journal_mode != "wal") {
     return determinate("sqlite consensus " + path + ": journal_mode is \"" + journal_mode +
