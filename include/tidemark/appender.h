@@ -168,6 +168,11 @@ class Appender : public std::enable_shared_from_this<Appender> {
   void close();
 
   AppenderStats stats() const;
+  // The error that stopped the appender (see above: a non-retryable error,
+  // or too many retries, e.g. a backend down for longer than max_retries'
+  // backoff), or nullopt while it runs. A stopped appender fails every
+  // enqueue with Closed; open a new one to go on.
+  std::optional<Error> failure() const;
   const std::shared_ptr<MemoryPool>& pool() const;
 
   struct Impl;

@@ -140,6 +140,7 @@ struct Server::Impl {
   std::mutex mutex;  // guards the three maps
   std::map<std::string, std::shared_ptr<Shard>, std::less<>> shards;
   std::map<std::string, std::shared_ptr<Appender>, std::less<>> shard_appenders;
+  std::uint64_t appenders_replaced = 0;  // guarded by mutex
   std::map<std::string, std::shared_ptr<SharedWriter>, std::less<>> writers;
 
   std::uint16_t bound_port = 0;  // set before the I/O threads start
@@ -163,11 +164,20 @@ struct Server::Impl {
     return shards.try_emplace(std::string(name), std::move(opened)).first->second;
   }
 
-  // Blocking: the shard's appender, drawing from the appenders pool.
+  // Blocking: the shard's appender, drawing from the appenders pool. An
+  // appender an error stopped (a backend down past its retries: its
+  // pending records failed) is replaced, so the shard takes appends again
+  // once the backend is back.
   Result<std::shared_ptr<Appender>> appender(std::string_view name) {
     TM_ASSIGN(auto s, shard(name));
+    std::shared_ptr<Appender> stopped;  // closed outside the lock
     std::lock_guard lock(mutex);
-    if (auto it = shard_appenders.find(name); it != shard_appenders.end()) return it->second;
+    if (auto it = shard_appenders.find(name); it != shard_appenders.end()) {
+      if (!it->second->failure()) return it->second;
+      stopped = std::move(it->second);
+      shard_appenders.erase(it);
+      ++appenders_replaced;
+    }
     AppenderOptions appender_options;
     appender_options.parent_pool = appenders;
     appender_options.queue_bytes = appenders->capacity();
@@ -214,11 +224,18 @@ struct Server::Impl {
     append_sample(&out, "tidemark_http_requests_in_flight", "", in_flight.load());
     std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
     std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;
+    std::uint64_t replaced = 0;
     {
       std::lock_guard lock(mutex);
       appender_list.assign(shard_appenders.begin(), shard_appenders.end());
       shard_list.assign(shards.begin(), shards.end());
+      replaced = appenders_replaced;
     }
+    out.append(
+        "# HELP tidemark_appenders_replaced_total Appenders an error stopped (a backend down "
+        "past their retries) and a later append replaced.\n# TYPE "
+        "tidemark_appenders_replaced_total counter\n");
+    append_sample(&out, "tidemark_appenders_replaced_total", "", static_cast<double>(replaced));
     out.append("# HELP tidemark_appender_queue_bytes Bytes queued in a shard's appender.\n");
     out.append("# TYPE tidemark_appender_queue_bytes gauge\n");
     // The appenders' counters, one family each (name, help, field).
@@ -668,9 +685,8 @@ class Session : public std::enable_shared_from_this<Session> {
     // The shard's appender, opened once (by a worker: it blocks).
     {
       std::lock_guard lock(server_->mutex);
-      if (auto it = server_->shard_appenders.find(name_); it != server_->shard_appenders.end()) {
-        appender_ = it->second;
-      }
+      auto it = server_->shard_appenders.find(name_);
+      if (it != server_->shard_appenders.end() && !it->second->failure()) appender_ = it->second;
     }
     if (appender_) {
       sender_.emplace(appender_->sender());
@@ -824,7 +840,8 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // Once what was enqueued is durable, answers 400/413 for the bad line.
+  // Once what was enqueued is durable, answers 400/413 for the bad line,
+  // 503 when the appender refused it.
   void fail_managed(const Error& error, std::uint64_t line) {
     keep_alive_ = false;
     auto answer = [self = shared_from_this(), error, line](std::optional<Error> commit_error) {
@@ -835,7 +852,10 @@ class Session : public std::enable_shared_from_this<Session> {
       append_json_string(&body, message);
       body += ",\"line\":" + std::to_string(line) +
               ",\"appended\":" + std::to_string(commit_error ? 0 : self->count_) + "}";
-      const unsigned status = error.kind == ErrorKind::kTooLarge ? 413 : 400;
+      // A bad line is 400 (413 when too large); an appender that stopped
+      // (a backend down past its retries, or shutdown) is not the
+      // client's fault: 503, like any other Closed.
+      const unsigned status = status_of(error);
       self->respond(status, std::move(body));
     };
     if (!last_token_) return answer(std::nullopt);

@@ -623,6 +623,11 @@ AppenderStats Appender::stats() const {
   return out;
 }
 
+std::optional<Error> Appender::failure() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->fatal;
+}
+
 const std::shared_ptr<MemoryPool>& Appender::pool() const {
   return impl_->pool;
 }

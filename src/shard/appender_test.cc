@@ -303,6 +303,7 @@ TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
   AppenderOptions options;
   options.max_retries = 2;
   auto appender = open(options);
+  EXPECT_EQ(appender->failure(), std::nullopt);
   FaultConfig broken;
   broken.determinate_rate = 1.0;
   consensus_->set_config(broken);
@@ -323,6 +324,11 @@ TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
   auto after = sender.enqueue(record(99));
   ASSERT_FALSE(after);
   EXPECT_EQ(after.error().kind, ErrorKind::kClosed);
+  // The error that stopped it, for whoever must decide to open a new one.
+  auto failure = appender->failure();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->kind, ErrorKind::kDeterminate) << failure->to_string();
+  EXPECT_NE(failure->message.find("injected"), std::string::npos);
   EXPECT_FALSE(appender->flush());
   consensus_->set_config({});
   EXPECT_TRUE(contents().empty());  // nothing reported committed was, nor the reverse
