@@ -6,6 +6,8 @@
 #   TIDEMARK_TEST_POSTGRES  postgres://tidemark:tidemark@127.0.0.1:PORT/tidemark
 #   TIDEMARK_TEST_S3        s3://tidemark/PREFIX?endpoint=http://127.0.0.1:PORT&region=us-east-1
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY  (s3rver's fixed credentials)
+#   TIDEMARK_TEST_POSTGRES_STOP / _START  shell commands stopping and
+#                           starting that PostgreSQL (outage tests)
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
@@ -49,9 +51,10 @@ chmod 644 "$work/pwfile"
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U tidemark --pwfile="$work/pwfile" \
   --auth-local=trust --auth-host=scram-sha-256 >"$work/initdb.log" 2>&1 ||
   { cat "$work/initdb.log" >&2; exit 1; }
-"${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w -t 60 \
-  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" \
-  start >/dev/null || { cat "$work/pg.log" >&2; exit 1; }
+pg_start=("${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w -t 60
+  -o "-p $pg_port -k $work -c listen_addresses=127.0.0.1 -c max_connections=200 -c fsync=on" start)
+pg_stop=("${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -w -t 60 -m fast stop)
+"${pg_start[@]}" >/dev/null || { cat "$work/pg.log" >&2; exit 1; }
 "${as_pg[@]}" "$pg_bin/createdb" -h "$work" -p "$pg_port" -U tidemark tidemark
 
 # s3rver: installed from the npm registry into tools/s3rver (lockfile pinned).
@@ -73,6 +76,11 @@ done
 export TIDEMARK_TEST_POSTGRES="postgres://tidemark:tidemark@127.0.0.1:$pg_port/tidemark"
 export TIDEMARK_TEST_S3="s3://tidemark/test?endpoint=http://127.0.0.1:$s3_port&region=us-east-1"
 export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
+# For tests of a database outage under load: shell commands that stop
+# PostgreSQL (fast shutdown: sessions are cut) and start it again.
+TIDEMARK_TEST_POSTGRES_STOP="$(printf '%q ' "${pg_stop[@]}")>/dev/null"
+TIDEMARK_TEST_POSTGRES_START="$(printf '%q ' "${pg_start[@]}")>/dev/null"
+export TIDEMARK_TEST_POSTGRES_STOP TIDEMARK_TEST_POSTGRES_START
 echo "test-services: PostgreSQL on 127.0.0.1:$pg_port, s3rver on 127.0.0.1:$s3_port" >&2
 status=0
 "$@" || status=$?
