@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "location/faulty.h"
 #include "server/server.h"
+#include "util/ids.h"
 #include "util/size.h"
 
 namespace tidemark::cli {
@@ -16,6 +17,24 @@ namespace {
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] (benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
+
+// This server's id among servers sharing a blob store (it owns the sinks
+// it creates): <data>/server-id, made on first start.
+Result<std::string> server_id(const std::string& data_dir) {
+  const std::filesystem::path path = std::filesystem::path(data_dir) / "server-id";
+  std::ifstream in(path);
+  std::string id;
+  if (in && std::getline(in, id) && !id.empty()) return id;
+  std::error_code error;
+  std::filesystem::create_directories(data_dir, error);
+  if (error) return determinate("create " + data_dir + ": " + error.message());
+  id = random_id();
+  std::ofstream out(path, std::ios::trunc);
+  out << id << "\n";
+  out.close();
+  if (!out) return determinate("write " + path.string());
+  return id;
+}
 
 }  // namespace
 
@@ -98,6 +117,9 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   if (!urls) return report(urls.error());
   // File sinks write under the data directory only.
   options.file_sink_root = std::filesystem::absolute(globals.data_dir).string() + "/sinks";
+  auto id = server_id(globals.data_dir);
+  if (!id) return report(id.error());
+  options.sink_owner = *id;
   auto blob = open_blob(urls->first);
   if (!blob) return report(blob.error());
   auto consensus = open_consensus(urls->second);

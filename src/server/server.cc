@@ -115,7 +115,7 @@ struct Server::Impl {
     appenders = root->child("appenders", options.memory_limit / 8 * 3);
     reads = root->child("reads", options.memory_limit / 8);
     sink_pool = root->child("sinks", options.memory_limit / 4);
-    sinks = std::make_unique<SinkManager>(client, sink_pool);
+    sinks = std::make_unique<SinkManager>(client, sink_pool, options.sink_owner);
   }
 
   std::shared_ptr<Client> client;

@@ -72,6 +72,11 @@ struct ServerOptions {
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.
   std::optional<std::string> file_sink_root;
+  // This server's id among servers sharing one blob store: sinks it creates
+  // are its own, and on start it resumes only those (and ownerless ones).
+  // Empty: it resumes every stored sink (one server). `tidemark serve`
+  // keeps its id in <data>/server-id.
+  std::string sink_owner;
   // Benchmarks only: bound the appenders' queues by record count instead of
   // bytes (AppenderOptions::queue_records), to compare against.
   std::optional<std::size_t> appender_queue_records;

@@ -464,6 +464,35 @@ class PendingCall {
   std::thread thread_;
 };
 
+// Servers sharing one blob store (as N servers on PostgreSQL + S3 do) see
+// every stored sink definition; a sink runs only on the server that made it.
+TEST_F(ServerTest, ASinkRunsOnlyOnTheServerThatCreatedIt) {
+  options_.sink_owner = "server-a";
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string spec = "{\"name\": \"files\", \"shard\": \"s\", \"to\": \"file://" +
+                           (dir_ / "sinks" / "out").string() + "\"}";
+  Reply created = post("/v1/sinks", spec);
+  ASSERT_EQ(created.status, 201u) << created.body;
+  EXPECT_NE(created.body.find("\"owner\":\"server-a\""), std::string::npos) << created.body;
+
+  ServerOptions other = options_;
+  other.sink_owner = "server-b";
+  for (int round = 0; round < 2; ++round) {  // started fresh: resume_all skips it too
+    auto b = Server::start(client_, other);
+    ASSERT_TRUE(b) << b.error().message;
+    EXPECT_EQ(call((*b)->port(), http::verb::get, "/v1/sinks").body, "[]\n");
+    EXPECT_EQ(call((*b)->port(), http::verb::get, "/v1/sinks/files").status, 404u);
+    Reply taken = call((*b)->port(), http::verb::post, "/v1/sinks", spec);
+    EXPECT_EQ(taken.status, 409u) << taken.body;
+    EXPECT_NE(taken.body.find("server-a"), std::string::npos) << taken.body;
+  }
+  // Its own server resumes it after a restart.
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/v1/sinks/files").status, 200u);
+}
+
 TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {
   // The one request in flight has no socket operation pending while its
   // batch uploads (200 ms): the I/O threads must still be there to answer.

@@ -29,8 +29,12 @@ std::string SinkSpec::to_json() const {
   out += ",\"to\":";
   append_json_string(&out, to);
   out += envelope == Envelope::kUpsert ? ",\"envelope\":\"upsert\"" : ",\"envelope\":\"debezium\"";
-  out += format == SinkFormat::kJson ? ",\"format\":\"json\"}" : ",\"format\":\"csv\"}";
-  return out;
+  out += format == SinkFormat::kJson ? ",\"format\":\"json\"" : ",\"format\":\"csv\"";
+  if (!owner.empty()) {
+    out += ",\"owner\":";
+    append_json_string(&out, owner);
+  }
+  return out + "}";
 }
 
 Result<SinkSpec> SinkSpec::parse(std::string_view json) {
@@ -59,6 +63,7 @@ Result<SinkSpec> SinkSpec::parse(std::string_view json) {
   if (auto format = text("format")) {
     TM_ASSIGN(spec.format, parse_sink_format(*format));
   }
+  if (auto owner = text("owner")) spec.owner = *owner;
   TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
   (void)url;
   return spec;
@@ -141,8 +146,9 @@ struct SinkManager::Task {
   }
 };
 
-SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool)
-    : client_(std::move(client)), pool_(std::move(pool)) {}
+SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
+                         std::string owner)
+    : client_(std::move(client)), pool_(std::move(pool)), owner_(std::move(owner)) {}
 
 SinkManager::~SinkManager() {
   stop_all();
@@ -165,6 +171,7 @@ Status SinkManager::resume_all() {
     if (!bytes) continue;
     auto spec = SinkSpec::parse(*bytes);
     if (!spec) return corruption("sink definition " + key + ": " + spec.error().message);
+    if (!spec->owner.empty() && spec->owner != owner_) continue;  // another server's
     start(*spec);
   }
   return {};
@@ -179,8 +186,30 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
   }
   TM_ASSIGN(auto shard, client_->open_shard(spec.shard));  // NotFound early
   (void)shard;
-  TM_TRY(client_->location().blob->set(spec_key(spec.name), spec.to_json()));
-  start(spec);
+  Blob& blob = *client_->location().blob;
+  auto taken = [&](const SinkSpec& stored) {
+    return make_error(ErrorKind::kAlreadyExists,
+                      "a sink named " + spec.name + " exists" +
+                          (stored.owner.empty() ? "" : " (run by server " + stored.owner + ")"));
+  };
+  // Another server's sink of this name? (Blob has no create-if-absent: two
+  // servers creating one name at once both write; each reads back which
+  // definition won, and only its owner runs it.)
+  TM_ASSIGN(auto existing, blob.get(spec_key(spec.name)));
+  if (existing) {
+    if (auto stored = SinkSpec::parse(*existing)) return taken(*stored);
+    return taken(SinkSpec{});
+  }
+  SinkSpec owned = spec;
+  owned.owner = owner_;
+  TM_TRY(blob.set(spec_key(spec.name), owned.to_json()));
+  TM_ASSIGN(auto written, blob.get(spec_key(spec.name)));
+  if (!written) return make_error(ErrorKind::kNotFound, "sink " + spec.name + " was deleted");
+  if (*written != owned.to_json()) {
+    auto stored = SinkSpec::parse(*written);
+    return taken(stored ? *stored : SinkSpec{});
+  }
+  start(owned);
   return status_json(spec.name);
 }
 

@@ -11,6 +11,14 @@
 // Deleting a sink stops it, drops its critical reader's hold and its
 // definition; its output stays where it is.
 //
+// Several servers sharing one blob store (PostgreSQL + S3) see every
+// stored definition, but a sink must run in one place: each definition
+// names its owner, the server that created it (ServerOptions::sink_owner),
+// and a server resumes only its own, plus definitions without an owner (a
+// single server's, from before owners). A name taken by any server is
+// AlreadyExists on every server. GET and DELETE see the sinks this server
+// runs.
+//
 // Status: "starting", "running" (snapshot or following), "failed" (with
 // error; retried), "done" (the shard closed), "stopped".
 //
@@ -38,6 +46,7 @@ struct SinkSpec {
   std::string to;
   Envelope envelope = Envelope::kUpsert;
   SinkFormat format = SinkFormat::kJson;
+  std::string owner;  // the server that runs it; "" for any (one server)
 
   std::string to_json() const;
   // InvalidUsage naming what is wrong (names, URL, envelope, format).
@@ -48,12 +57,16 @@ class SinkManager {
  public:
   static constexpr std::chrono::seconds kRetryInterval{5};
 
-  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool);
+  // `owner`: this server's id, written into the sinks it creates; "" runs
+  // every stored sink.
+  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
+              std::string owner = "");
   ~SinkManager();  // stop_all()
 
-  // Starts every stored sink.
+  // Starts every stored sink this server owns (see above).
   [[nodiscard]] Status resume_all();
-  // Stores and starts a sink; AlreadyExists, NotFound (no such shard).
+  // Stores and starts a sink, owned by this server; AlreadyExists (here or
+  // on another server sharing the blob store), NotFound (no such shard).
   [[nodiscard]] Result<std::string> create(const SinkSpec& spec);
   // {"name", "shard", "to", "status", "frontier", "error"}; NotFound.
   [[nodiscard]] Result<std::string> status_json(const std::string& name) const;
@@ -71,6 +84,7 @@ class SinkManager {
 
   std::shared_ptr<Client> client_;
   std::shared_ptr<MemoryPool> pool_;
+  const std::string owner_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
 };
