@@ -178,7 +178,7 @@ struct Server::Impl {
       shard_appenders.erase(it);
       ++appenders_replaced;
     }
-    AppenderOptions appender_options;
+    AppenderOptions appender_options = options.appender;
     appender_options.parent_pool = appenders;
     appender_options.queue_bytes = appenders->capacity();
     appender_options.queue_records = options.appender_queue_records;
@@ -738,7 +738,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       const auto nl = pending_.find('\n');
       if (nl == std::string_view::npos) {
-        if (carry_.size() + pending_.size() > server_->options.max_record_bytes)
+        if (carry_.size() + pending_.size() > *server_->options.max_record_bytes)
           return Step::kError;
         charge_carry(pending_.size());
         carry_.append(pending_);
@@ -747,7 +747,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       std::string_view line = pending_.substr(0, nl);
       if (!carry_.empty()) {
-        if (carry_.size() + line.size() > server_->options.max_record_bytes) return Step::kError;
+        if (carry_.size() + line.size() > *server_->options.max_record_bytes) return Step::kError;
         charge_carry(line.size());
       }
       ++line_;
@@ -760,7 +760,7 @@ class Session : public std::enable_shared_from_this<Session> {
         carry_lease_.release();
         go_on = line_fn(whole);
       } else {
-        if (line.size() > server_->options.max_record_bytes) return Step::kError;
+        if (line.size() > *server_->options.max_record_bytes) return Step::kError;
         go_on = line_fn(line);
       }
       if (!go_on) return Step::kStop;
@@ -770,7 +770,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void record_too_large() {
     keep_alive_ = false;
     respond(413, error_json("line " + std::to_string(line_ + 1) + ": a record over " +
-                            std::to_string(server_->options.max_record_bytes) + " bytes"));
+                            std::to_string(*server_->options.max_record_bytes) + " bytes"));
   }
 
   // Reads the next piece of an append's body into pending_, then runs
@@ -1301,7 +1301,13 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
                                               ServerOptions options) {
   if (options.memory_limit < (1u << 20)) return invalid_usage("--memory-limit must be >= 1MiB");
   if (options.io_threads == 0 || options.workers == 0) return invalid_usage("threads must be >= 1");
-  options.max_record_bytes = std::min(options.max_record_bytes, options.memory_limit / 8);
+  if (!options.max_record_bytes) {
+    options.max_record_bytes = std::min<std::uint64_t>(32ull << 20, options.memory_limit / 8);
+  } else if (*options.max_record_bytes == 0 ||
+             *options.max_record_bytes > options.memory_limit / 4) {
+    return invalid_usage("--max-record-bytes must be between 1 and a quarter of --memory-limit (" +
+                         std::to_string(options.memory_limit / 4) + ")");
+  }
   auto impl = std::make_shared<Impl>(std::move(client), std::move(options));
   beast::error_code ec;
   const auto address = net::ip::make_address(impl->options.host, ec);

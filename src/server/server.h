@@ -56,6 +56,7 @@
 #include <optional>
 #include <string>
 
+#include "tidemark/appender.h"
 #include "tidemark/client.h"
 
 namespace tidemark {
@@ -65,7 +66,10 @@ struct ServerOptions {
   std::uint16_t port = 6875;  // 0: any free port (see Server::port)
   std::uint64_t memory_limit = 256ull << 20;
   std::optional<std::string> token;  // bearer token; none: no auth
-  std::uint64_t max_record_bytes = 32ull << 20;
+  // The longest record line an append takes (413 above it). Unset:
+  // min(32 MiB, memory_limit / 8). Set: at most memory_limit / 4, so one
+  // record always fits the requests and appenders pools.
+  std::optional<std::uint64_t> max_record_bytes;
   unsigned io_threads = 2;
   unsigned workers = 4;
   // Where file:// sinks may write: a sink's directory must be inside it
@@ -77,6 +81,9 @@ struct ServerOptions {
   // Empty: it resumes every stored sink (one server). `tidemark serve`
   // keeps its id in <data>/server-id.
   std::string sink_owner;
+  // The shards' appenders: batch limits, linger, batched appends, retries.
+  // The server sets parent_pool and queue_bytes (its appenders pool).
+  AppenderOptions appender;
   // Benchmarks only: bound the appenders' queues by record count instead of
   // bytes (AppenderOptions::queue_records), to compare against.
   std::optional<std::size_t> appender_queue_records;
