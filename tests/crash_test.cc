@@ -17,6 +17,10 @@
 // end, once the killed children's writer leases ran out, one garbage
 // collection must leave exactly the parts the state references: no orphan
 // of a killed upload or merge survives it.
+//
+// TIDEMARK_RANDOM_CONFIG=N (or `random`) runs the parent and every child
+// under the configuration drawn from N (shard/random_config.h), except for
+// the knobs crash_options() keeps, and seeds the kill schedule with N.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -26,6 +30,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -34,6 +39,7 @@
 #include <thread>
 #include <utility>
 
+#include "random_config.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
@@ -57,12 +63,28 @@ int records_at(Time t) {
   return t % 5 == 4 ? 3000 : 20;
 }
 
+// The drawn configuration's client options under TIDEMARK_RANDOM_CONFIG
+// (block size, uploads in flight, compression, listen knobs), else the
+// defaults. Never its faults or latencies: a child takes any error as fatal,
+// and a slowed child would do too little before its kill.
+ClientOptions base_options() {
+  const auto& random = testing::random_config();
+  if (!random) {
+    std::fprintf(stderr, "%s\n", random.error().to_string().c_str());
+    std::exit(2);
+  }
+  return *random ? (*random)->client : ClientOptions{};
+}
+
 // The appender's client: small parts, so big batches span many, and
-// compaction in the background (the default).
+// compaction in the background (the default). These three stay as the
+// test sets them under a random configuration too, and so do the parent's
+// and the compactor's below: the test relies on them.
 ClientOptions crash_options() {
-  ClientOptions options;
+  ClientOptions options = base_options();
   options.part_target_bytes = 16 << 10;
   options.writer_lease = kWriterLease;
+  options.background_compaction = true;
   return options;
 }
 
@@ -361,10 +383,13 @@ constexpr int kSanitizerSlowdown = 1;
 TEST(CrashTest, AcknowledgedAppendsSurviveSigkillDuringAppendCompactionAndGc) {
   std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("tidemark-crash-" + std::to_string(getpid()));
+  const auto& random = testing::random_config();
+  ASSERT_TRUE(random) << random.error().to_string();
+  if (*random) testing::print_random_config(**random, "crash_test");
   std::filesystem::remove_all(dir);
   ASSERT_TRUE(open_dir(dir.string(), parent_options())->create_shard(kShard));
 
-  const auto seed = std::random_device{}();
+  const std::uint64_t seed = *random ? (*random)->seed : std::random_device{}();
   SCOPED_TRACE("seed " + std::to_string(seed));
   std::mt19937_64 rng(seed);
   Totals totals;
@@ -493,6 +518,10 @@ int main(int argc, char** argv) {
     return tidemark::compactor_main(argv[2]);
   }
   tidemark::g_self = std::filesystem::read_symlink("/proc/self/exe").string();
+  // The children draw the parent's configuration: `random` becomes its seed.
+  if (const auto& random = tidemark::testing::random_config(); random && *random) {
+    setenv(tidemark::kRandomConfigVariable, std::to_string((*random)->seed).c_str(), 1);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

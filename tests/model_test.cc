@@ -18,6 +18,13 @@
 // TIDEMARK_MODEL_SEED=N reruns one seed; every failure prints its seed. The
 // run is a function of the seed except for timing (leases, background
 // threads).
+//
+// TIDEMARK_RANDOM_CONFIG=N (or `random`) runs under a configuration drawn
+// from N (shard/random_config.h): its part, block and listen buffer sizes,
+// uploads in flight and compression replace the test's own, and its
+// latencies are injected along with the test's faults. The model seeds
+// then start from N too (unless TIDEMARK_MODEL_SEED is set), so the one
+// number printed reruns the whole test.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -31,6 +38,7 @@
 #include "location/faulty.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "random_config.h"
 #include "shard/test_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
@@ -95,9 +103,11 @@ struct HeldCursor {
   int operations_left = 0;
 };
 
-void run_model(std::uint64_t seed, Backends backends, int operations) {
+void run_model(std::uint64_t seed, Backends backends, int operations,
+               const std::optional<RandomConfig>& random) {
   SCOPED_TRACE("seed " + std::to_string(seed) +
-               " (rerun with TIDEMARK_MODEL_SEED=" + std::to_string(seed) + ")");
+               " (rerun with TIDEMARK_MODEL_SEED=" + std::to_string(seed) +
+               (random ? " TIDEMARK_RANDOM_CONFIG=" + std::to_string(random->seed) : "") + ")");
   std::mt19937_64 rng(seed);
   auto uniform = [&](std::uint64_t lo, std::uint64_t hi) {
     return std::uniform_int_distribution<std::uint64_t>(lo, hi)(rng);
@@ -122,6 +132,18 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
   options.writer_lease = milliseconds(2000);
   options.reader_lease = milliseconds(chance(0.5) ? 1000 : 60'000);
   options.background_compaction = false;  // the admin handle's
+  if (random) {
+    // Applied after the test's own draws, so a model seed means the same
+    // workload with or without a random configuration. The test keeps its leases
+    // (short ones run out on purpose; live writers must not lapse), its
+    // 1 ms listen poll, and which handles compact in the background (the
+    // admin handle never; each writer's by the model seed).
+    options.part_target_bytes = random->client.part_target_bytes;
+    options.block_bytes = random->client.block_bytes;
+    options.max_uploads_in_flight = random->client.max_uploads_in_flight;
+    options.zstd_level = random->client.zstd_level;
+    options.listen_buffer_bytes = random->client.listen_buffer_bytes;
+  }
   Location location{backends.blob, backends.consensus};
   auto admin = *Client::open(location, options);
   ASSERT_TRUE(admin->create_shard("model"));
@@ -156,6 +178,19 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
     backends.blob->set_config(config);
     backends.consensus->set_config(config);
   };
+  // The test's own fault rates (the drawn ones do not replace them), plus
+  // the drawn configuration's latencies while faults are on; the checks run
+  // without either.
+  const auto blob_latency = random ? random->blob_faults.latency : std::chrono::microseconds(0);
+  const auto consensus_latency =
+      random ? random->consensus_faults.latency : std::chrono::microseconds(0);
+  auto inject_faults = [&] {
+    FaultConfig config = faults;
+    config.latency = blob_latency;
+    backends.blob->set_config(config);
+    config.latency = consensus_latency;
+    backends.consensus->set_config(config);
+  };
 
   int committed = 0, mismatches = 0, failed = 0, indeterminate = 0;
   std::uint64_t merges = 0, gc_deleted = 0, truncations = 0;
@@ -171,7 +206,7 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
     Time next = expected + uniform(1, 4);
 
     faults.seed = seed * 7919 + op;  // set_config reseeds: a fresh draw per operation
-    set_faults(faults);
+    inject_faults();
     std::vector<Batch> batches;
     std::vector<Update> appended;
     int batch_count = static_cast<int>(uniform(1, 3));
@@ -205,6 +240,7 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
     // machine's own checks, so the caller must retry with its token.
     if (chance(0.05)) {
       FaultConfig heavy = faults;
+      heavy.latency = consensus_latency;
       heavy.indeterminate_rate = 0.6;  // and reads fail too, so the machine
       heavy.determinate_rate = 0.6;    // cannot learn the outcome itself
       backends.consensus->set_config(heavy);
@@ -253,7 +289,7 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
   };
   auto maintain = [&](int op, int action) {
     faults.seed = (seed * 7919 + op) * 31 + action + 1;
-    set_faults(faults);
+    inject_faults();
     switch (uniform(0, 13)) {
       case 0:
       case 1: {
@@ -557,34 +593,49 @@ void run_model(std::uint64_t seed, Backends backends, int operations) {
       static_cast<unsigned long long>(upper), static_cast<unsigned long long>(final_seqno));
 }
 
-std::vector<std::uint64_t> seeds(int count) {
+std::vector<std::uint64_t> seeds(int count, const std::optional<RandomConfig>& random) {
   if (const char* env = std::getenv("TIDEMARK_MODEL_SEED"))
     return {std::strtoull(env, nullptr, 10)};
   std::vector<std::uint64_t> out;
   std::random_device rd;
-  std::uint64_t base = (static_cast<std::uint64_t>(rd()) << 32) | rd();
+  std::uint64_t base = random ? random->seed : (static_cast<std::uint64_t>(rd()) << 32) | rd();
   for (int i = 0; i < count; ++i) out.push_back(base + i);
   return out;
 }
 
+// The configuration TIDEMARK_RANDOM_CONFIG asks for, printed; nullopt
+// when it is unset.
+std::optional<RandomConfig> announced_random_config() {
+  const auto& random = testing::random_config();
+  EXPECT_TRUE(random) << random.error().to_string();
+  if (!random || !*random) return std::nullopt;
+  testing::print_random_config(**random, "model_test");
+  return *random;
+}
+
 TEST(ModelTest, MemoryBackendsWithFaults) {
+  const std::optional<RandomConfig> random = announced_random_config();
+  if (HasFailure()) return;
   // 100 operations (each commits a dozen state versions or so: appends,
   // readers, compaction) take the state well past kRollupInterval versions,
   // so reads fold diffs onto rollups written mid-run and GC truncates.
-  for (std::uint64_t seed : seeds(8)) {
-    run_model(seed, faulty(std::make_shared<MemBlob>(), std::make_shared<MemConsensus>()), 100);
+  for (std::uint64_t seed : seeds(8, random)) {
+    run_model(seed, faulty(std::make_shared<MemBlob>(), std::make_shared<MemConsensus>()), 100,
+              random);
     if (HasFatalFailure()) return;
   }
 }
 
 TEST(ModelTest, FileAndSqliteBackendsWithFaults) {
-  for (std::uint64_t seed : seeds(2)) {
+  const std::optional<RandomConfig> random = announced_random_config();
+  if (HasFailure()) return;
+  for (std::uint64_t seed : seeds(2, random)) {
     auto dir = std::filesystem::temp_directory_path() / ("tidemark-model-" + std::to_string(seed));
     std::filesystem::remove_all(dir);
     auto blob = open_blob("file://" + (dir / "blob").string());
     auto consensus = open_consensus("sqlite://" + (dir / "consensus.db").string());
     ASSERT_TRUE(blob && consensus);
-    run_model(seed, faulty(*blob, *consensus), 40);
+    run_model(seed, faulty(*blob, *consensus), 40, random);
     std::filesystem::remove_all(dir);
     if (HasFatalFailure()) return;
   }

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "location/faulty.h"
 #include "server/server.h"
+#include "shard/random_config.h"
 #include "util/ids.h"
 #include "util/size.h"
 
@@ -15,7 +16,8 @@ namespace tidemark::cli {
 namespace {
 
 constexpr const char* kServeUsage =
-    "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] (benchmarks: "
+    "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
+    "[--max-record-bytes BYTES] (benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
 // This server's id among servers sharing a blob store (it owns the sinks
@@ -40,8 +42,8 @@ Result<std::string> server_id(const std::string& data_dir) {
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
-                          {"--listen", "--memory-limit", "--token-file", "--inject-blob-latency-ms",
-                           "--appender-queue"},
+                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
+                           "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
@@ -63,6 +65,11 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     auto bytes = parse_size(*limit);
     if (!bytes) return usage_error("--memory-limit: " + bytes.error().message);
     options.memory_limit = *bytes;
+  }
+  if (auto limit = args->get("--max-record-bytes")) {
+    auto bytes = parse_size(*limit);
+    if (!bytes) return usage_error("--max-record-bytes: " + bytes.error().message);
+    options.max_record_bytes = *bytes;
   }
   if (auto file = args->get("--token-file")) {
     std::ifstream in(*file);
@@ -106,6 +113,18 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     }
   }
 
+  // TIDEMARK_RANDOM_CONFIG (testing): client, appender and fault knobs
+  // drawn from a seed, printed first so a failing run can be repeated.
+  auto random_seed = random_config_seed_from_env();
+  if (!random_seed) return report(random_seed.error());
+  std::optional<RandomConfig> random;
+  if (*random_seed) {
+    random = draw_random_config(**random_seed);
+    std::fprintf(stderr, "tidemark: random configuration %s\n", random->describe().c_str());
+    std::fflush(stderr);
+    options.appender = random->appender;  // the server sets its pool and queue bound
+  }
+
   // SIGTERM and SIGINT stop the server gracefully: blocked here, waited for.
   sigset_t signals;
   sigemptyset(&signals);
@@ -124,14 +143,21 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   if (!blob) return report(blob.error());
   auto consensus = open_consensus(urls->second);
   if (!consensus) return report(consensus.error());
-  std::shared_ptr<Blob> served_blob = *blob;
-  if (blob_latency_ms > 0) {
-    FaultConfig latency;
-    latency.latency = std::chrono::microseconds(static_cast<std::int64_t>(blob_latency_ms * 1000));
-    served_blob = std::make_shared<FaultyBlob>(*blob, latency);
+  FaultConfig blob_faults = random ? random->blob_faults : FaultConfig{};
+  if (blob_latency_ms > 0) {  // the flag's latency over a drawn one
+    blob_faults.latency =
+        std::chrono::microseconds(static_cast<std::int64_t>(blob_latency_ms * 1000));
   }
-  // A long-running server compacts in the background.
-  auto client = Client::open(Location{served_blob, *consensus}, ClientOptions{});
+  std::shared_ptr<Blob> served_blob = *blob;
+  if (injects_faults(blob_faults)) served_blob = std::make_shared<FaultyBlob>(*blob, blob_faults);
+  std::shared_ptr<Consensus> served_consensus = *consensus;
+  if (random && injects_faults(random->consensus_faults)) {
+    served_consensus = std::make_shared<FaultyConsensus>(*consensus, random->consensus_faults);
+  }
+  // A long-running server compacts in the background (unless a random
+  // configuration drew otherwise).
+  auto client = Client::open(Location{served_blob, served_consensus},
+                             random ? random->client : ClientOptions{});
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);
   if (!server) return report(server.error());
