@@ -9,12 +9,17 @@
 // an unbounded allocation or data different from what was written.
 //
 // Memory: the writer holds the whole encoded part (it returns it as one
-// string) plus one open block. The reader holds O(one block): the current
-// block compressed and decompressed, its column arrays, a copy of the
-// previous block's last update, plus the block index (about 40 bytes a
-// block) and at most kOpenFetchBytes of the object's tail fetched by open().
-// Buffers are reused across blocks; one far larger than the current block
-// (after a huge update) is released.
+// string) plus the open block's columns, from which the block is compressed
+// straight into the part (never concatenated first); its order check reads
+// the last update in those columns, so an update is held once, not copied.
+// The reader holds one decoded block (its bytes and column arrays), the
+// block index (about 40 bytes a block) and at most kOpenFetchBytes of the
+// object's tail fetched by open(); while it loads the next block, also that
+// block compressed and a copy of the last update before it (for the order
+// check), both released once the block is checked. Buffers are reused across
+// blocks; one far larger than the current block (after a huge update) is
+// released. So a block holding one huge update costs about that update once
+// between loads, and up to about three times while the next one loads.
 //
 // Thread-safety: PartWriter and PartReader are single-threaded; distinct
 // instances are independent.
@@ -61,7 +66,14 @@ class PartWriter {
   // inline description (lower <= time < upper). A violation is
   // InvalidUsage, and afterwards every call fails: a part is never built
   // from input that broke the contract.
-  [[nodiscard]] Status add(UpdateView update);
+  [[nodiscard]] Status add(UpdateView update) { return add_update(update, nullptr); }
+  // The same for the update (key, *value, time, diff), the value being the
+  // caller's buffer: when the update is a block of its own (over
+  // block_bytes), that buffer becomes the block's value column instead of
+  // being copied, and *value is left empty; otherwise it is left as it was.
+  [[nodiscard]] Status add(std::string_view key, std::string* value, Time time, Diff diff) {
+    return add_update(UpdateView{key, *value, time, diff}, value);
+  }
 
   // Approximate size of the part so far: the finished blocks compressed plus
   // the open block uncompressed. For cutting parts at a target size.
@@ -73,6 +85,7 @@ class PartWriter {
   [[nodiscard]] Result<std::string> finish();
 
  private:
+  [[nodiscard]] Status add_update(UpdateView update, std::string* value_buffer);
   std::unexpected<Error> fail(std::string message);
   [[nodiscard]] Status flush_block();
 
@@ -82,12 +95,9 @@ class PartWriter {
   bool finished_ = false;
   BlockBuilder block_;
   BlockCompressor compressor_;
-  std::string uncompressed_;  // reused for each block
-  std::string out_;           // header and finished blocks
+  std::string out_;  // header and finished blocks
   std::vector<BlockHandle> blocks_;
-  PartStats stats_;  // stats_.key_max is also the last key added
-  std::string last_value_;
-  Time last_time_ = 0;
+  PartStats stats_;
 };
 
 // Streams a part block by block, fetching byte ranges on demand.
@@ -121,6 +131,9 @@ class PartReader {
   const Description& inline_desc() const { return footer_.inline_desc; }
   const PartStats& stats() const { return footer_.stats; }
   std::size_t block_count() const { return footer_.blocks.size(); }
+  // decoded_block_bytes of the part's largest block, from its index: what
+  // reading the part holds between block loads (less the small tail).
+  std::uint64_t largest_decoded_block_bytes() const;
 
   // The next update in (key, value, time) order, or nullopt at the end. The
   // view stays valid until the next call to next() (or until the reader is

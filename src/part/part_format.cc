@@ -250,16 +250,24 @@ Result<PartTrailer> decode_part_trailer(std::string_view part_name, std::string_
 
 // Blocks ---------------------------------------------------------------------
 
-void BlockBuilder::add(UpdateView update) {
+void BlockBuilder::add(UpdateView update, std::string* value_buffer) {
   Encoder(&key_lengths_).put_varint(update.key.size());
   keys_.append(update.key);
   Encoder(&value_lengths_).put_varint(update.value.size());
-  values_.append(update.value);
+  if (value_buffer && count_ == 0) {
+    values_.clear();
+    values_.swap(*value_buffer);
+  } else {
+    values_.append(update.value);
+  }
   // Wrapping subtraction, reinterpreted as signed: a bijection on u64, and
   // small when neighbouring times are close in either direction.
   Encoder(&time_deltas_).put_signed_varint(static_cast<std::int64_t>(update.time - previous_time_));
   previous_time_ = update.time;
   Encoder(&diffs_).put_signed_varint(update.diff);
+  last_diff_ = update.diff;
+  last_key_length_ = update.key.size();
+  last_value_length_ = update.value.size();
   ++count_;
   payload_bytes_ += update_payload_bytes(update);
 }
@@ -271,12 +279,38 @@ std::uint64_t BlockBuilder::encoded_bytes() const {
 
 void BlockBuilder::finish(std::string* out) {
   Encoder(out).put_varint(count_);
-  for (std::string* column :
+  for (const std::string* column :
        {&key_lengths_, &keys_, &value_lengths_, &values_, &time_deltas_, &diffs_}) {
     out->append(*column);
+  }
+  reset();
+}
+
+Result<std::uint64_t> BlockBuilder::finish_compressed(BlockCompressor& compressor,
+                                                      std::size_t block_bytes, std::string* out) {
+  std::string count;
+  Encoder(&count).put_varint(count_);
+  const std::string_view pieces[] = {count,   key_lengths_, keys_, value_lengths_,
+                                     values_, time_deltas_, diffs_};
+  std::uint64_t length = 0;
+  for (std::string_view piece : pieces) length += piece.size();
+  TM_TRY(compressor.compress(pieces, out));
+  for (std::string* column :
+       {&key_lengths_, &keys_, &value_lengths_, &values_, &time_deltas_, &diffs_}) {
+    release_oversized(*column, block_bytes);
+  }
+  reset();
+  return length;
+}
+
+void BlockBuilder::reset() {
+  for (std::string* column :
+       {&key_lengths_, &keys_, &value_lengths_, &values_, &time_deltas_, &diffs_}) {
     column->clear();
   }
   previous_time_ = 0;
+  last_diff_ = 0;
+  last_key_length_ = last_value_length_ = 0;
   count_ = 0;
   payload_bytes_ = 0;
 }
@@ -370,21 +404,46 @@ bool BlockCompressor::valid_level(int level) {
 }
 
 Status BlockCompressor::compress(std::string_view uncompressed, std::string* out) {
+  return compress(std::span<const std::string_view>(&uncompressed, 1), out);
+}
+
+Status BlockCompressor::compress(std::span<const std::string_view> pieces, std::string* out) {
+  const auto failed = [](std::size_t code) {
+    return determinate(std::string("zstd compression failed: ") + ZSTD_getErrorName(code));
+  };
   if (!context_) {
     context_.reset(ZSTD_createCCtx());
     if (!context_) return determinate("zstd: cannot allocate a compression context");
+    const std::size_t set = ZSTD_CCtx_setParameter(context_.get(), ZSTD_c_compressionLevel, level_);
+    if (ZSTD_isError(set)) return failed(set);
   }
+  if (pieces.empty()) return compress(std::string_view(), out);
+  std::size_t total = 0;
+  for (std::string_view piece : pieces) total += piece.size();
+  // The pledged size goes into the frame header as its content size.
+  std::size_t result = ZSTD_CCtx_reset(context_.get(), ZSTD_reset_session_only);
+  if (!ZSTD_isError(result)) result = ZSTD_CCtx_setPledgedSrcSize(context_.get(), total);
+  if (ZSTD_isError(result)) return failed(result);
+  // With room for the bound, zstd never stops for lack of output space.
   const std::size_t start = out->size();
-  const std::size_t bound = ZSTD_compressBound(uncompressed.size());
-  std::size_t result = 0;
+  const std::size_t bound = ZSTD_compressBound(total);
+  bool done = false;
   out->resize_and_overwrite(start + bound, [&](char* data, std::size_t) {
-    result = ZSTD_compressCCtx(context_.get(), data + start, bound, uncompressed.data(),
-                               uncompressed.size(), level_);
-    return ZSTD_isError(result) ? start : start + result;
+    ZSTD_outBuffer output{data + start, bound, 0};
+    for (std::size_t i = 0; i < pieces.size() && !ZSTD_isError(result); ++i) {
+      const bool last = i + 1 == pieces.size();
+      ZSTD_inBuffer input{pieces[i].data(), pieces[i].size(), 0};
+      do {
+        result = ZSTD_compressStream2(context_.get(), &output, &input,
+                                      last ? ZSTD_e_end : ZSTD_e_continue);
+        done = last ? result == 0 : input.pos == input.size;
+      } while (!ZSTD_isError(result) && !done && output.pos < output.size);
+      if (!done) break;
+    }
+    return done ? start + output.pos : start;
   });
-  if (ZSTD_isError(result)) {
-    return determinate(std::string("zstd compression failed: ") + ZSTD_getErrorName(result));
-  }
+  if (ZSTD_isError(result)) return failed(result);
+  if (!done) return determinate("zstd compression overran its bound");
   return {};
 }
 
@@ -411,16 +470,14 @@ Status BlockDecompressor::decompress(std::string_view part_name, std::size_t blo
   if (handle.uncompressed_length > kMaxBlockUncompressedBytes) {
     return part_corruption(part_name, name + " is larger than the format allows");
   }
-  if (!context_) {
-    context_.reset(ZSTD_createDCtx());
-    if (!context_) return determinate("zstd: cannot allocate a decompression context");
-  }
+  thread_local std::unique_ptr<ZSTD_DCtx_s, ZstdDecompressContextDeleter> context(
+      ZSTD_createDCtx());
+  if (!context) return determinate("zstd: cannot allocate a decompression context");
   const std::size_t length = handle.uncompressed_length;
   release_oversized(*out, length);
   std::size_t result = 0;
   out->resize_and_overwrite(length, [&](char* data, std::size_t) {
-    result =
-        ZSTD_decompressDCtx(context_.get(), data, length, compressed.data(), compressed.size());
+    result = ZSTD_decompressDCtx(context.get(), data, length, compressed.data(), compressed.size());
     return ZSTD_isError(result) ? 0 : result;
   });
   if (ZSTD_isError(result)) {

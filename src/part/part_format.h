@@ -79,6 +79,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -121,6 +122,21 @@ inline constexpr std::uint64_t kMinEncodedUpdateBytes = 4;
 // and value bytes plus 8 for the time and 8 for the diff.
 inline std::uint64_t update_payload_bytes(UpdateView update) {
   return update.key.size() + update.value.size() + 16;
+}
+
+// The most uncompressed bytes a block of `count` updates with `payload`
+// bytes of update_payload_bytes can take: each update's two lengths (at most
+// 5 bytes each), time delta and diff (at most 10 each) replace its 16 bytes
+// of time and diff, and the count takes at most 10.
+inline std::uint64_t max_block_length(std::uint64_t payload, std::uint64_t count) {
+  return payload + 14 * count + 10;
+}
+
+// The memory a DecodedBlock of `count` updates in `uncompressed_length`
+// bytes holds: the bytes plus, per update, two u32 offsets, a time and a
+// diff.
+inline std::uint64_t decoded_block_bytes(std::uint64_t uncompressed_length, std::uint64_t count) {
+  return uncompressed_length + 24 * count;
 }
 
 // "part <name>: <detail>" as a Corruption error.
@@ -180,24 +196,47 @@ void encode_part_trailer(const PartTrailer& trailer, std::string* out);
 [[nodiscard]] Result<PartTrailer> decode_part_trailer(std::string_view part_name,
                                                       std::string_view trailer);
 
+class BlockCompressor;
+
 // Accumulates the columns of one block. Checks nothing: PartWriter enforces
 // the order and the bounds (tests use this directly to craft bad blocks).
 class BlockBuilder {
  public:
-  void add(UpdateView update);
+  // With `value_buffer` (holding exactly update.value) into an empty block,
+  // that buffer becomes the value column instead of being copied: the
+  // caller gets the column's old buffer back, empty.
+  void add(UpdateView update, std::string* value_buffer = nullptr);
   bool empty() const { return count_ == 0; }
   std::uint64_t count() const { return count_; }
   // Sum of update_payload_bytes of the updates added.
   std::uint64_t payload_bytes() const { return payload_bytes_; }
   // The size finish() will append, less at most 10 bytes for the count.
   std::uint64_t encoded_bytes() const;
+  // The last update added, viewing the columns. REQUIRES: !empty(). Valid
+  // until the next add() or finish.
+  UpdateView last() const {
+    return UpdateView{std::string_view(keys_).substr(keys_.size() - last_key_length_),
+                      std::string_view(values_).substr(values_.size() - last_value_length_),
+                      previous_time_, last_diff_};
+  }
   // Appends the uncompressed block to `out` and empties the builder,
   // keeping its buffers' capacity for the next block.
   void finish(std::string* out);
+  // Compresses the block straight from its columns into one frame appended
+  // to `out` (the block is never concatenated: a huge update is not held
+  // twice) and empties the builder; returns the uncompressed length. A
+  // column's capacity is kept for the next block unless release_oversized
+  // (below) finds it far beyond `block_bytes`.
+  [[nodiscard]] Result<std::uint64_t> finish_compressed(BlockCompressor& compressor,
+                                                        std::size_t block_bytes, std::string* out);
 
  private:
+  void reset();
+
   std::string key_lengths_, keys_, value_lengths_, values_, time_deltas_, diffs_;
   Time previous_time_ = 0;
+  Diff last_diff_ = 0;
+  std::size_t last_key_length_ = 0, last_value_length_ = 0;
   std::uint64_t count_ = 0;
   std::uint64_t payload_bytes_ = 0;
 };
@@ -256,6 +295,9 @@ class BlockCompressor {
   // Appends one zstd frame (with its content size) of `uncompressed` to
   // `out`. Fails only when zstd cannot allocate.
   [[nodiscard]] Status compress(std::string_view uncompressed, std::string* out);
+  // The same for the concatenation of `pieces`, streamed into the frame
+  // without concatenating them first.
+  [[nodiscard]] Status compress(std::span<const std::string_view> pieces, std::string* out);
 
  private:
   int level_;
@@ -272,9 +314,10 @@ class BlockDecompressor {
   [[nodiscard]] Status decompress(std::string_view part_name, std::size_t block_index,
                                   const BlockHandle& handle, std::string_view compressed,
                                   std::string* out);
-
- private:
-  std::unique_ptr<ZSTD_DCtx_s, ZstdDecompressContextDeleter> context_;
+  // Decompression contexts are per thread, not per decompressor: a merge
+  // or a snapshot holds hundreds of parts open, a context costs about
+  // 160 KiB (literal buffer, entropy tables), and single-shot decompression
+  // keeps nothing between calls. Memory: one context per thread that reads.
 };
 
 }  // namespace tidemark

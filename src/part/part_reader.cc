@@ -86,7 +86,7 @@ Status PartReader::read_footer() {
   if (tail_offset_ < trailer.footer_offset) {
     tail_.resize(trailer.footer_offset - tail_offset_);
   } else {
-    tail_ = std::string();
+    std::string().swap(tail_);
   }
   if (tail_offset_ == 0) {
     TM_TRY(check_part_header(name_, tail_));
@@ -100,8 +100,25 @@ Status PartReader::read_footer() {
   return {};
 }
 
+std::uint64_t PartReader::largest_decoded_block_bytes() const {
+  std::uint64_t largest = 0;
+  for (const BlockHandle& block : footer_.blocks) {
+    largest = std::max(largest, decoded_block_bytes(block.uncompressed_length, block.count));
+  }
+  return largest;
+}
+
 Result<std::optional<UpdateView>> PartReader::next_block() {
   if (failed_) return std::unexpected(*failed_);
+  if (next_block_ < footer_.blocks.size() && block_.count() > 0) {
+    // The next block's first update is checked against this one's last,
+    // and decompressing replaces these bytes: copy it, only now (not once
+    // per block loaded) and only until that check is done.
+    const UpdateView last = block_.at(block_.count() - 1);
+    previous_key_.assign(last.key);
+    previous_value_.assign(last.value);
+    previous_time_ = last.time;
+  }
   block_.clear();
   position_ = 0;
   if (next_block_ == footer_.blocks.size()) return std::optional<UpdateView>();
@@ -136,7 +153,9 @@ Status PartReader::load_block(std::size_t index) {
     return part_corruption(name_, "block " + std::to_string(index) + " checksum mismatch");
   }
   TM_TRY(decompressor_.decompress(name_, index, handle, compressed, &block_.bytes()));
-  compressed_ = std::string();  // only one block's bytes at a time
+  // Only one block's bytes at a time. (Swap, not `= std::string()`: a move
+  // from an empty string keeps the destination's buffer.)
+  std::string().swap(compressed_);
   TM_TRY(block_.decode(name_, index, handle.count));
   return check_block(index);
 }
@@ -205,11 +224,10 @@ Status PartReader::check_block(std::size_t index) {
                                         std::to_string(stats.time_max) + "]");
     }
   }
-  release_oversized(previous_key_, last.key.size());
-  release_oversized(previous_value_, last.value.size());
-  previous_key_.assign(last.key);
-  previous_value_.assign(last.value);
-  previous_time_ = last.time;
+  // Checked against: a copy of a huge update is not kept while this block
+  // is read.
+  release_oversized(previous_key_, 0);
+  release_oversized(previous_value_, 0);
   return {};
 }
 

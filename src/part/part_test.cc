@@ -346,6 +346,45 @@ TEST(PartWriterTest, RejectsBrokenContract) {
   expect_rejected({{"a", "v", 11, 1}, {"b", "v", 25, 1}}, "outside");
 }
 
+TEST(PartWriterTest, ChecksOrderAgainstAnUpdateThatIsABlockOfItsOwn) {
+  // The last update, read back from the open block's columns, is the whole
+  // block when it exceeds block_bytes.
+  const std::string big(100 << 10, 'v');
+  expect_rejected({{"a", big, 11, 1}, {"a", big, 11, 1}}, "repeats");
+  expect_rejected({{"a", big + "w", 11, 1}, {"a", big, 12, 1}}, "order");
+  expect_rejected({{"a", "v", 11, 1}, {"b", big, 12, 1}, {"a", "w", 13, 1}}, "order");
+}
+
+TEST(PartWriterTest, TakesTheBufferOfAValueThatIsABlockOfItsOwn) {
+  PartOptions options;
+  options.block_bytes = 1024;
+  PartWriter writer(description(0, 10), options);
+  std::string small = "small";
+  std::string big(1 << 20, 'b');
+  big[12345] = 'x';
+  const std::string big_copy = big;
+  std::string after = "after";
+  ASSERT_TRUE(writer.add("a", &small, 1, 1));
+  EXPECT_EQ(small, "small");  // copied: it shares its block
+  ASSERT_TRUE(writer.add("b", &big, 2, -2));
+  EXPECT_TRUE(big.empty());  // taken, not copied
+  ASSERT_TRUE(writer.add("c", &after, 3, 1));
+  EXPECT_EQ(after, "after");
+  // A taken buffer is still checked against: the next update must follow it.
+  std::string same = big_copy;
+  PartWriter second(description(0, 10), options);
+  ASSERT_TRUE(second.add("b", &same, 2, 1));
+  EXPECT_TRUE(second.add(UpdateView{"b", big_copy, 2, 1}).error().is(ErrorKind::kInvalidUsage));
+
+  auto bytes = writer.finish();
+  ASSERT_TRUE(bytes) << bytes.error().to_string();
+  auto reader = PartReader::from_bytes(kName, *bytes);
+  ASSERT_TRUE(reader) << reader.error().to_string();
+  const std::vector<Update> expected = {
+      {"a", "small", 1, 1}, {"b", big_copy, 2, -2}, {"c", "after", 3, 1}};
+  EXPECT_EQ(read_all(*reader), expected);
+}
+
 TEST(PartWriterTest, RejectsBadConfiguration) {
   const Description backwards = description(10, 5);
   PartOptions zero_blocks;
@@ -857,6 +896,57 @@ TEST(PartBlockTest, MalformedColumns) {
   expect_corruption(with_block(good, 3), "sum to");
   // A malformed count varint.
   expect_corruption(with_block(std::string(12, '\xff'), 2), "malformed count");
+}
+
+TEST(PartBlockTest, ABlockCompressedFromItsColumnsIsTheConcatenatedBlock) {
+  BlockBuilder concatenated, streamed;
+  for (const Update& u : make_updates(300, 9, 20, 300)) {
+    concatenated.add(UpdateView{u.key, u.value, u.time, u.diff});
+    streamed.add(UpdateView{u.key, u.value, u.time, u.diff});
+  }
+  std::string uncompressed;
+  concatenated.finish(&uncompressed);
+  BlockCompressor compressor(1);
+  std::string frame = "prefix";
+  auto length = streamed.finish_compressed(compressor, 1 << 10, &frame);
+  ASSERT_TRUE(length) << length.error().to_string();
+  EXPECT_EQ(*length, uncompressed.size());
+  EXPECT_TRUE(streamed.empty());
+  ASSERT_TRUE(frame.starts_with("prefix"));
+  frame.erase(0, 6);
+  EXPECT_EQ(ZSTD_getFrameContentSize(frame.data(), frame.size()), uncompressed.size());
+  EXPECT_EQ(ZSTD_findFrameCompressedSize(frame.data(), frame.size()), frame.size());
+  std::string back(uncompressed.size(), '\0');
+  EXPECT_EQ(ZSTD_decompress(back.data(), back.size(), frame.data(), frame.size()), back.size());
+  EXPECT_EQ(back, uncompressed);
+
+  // Pieces, empty ones among them, are one frame of their concatenation.
+  const std::string_view pieces[] = {"", "ab", "", "cde", ""};
+  std::string out;
+  ASSERT_TRUE(compressor.compress(pieces, &out));
+  std::string joined(5, '\0');
+  EXPECT_EQ(ZSTD_decompress(joined.data(), joined.size(), out.data(), out.size()), 5u);
+  EXPECT_EQ(joined, "abcde");
+  out.clear();
+  ASSERT_TRUE(compressor.compress(std::span<const std::string_view>(), &out));
+  EXPECT_EQ(ZSTD_getFrameContentSize(out.data(), out.size()), 0u);
+}
+
+TEST(PartReaderTest, LargestDecodedBlockBytesComesFromTheIndex) {
+  std::vector<Update> updates = make_updates(500, 4);
+  // After every key of make_updates (at most 8 bytes).
+  updates.push_back(Update{std::string(9, '\xff'), std::string(200 << 10, 'z'), 20, 1});
+  const std::string bytes = must_write(description(0, 200), updates);
+  auto reader = PartReader::from_bytes(kName, bytes);
+  ASSERT_TRUE(reader) << reader.error().to_string();
+  std::uint64_t largest = 0;
+  for (const BlockHandle& block : split(bytes).footer.blocks) {
+    largest = std::max(largest, decoded_block_bytes(block.uncompressed_length, block.count));
+  }
+  EXPECT_EQ(reader->largest_decoded_block_bytes(), largest);
+  EXPECT_GE(largest, 200u << 10);
+  EXPECT_LE(largest, decoded_block_bytes(max_block_length(reader->stats().bytes, updates.size()),
+                                         updates.size()));
 }
 
 TEST(PartBlockTest, FramesMustBeExactlyOneWithContentSize) {

@@ -33,7 +33,7 @@ std::unexpected<Error> PartWriter::fail(std::string message) {
   return error;
 }
 
-Status PartWriter::add(UpdateView update) {
+Status PartWriter::add_update(UpdateView update, std::string* value_buffer) {
   if (error_) return std::unexpected(*error_);
   if (finished_) return invalid_usage("part writer: add after finish");
   // Built only on failure: add() is on the hot path.
@@ -44,7 +44,10 @@ Status PartWriter::add(UpdateView update) {
                 " outside the inline description " + inline_desc_.to_string());
   }
   if (stats_.count > 0) {
-    const int order = compare_key_value_time(stats_.key_max, last_value_, last_time_, update.key,
+    // The open block always holds the last update: add() flushes a block
+    // only just before adding to the next one.
+    const UpdateView last = block_.last();
+    const int order = compare_key_value_time(last.key, last.value, last.time, update.key,
                                              update.value, update.time);
     if (order == 0) return fail(position() + " repeats the previous (key, value, time)");
     if (order > 0) return fail(position() + " is before the previous in (key, value, time) order");
@@ -57,7 +60,8 @@ Status PartWriter::add(UpdateView update) {
   if (!block_.empty() && block_.payload_bytes() + payload > options_.block_bytes) {
     TM_TRY(flush_block());
   }
-  block_.add(update);
+  // An update over block_bytes is a block of its own: the block is empty.
+  block_.add(update, payload > options_.block_bytes ? value_buffer : nullptr);
 
   if (stats_.count == 0) {
     stats_.key_min.assign(update.key);
@@ -67,8 +71,6 @@ Status PartWriter::add(UpdateView update) {
     stats_.time_max = std::max(stats_.time_max, update.time);
   }
   stats_.key_max.assign(update.key);
-  last_value_.assign(update.value);
-  last_time_ = update.time;
   ++stats_.count;
   stats_.bytes += payload;
   return {};
@@ -78,13 +80,12 @@ Status PartWriter::flush_block() {
   BlockHandle handle;
   handle.offset = out_.size();
   handle.count = block_.count();
-  uncompressed_.clear();
-  block_.finish(&uncompressed_);
-  handle.uncompressed_length = uncompressed_.size();
-  if (auto compressed = compressor_.compress(uncompressed_, &out_); !compressed) {
-    error_ = compressed.error();
-    return compressed;
+  auto length = block_.finish_compressed(compressor_, options_.block_bytes, &out_);
+  if (!length) {
+    error_ = length.error();
+    return std::unexpected(length.error());
   }
+  handle.uncompressed_length = *length;
   handle.compressed_length = out_.size() - handle.offset;
   handle.checksum =
       part_checksum(std::string_view(out_).substr(handle.offset, handle.compressed_length));

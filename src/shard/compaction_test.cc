@@ -13,8 +13,10 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "part/part.h"
+#include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/machine.h"
+#include "shard/merge.h"
 #include "shard/state.h"
 #include "shard/test_util.h"
 #include "tidemark/client.h"
@@ -536,6 +538,85 @@ TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {
   }
   EXPECT_TRUE(unreferenced.empty())
       << unreferenced.size() << " parts, e.g. " << *unreferenced.begin();
+  expect_snapshots_match(*shard_);
+}
+
+// --- Merge memory ----------------------------------------------------------
+
+// `bytes` random (incompressible) bytes.
+std::string random_value(std::size_t bytes, std::uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::string value(bytes, '\0');
+  for (char& c : value) c = static_cast<char>(random());
+  return value;
+}
+
+TEST_F(CompactionTest, FitMergeKeepsOpenBlocksWithinTheBudget) {
+  // Batches of one update each, every update a block of its own.
+  const std::vector<std::size_t> kib = {100, 90, 30, 30, 100};
+  for (Time t = 0; t < kib.size(); ++t) {
+    append_at(t, {Update{"k", random_value(kib[t] << 10, t), t, 1}});
+  }
+  auto state = *ShardMachine("s", consensus_, blob_).fetch();
+  const std::span<const HollowBatch> inputs(state->batches);
+  ASSERT_EQ(inputs.size(), kib.size());
+  std::vector<MergeCursor::PartRun> runs;
+  for (const HollowBatch& batch : inputs) runs.push_back({batch.parts.get(), batch.ordered});
+  const std::vector<std::uint64_t> blocks = *open_block_bytes(*blob_, runs, true);
+  const auto fits = [&](MergeRequest window, std::uint64_t budget) {
+    std::uint64_t bytes = 0;
+    for (std::size_t i = window.begin; i < window.end; ++i) bytes += blocks[i];
+    return bytes <= budget;
+  };
+
+  // All of them when they fit.
+  auto all = fit_merge(*blob_, inputs, 1 << 20);
+  ASSERT_TRUE(all) << all.error().to_string();
+  EXPECT_EQ(all->begin, 0u);
+  EXPECT_EQ(all->end, kib.size());
+
+  // Otherwise the longest windows that fit (three here), and of those the
+  // one with the least data: [90, 30, 30], not [100, 90, 30] or [30, 30, 100].
+  auto three = fit_merge(*blob_, inputs, 245 << 10);
+  ASSERT_TRUE(three) << three.error().to_string();
+  EXPECT_EQ(three->begin, 1u);
+  EXPECT_EQ(three->end, 4u);
+  EXPECT_TRUE(fits(*three, 245 << 10));
+
+  // Pairs: the two smallest neighbours.
+  auto two = fit_merge(*blob_, inputs, 100 << 10);
+  ASSERT_TRUE(two) << two.error().to_string();
+  EXPECT_EQ(two->begin, 2u);
+  EXPECT_EQ(two->end, 4u);
+
+  // Never fewer than two, even when no two fit.
+  auto forced = fit_merge(*blob_, inputs, 1);
+  ASSERT_TRUE(forced) << forced.error().to_string();
+  EXPECT_EQ(forced->end - forced->begin, 2u);
+}
+
+TEST_F(CompactionTest, MergesOfHugeUpdatesStayWithinTheBlockBudget) {
+  // Four batches of one incompressible update each, so large that two fit
+  // the merge budget and three do not. A merged batch is a run of such
+  // parts, opened one at a time, so it counts as one update too: every
+  // merge takes exactly two inputs, and the data survives.
+  constexpr std::size_t kValueBytes = 11 << 20;
+  static_assert(2 * (kValueBytes + 1024) < kMergeBlockBudgetBytes);
+  static_assert(3 * kValueBytes > kMergeBlockBudgetBytes);
+  for (Time t = 0; t < 4; ++t) {
+    append_at(t, {Update{"k" + std::to_string(t % 2), random_value(kValueBytes, t), t, 1}});
+  }
+  CompactionReport total;
+  for (int pass = 0; pass < 10 && shard_->inspect()->batches > 1; ++pass) {
+    auto report = shard_->compact();
+    ASSERT_TRUE(report) << report.error().to_string();
+    if (report->merges == 0) break;
+    total.merges += report->merges;
+    total.batches_merged += report->batches_merged;
+  }
+  EXPECT_EQ(shard_->inspect()->batches, 1u);
+  EXPECT_EQ(total.merges, 3u);
+  EXPECT_EQ(total.batches_merged, 2 * total.merges);
   expect_snapshots_match(*shard_);
 }
 

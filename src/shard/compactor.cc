@@ -95,11 +95,12 @@ class RunWriter {
   RunWriter(const RunWriter&) = delete;
   RunWriter& operator=(const RunWriter&) = delete;
 
-  Status add(UpdateView update) {
+  // May take *value's buffer (PartWriter::add).
+  Status add(std::string_view key, std::string* value, Time time, Diff diff) {
     if (!part_) {
       part_.emplace(desc_, PartOptions{context_.options.block_bytes, context_.options.zstd_level});
     }
-    TM_TRY(part_->add(update));
+    TM_TRY(part_->add(key, value, time, diff));
     if (part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) TM_TRY(flush());
     return {};
   }
@@ -141,17 +142,24 @@ class RunWriter {
   std::uint64_t bytes_ = 0;
 };
 
+// Each batch one input of a merge (its parts one run).
+std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs) {
+  std::vector<MergeCursor::PartRun> runs;
+  runs.reserve(inputs.size());
+  for (const HollowBatch& batch : inputs) {
+    runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
+  }
+  return runs;
+}
+
 // Streams the merge of `inputs` into `out`: times advanced to `advance_to`
 // (when below it), equal (key, value, time) summed, zero sums dropped.
 // `stop` is asked while the inputs open and every 4096 updates: once it says
 // true the merge ends with Closed.
 Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs, Time advance_to,
                   RunWriter& out, const std::function<bool()>& stop) {
-  std::vector<MergeCursor::PartRun> runs;
-  runs.reserve(inputs.size());
-  for (const HollowBatch& batch : inputs)
-    runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
-  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.location.blob, runs, TimeWindow{}, stop));
+  TM_ASSIGN(MergeCursor merge,
+            MergeCursor::open(context.location.blob, merge_runs(inputs), TimeWindow{}, stop));
   std::string key, value;
   Time time = 0;
   Diff sum = 0;
@@ -168,9 +176,11 @@ Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs,
         continue;
       }
     }
-    if (have && sum != 0) TM_TRY(out.add(UpdateView{key, value, time, sum}));
+    // A huge value's buffer moves into the part rather than being copied.
+    if (have && sum != 0) TM_TRY(out.add(key, &value, time, sum));
     if (!update) break;
     key.assign(update->key);
+    release_oversized(value, update->value.size());
     value.assign(update->value);
     time = std::max(update->time, advance_to);
     sum = update->diff;
@@ -186,9 +196,12 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<MergeRequest> request = next_merge(*state);
   if (!request) return false;
+  const std::span<const HollowBatch> requested(state->batches.data() + request->begin,
+                                               request->end - request->begin);
+  TM_ASSIGN(const MergeRequest fitted, fit_merge(*context.location.blob, requested));
   const std::vector<HollowBatch> inputs(
-      state->batches.begin() + static_cast<std::ptrdiff_t>(request->begin),
-      state->batches.begin() + static_cast<std::ptrdiff_t>(request->end));
+      requested.begin() + static_cast<std::ptrdiff_t>(fitted.begin),
+      requested.begin() + static_cast<std::ptrdiff_t>(fitted.end));
   const Description desc{inputs.front().desc.lower, inputs.back().desc.upper, state->since};
   // Advancing to since, clamped into the description: every read at an
   // as_of >= since sees the same collection.
@@ -229,6 +242,37 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
 }
 
 }  // namespace
+
+Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
+                               std::uint64_t budget) {
+  const std::vector<MergeCursor::PartRun> runs = merge_runs(inputs);
+  // The parts' references alone first: they settle small merges without I/O.
+  TM_ASSIGN(std::vector<std::uint64_t> blocks, open_block_bytes(blob, runs, false));
+  std::uint64_t total = 0;
+  for (std::uint64_t input : blocks) total += input;
+  if (total <= budget) return MergeRequest{0, inputs.size()};
+  TM_ASSIGN(blocks, open_block_bytes(blob, runs, true));
+  // data[i]: the encoded bytes of inputs [0, i), to compare windows.
+  std::vector<std::uint64_t> data(inputs.size() + 1, 0);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    data[i + 1] = data[i];
+    for (const PartRef& part : inputs[i].parts) data[i + 1] += part.size;
+  }
+  // For each first input, the longest window from it that fits (two at
+  // least); the longest of those, then the one with the least data.
+  MergeRequest best{0, 2};
+  for (std::size_t begin = 0; begin + 2 <= inputs.size(); ++begin) {
+    std::size_t end = begin + 2;
+    std::uint64_t bytes = blocks[begin] + blocks[begin + 1];
+    while (end < inputs.size() && bytes + blocks[end] <= budget) bytes += blocks[end++];
+    const std::size_t length = end - begin, best_length = best.end - best.begin;
+    if (length > best_length ||
+        (length == best_length && data[end] - data[begin] < data[best.end] - data[best.begin])) {
+      best = MergeRequest{begin, end};
+    }
+  }
+  return best;
+}
 
 Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
   CompactionReport report;

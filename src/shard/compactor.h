@@ -7,8 +7,25 @@
 // (key, value, time), and writes the result as one ordered run of parts of
 // part_target_bytes. It registers the output with one compare_and_set only
 // if its inputs are all still there; otherwise it deletes what it wrote.
-// Memory: one decoded block per open input (a run counts once) plus the
-// part being written (about part_target_bytes + one block): never O(data).
+//
+// Memory, never O(data):
+//   - the inputs' open blocks (MergeCursor: one decoded block per open
+//     input, a run counting once), at most kMergeBlockBudgetBytes: a merge
+//     whose inputs need more (open_block_bytes) takes only some adjacent
+//     inputs that fit (fit_merge), never fewer than two, and leaves the rest
+//     to later merges. Only two inputs whose largest blocks exceed the budget
+//     together exceed it (a block holds one update when that is larger than
+//     block_bytes). An unordered batch is one input whatever its parts, so a
+//     batch of k parts each holding a huge update costs k of them;
+//   - while one input loads its next block: that block compressed, and
+//     within a part a copy of the update before it (MergeCursor);
+//   - a copy of the update being consolidated, which becomes the output
+//     block's value column when it is a block of its own (PartWriter::add);
+//   - the part being written: its encoded blocks (about part_target_bytes,
+//     or one huge update compressed) and the open block's columns.
+// So with updates of U >= block_bytes bytes a merge holds about 2U (or the
+// budget) + 2U, and up to one U more while an input loads: 64 to 80 MiB for
+// updates of 16 MiB (measured: 68 MiB of heap merging twelve of them).
 //
 // The compactor writes as a writer of its own (registered for the pass,
 // leased, heartbeating between parts), so a compactor that dies leaves
@@ -42,12 +59,27 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "shard/context.h"
 #include "tidemark/client.h"
 
 namespace tidemark {
+
+// What a merge's inputs may hold in open blocks (see above).
+inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
+
+// What one merge takes of the `inputs` next_merge asked to merge (adjacent
+// batches, oldest first, at least two): all of them when their open blocks
+// (open_block_bytes) fit `budget`; otherwise, of the windows of adjacent
+// inputs that fit (any two inputs make one when no two fit), the longest,
+// and of those the one with the least data, so that inputs too big to merge
+// many at a time merge in pairs of similar size rather than one by one into
+// a growing run. Reads the footers of big parts only when the references
+// alone do not show that everything fits. Indices are into `inputs`.
+[[nodiscard]] Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
+                                             std::uint64_t budget = kMergeBlockBudgetBytes);
 
 // `stop` (when given) is checked between merges, while a merge opens its
 // inputs and every 4096 updates it merges: once it returns true the merge

@@ -24,15 +24,21 @@ struct MergeCursor::Run {
   std::vector<PartRef> parts;
   std::size_t next_part = 0;  // the first part not opened yet
   std::uint64_t left = 0;     // updates the open part has not returned yet
-  // The open part has emitted nothing yet, so its first update must be
+  // The open part has emitted nothing yet, and its first update must be
   // checked against the last update of the part read before it.
   bool check_order = false;
-  // An owned copy of the last update of the part read before (views die
-  // with the reader's block), and that part's key.
+  // The key of the part read before, and an owned copy of its last update
+  // (views die with the reader's block) when the order check needs it: only
+  // when the open part's first key repeats that update's key. Of a value
+  // over kRunCheckValueBytes only that much is kept (last_value_length is the
+  // whole length); the part is read again in the rare case that prefix
+  // cannot settle the order.
   std::optional<std::string> last_part;
+  std::size_t last_part_index = 0;  // in parts
   std::string last_key, last_value;
+  std::uint64_t last_value_length = 0;
   Time last_time = 0;
-  std::optional<Error> failed;  // sticky order corruption
+  std::optional<Error> failed;  // sticky: order corruption, or a failure to check it
 };
 
 MergeCursor::MergeCursor() = default;
@@ -93,7 +99,66 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
   return part;
 }
 
+// Calls fn(0) .. fn(count - 1), each a blob read or two: one by one while
+// that is quick (a local disk: threads would cost more than they save), the
+// rest on up to MergeCursor::kOpenThreads threads once it has taken 2 ms.
+// fn(i) must touch only state of its own i.
+void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>& fn) {
+  const auto started = std::chrono::steady_clock::now();
+  std::size_t first = 0;
+  while (first < count &&
+         std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
+    fn(first++);
+  }
+  const std::size_t threads = std::min(count - first, MergeCursor::kOpenThreads);
+  std::atomic<std::size_t> next{first};
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (std::size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (std::size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+}
+
 }  // namespace
+
+Result<std::vector<std::uint64_t>> open_block_bytes(Blob& blob,
+                                                    const std::vector<MergeCursor::PartRun>& runs,
+                                                    bool fetch_footers) {
+  // Per part, first the bound its reference gives: its whole payload as one
+  // block.
+  std::vector<std::vector<std::uint64_t>> parts(runs.size());
+  std::vector<std::pair<std::size_t, std::size_t>> to_fetch;  // (run, part)
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    for (const PartRef& ref : runs[r].parts) {
+      const std::uint64_t bound =
+          decoded_block_bytes(max_block_length(ref.bytes, ref.count), ref.count);
+      if (fetch_footers && bound > kExactBlockBytesAbove) to_fetch.emplace_back(r, parts[r].size());
+      parts[r].push_back(bound);
+    }
+  }
+  std::vector<Status> fetched(to_fetch.size());
+  for_each_quickly(to_fetch.size(), [&](std::size_t i) {
+    const auto [r, p] = to_fetch[i];
+    const PartRef& ref = runs[r].parts[p];
+    auto reader = PartReader::open_blob(blob, ref.key, ref.size);
+    if (!reader) {
+      fetched[i] = std::unexpected(reader.error());
+      return;
+    }
+    parts[r][p] = std::min(parts[r][p], reader->largest_decoded_block_bytes());
+  });
+  for (const Status& status : fetched) TM_TRY(status);
+  std::vector<std::uint64_t> bytes(runs.size(), 0);
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    for (std::uint64_t part : parts[r]) {
+      bytes[r] = runs[r].ordered ? std::max(bytes[r], part) : bytes[r] + part;
+    }
+  }
+  return bytes;
+}
 
 Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRun>& runs,
                                       TimeWindow window, const std::function<bool()>& stop) {
@@ -134,25 +199,7 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
     }
     return cursor.advance(input);
   };
-  // One by one while that is quick (a local disk: threads would cost more
-  // than they save); the rest concurrently once opening has taken 2 ms.
-  const auto started = std::chrono::steady_clock::now();
-  std::size_t first = 0;
-  while (first < inputs.size() &&
-         std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
-    primed[first] = prime(first);
-    ++first;
-  }
-  const std::size_t threads = std::min(inputs.size() - first, kOpenThreads);
-  std::atomic<std::size_t> next{first};
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (std::size_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < inputs.size();) primed[i] = prime(i);
-    });
-  }
-  for (std::thread& thread : pool) thread.join();
+  for_each_quickly(inputs.size(), [&](std::size_t i) { primed[i] = prime(i); });
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TM_TRY(primed[i]);
     if (inputs[i].head) cursor.inputs_.push_back(std::move(inputs[i]));
@@ -177,15 +224,54 @@ Status MergeCursor::open_next_part(Input& input) {
     input.max = part->max;
     input.reader = std::move(part->reader);
     run.left = ref.count;  // open_part checked the part holds this many
-    run.check_order = run.last_part.has_value();
     return {};
   }
   return {};
 }
 
+Status MergeCursor::leave_part(Input& input) {
+  Run& run = *input.run;
+  const std::size_t done_index = run.next_part - 1;
+  const UpdateView last = *input.head;  // valid while `done` lives
+  std::unique_ptr<PartReader> done = std::move(input.reader);
+  if (auto opened = open_next_part(input); !opened) {
+    input.reader = std::move(done);  // a retry starts over
+    return opened;
+  }
+  input.head.reset();
+  run.check_order = false;
+  if (input.reader) {
+    // The next part's first key (key_min, which its reader checks against
+    // its first update) mostly settles the order check now, with no copy of
+    // `last`: only when it repeats the last key must the first update itself
+    // be compared with `last`.
+    const int order = input.reader->stats().key_min.compare(last.key);
+    if (order < 0) {
+      run.failed = corruption("part " + input.reader->name() +
+                              ": out of order within its run: its first key sorts before the "
+                              "last key of part " +
+                              done->name())
+                       .error();
+      return std::unexpected(*run.failed);
+    }
+    if (order == 0) {
+      run.check_order = true;
+      run.last_part_index = done_index;
+      run.last_key.assign(last.key);
+      run.last_value.assign(last.value.substr(0, kRunCheckValueBytes));
+      run.last_value_length = last.value.size();
+      run.last_time = last.time;
+    }
+  }
+  run.last_part = done->name();
+  return {};  // `done` (its block) goes before the next part's block comes
+}
+
 Status MergeCursor::advance(Input& input) {
   Run* run = input.run.get();
   if (run && run->failed) return std::unexpected(*run->failed);
+  // The head was the open part's last update.
+  if (run && run->left == 0 && input.reader) TM_TRY(leave_part(input));
   for (;;) {
     if (!input.reader) {
       if (run) {
@@ -205,8 +291,13 @@ Status MergeCursor::advance(Input& input) {
     if (wanted && run && run->check_order) [[unlikely]] {
       // The first update the part emits; its own order the reader checks.
       run->check_order = false;
-      if (compare_key_value_time(update->key, update->value, update->time, run->last_key,
-                                 run->last_value, run->last_time) <= 0) {
+      auto order = compare_with_last(*run, *update);
+      if (!order) {
+        // The update is consumed: a retry would skip the check.
+        run->failed = order.error();
+        return std::unexpected(*run->failed);
+      }
+      if (*order <= 0) {
         run->failed = corruption("part " + input.reader->name() +
                                  ": out of order within its run: its first update (at time " +
                                  std::to_string(update->time) +
@@ -214,20 +305,43 @@ Status MergeCursor::advance(Input& input) {
                           .error();
         return std::unexpected(*run->failed);
       }
+      release_oversized(run->last_key, 0);  // a huge key is not kept while the part is read
     }
-    if (run && --run->left == 0) {
-      // The part's last update: keep a copy for the order check against the
-      // next part, before the reader's next call invalidates the view.
-      run->last_part = input.reader->name();
-      run->last_key.assign(update->key);
-      run->last_value.assign(update->value);
-      run->last_time = update->time;
+    if (run && --run->left == 0 && !wanted) {
+      // The next part's first update must follow it all the same.
+      input.head = *update;
+      TM_TRY(leave_part(input));
+      continue;
     }
     if (wanted) {
       input.head = *update;
       return {};
     }
   }
+}
+
+Result<int> MergeCursor::compare_with_last(const Run& run, UpdateView update) const {
+  const std::string_view kept = run.last_value;
+  if (kept.size() == run.last_value_length) {
+    return compare_key_value_time(update.key, update.value, update.time, run.last_key, kept,
+                                  run.last_time);
+  }
+  // The keys are equal (leave_part kept the value only then), and of the
+  // last value only a prefix is kept. A value that differs inside it, or
+  // ends inside it (so is shorter, or a prefix of the last one), is settled.
+  if (const int order = update.value.substr(0, kept.size()).compare(kept); order != 0) return order;
+  if (update.value.size() == kept.size()) return -1;
+  // Rare: read the last value back from its part.
+  const PartRef& ref = run.parts[run.last_part_index];
+  TM_ASSIGN(PartReader reader, PartReader::open_blob(*blob_, ref.key, ref.size));
+  std::optional<UpdateView> last;
+  for (std::uint64_t i = 0; i < ref.count; ++i) {
+    TM_ASSIGN(last, reader.next());
+    if (!last) return corruption("part " + ref.key + ": ended early when read again");
+  }
+  if (!last) return corruption("part " + ref.key + ": empty when read again");
+  return compare_key_value_time(update.key, update.value, update.time, last->key, last->value,
+                                last->time);
 }
 
 bool MergeCursor::less(std::size_t a, std::size_t b) const {

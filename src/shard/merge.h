@@ -10,16 +10,28 @@
 // run (a batch written by compaction: each part's updates all sort strictly
 // before the next part's), which form one input that opens its parts one
 // after another, each when the one before is exhausted. The run's order is
-// checked across part boundaries: a part whose first update (after
-// filtering) does not sort strictly after the previous part's last update
-// is a Corruption error naming it.
+// checked across part boundaries: a part whose first key sorts before the
+// previous part's last key, or whose first update (after filtering) does not
+// sort strictly after the previous part's last update, is a Corruption error
+// naming it. (The next part's footer is read before the previous part is
+// closed, so its first key settles the check, without a copy of that last
+// update, unless it repeats the last key; then at most kRunCheckValueBytes
+// of the last value are kept, and the part read again if they do not
+// settle it.)
 //
 // Memory: one decoded block per open part (PartReader streams by ranged
 // reads), and at most one open part per run, plus a heap of input indices:
-// O((unordered parts + runs) x block size), never O(data). Parts whose time
-// range misses the window are never opened. Opening them concurrently
-// changes no bound: every input's first block was read before the first
-// update came out anyway.
+// O((unordered parts + runs) x block size), never O(data); open_block_bytes
+// (below) computes it. Besides, while an input loads its next block, that
+// block compressed and (within a part) a copy of the update before it for
+// the order check, until it is checked; a run keeps at most
+// kRunCheckValueBytes of a value for its check across parts (plus the key),
+// unless it must read a part again to settle it. A block holds one update when
+// that update exceeds the writer's block_bytes, so with huge updates the term
+// is (inputs x the largest update): a caller that must bound it merges fewer
+// inputs (the compactor does). Parts whose time range misses the window are
+// never opened. Opening them concurrently changes no bound: every input's
+// first block was read before the first update came out anyway.
 //
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
@@ -50,6 +62,9 @@ class MergeCursor {
  public:
   // Threads that open parts at once (see open()).
   static constexpr std::size_t kOpenThreads = 8;
+  // Of the last value of a run's part, the order check against the next
+  // part keeps at most this much (see Run).
+  static constexpr std::size_t kRunCheckValueBytes = 1 << 20;
 
   // Parts read as one input of the merge. ordered: the parts form one sorted
   // run (each part's updates all sort before the next part's), so they are
@@ -88,6 +103,14 @@ class MergeCursor {
   // Opens the run's next wanted part into `input`, or leaves it without a
   // reader when the run has no part left.
   [[nodiscard]] Status open_next_part(Input& input);
+  // The order of `update` against the run's last update (as
+  // compare_key_value_time), reading the last value back from its part when
+  // the kept prefix cannot tell.
+  [[nodiscard]] Result<int> compare_with_last(const Run& run, UpdateView update) const;
+  // Moves a run on from its open part, whose last update is input.head:
+  // opens the next wanted part and settles what it can of the order check
+  // before closing the open one. A failed fetch leaves the input as it was.
+  [[nodiscard]] Status leave_part(Input& input);
   bool less(std::size_t a, std::size_t b) const;
 
   std::shared_ptr<Blob> blob_;  // the parts' readers fetch from *blob_
@@ -98,6 +121,21 @@ class MergeCursor {
   bool started_ = false;
   bool advance_current_ = false;
 };
+
+// Parts whose reference allows a largest block above this have their footer
+// fetched by open_block_bytes for the exact figure.
+inline constexpr std::uint64_t kExactBlockBytesAbove = 1 << 20;
+
+// What a MergeCursor over `runs` holds run by run between block loads: the
+// decoded_block_bytes of the largest block of every part of an unordered run
+// (each part an input, all open at once), and of the largest one of any part
+// of an ordered run (one part open at a time). Without I/O, a part's largest
+// block is bounded by its reference (its whole payload as one block:
+// max_block_length); with `fetch_footers`, parts bounded above
+// kExactBlockBytesAbove have their footers fetched (concurrently, like
+// open()) for their exact figure.
+[[nodiscard]] Result<std::vector<std::uint64_t>> open_block_bytes(
+    Blob& blob, const std::vector<MergeCursor::PartRun>& runs, bool fetch_footers);
 
 // A MergeCursor whose consecutive updates with equal (key, value) are summed
 // into one, zero sums dropped: the consolidation a snapshot does (times

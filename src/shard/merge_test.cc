@@ -232,6 +232,116 @@ TEST_F(MergeRunTest, RejectsARunOutOfOrder) {
                            "out of order within its run");
 }
 
+TEST_F(MergeRunTest, AcceptsARunWhosePartsShareAKey) {
+  // Part boundaries inside one key: the order check must compare values and
+  // times, not only keys.
+  const Description desc = description(0, 10);
+  std::vector<PartRef> run = {
+      write_part("run0", desc, {Update{"a", "v", 1, 1}, Update{"k", "v", 3, 1}}),
+      write_part("run1", desc, {Update{"k", "v", 5, 1}, Update{"k", "w", 0, 1}}),
+      write_part("run2", desc, {Update{"k", "x", 2, 1}, Update{"z", "v", 1, 1}}),
+  };
+  auto merged = read_all({PartRun{run, true}});
+  ASSERT_TRUE(merged) << merged.error().to_string();
+  EXPECT_EQ(merged->size(), 6u);
+
+  std::vector<PartRef> backwards = {
+      write_part("run3", desc, {Update{"a", "v", 1, 1}, Update{"k", "v", 5, 1}}),
+      write_part("run4", desc, {Update{"k", "v", 3, 1}, Update{"z", "v", 1, 1}}),
+  };
+  expect_corruption_naming(read_all({PartRun{backwards, true}}), backwards[1].key,
+                           "out of order within its run");
+  // A part starting inside the previous one is refused even when the
+  // updates that overlap are all out of the window: its first key says so.
+  std::vector<PartRef> overlapping = {
+      write_part("run5", desc, {Update{"a", "v", 1, 1}, Update{"m", "v", 1, 1}}),
+      write_part("run6", desc, {Update{"c", "v", 5, 1}, Update{"z", "v", 1, 1}}),
+  };
+  expect_corruption_naming(read_all({PartRun{overlapping, true}}, TimeWindow{1, 2}),
+                           overlapping[1].key, "out of order within its run");
+}
+
+TEST_F(MergeRunTest, ChecksHugeValuesAcrossPartsFromAPrefixOrByReadingAgain) {
+  // Parts meeting inside one key with huge values: the run keeps only a
+  // prefix of the last value, and reads the part again when the values
+  // share all of it.
+  const Description desc = description(0, 10);
+  const std::string common(MergeCursor::kRunCheckValueBytes + 10, 'p');
+  const auto run_of = [&](const std::string& name, const std::string& last,
+                          const std::string& first) {
+    return std::vector<PartRef>{
+        write_part(name + "0", desc, {Update{"a", "v", 1, 1}, Update{"k", last, 1, 1}}),
+        write_part(name + "1", desc, {Update{"k", first, 1, 1}, Update{"z", "v", 1, 1}})};
+  };
+  // Settled by the prefix.
+  EXPECT_TRUE(read_all({PartRun{run_of("differ", "a" + common, "b" + common), true}}));
+  auto before = run_of("before", "b" + common, "a" + common);
+  expect_corruption_naming(read_all({PartRun{before, true}}), before[1].key,
+                           "out of order within its run");
+  // The next value is the kept prefix itself: shorter, so before.
+  auto prefix = run_of("prefix", common + "x", common.substr(0, MergeCursor::kRunCheckValueBytes));
+  expect_corruption_naming(read_all({PartRun{prefix, true}}), prefix[1].key,
+                           "out of order within its run");
+  // Settled only by reading the first part again.
+  auto again = run_of("again", common + "a", common + "b");
+  blob_->fetches.clear();
+  auto merged = read_all({PartRun{again, true}});
+  ASSERT_TRUE(merged) << merged.error().to_string();
+  EXPECT_EQ(merged->size(), 4u);
+  // The first part was read again once the second was open.
+  const auto second = std::find(blob_->fetches.begin(), blob_->fetches.end(), again[1].key);
+  EXPECT_NE(std::find(second, blob_->fetches.end(), again[0].key), blob_->fetches.end());
+  auto reversed = run_of("reversed", common + "b", common + "a");
+  expect_corruption_naming(read_all({PartRun{reversed, true}}), reversed[1].key,
+                           "out of order within its run");
+  // Equal values: then the time decides.
+  auto repeated = run_of("repeated", common + "a", common + "a");
+  expect_corruption_naming(read_all({PartRun{repeated, true}}), repeated[1].key,
+                           "out of order within its run");
+}
+
+TEST_F(MergeRunTest, OpenBlockBytesCountsTheBlocksAMergeHolds) {
+  const Description desc = description(0, 10);
+  // Small blocks (write_part cuts them at 64 bytes), many updates: the
+  // reference alone allows a block as large as the part.
+  std::vector<Update> many;
+  for (int i = 0; i < 9'999; ++i) {
+    many.push_back(Update{numbered_key("m", i), std::string(100, 'v'), 1, 1});
+  }
+  const PartRef small = write_part("small", desc, run_updates("k", 0, 10));
+  const PartRef wide = write_part("wide", desc, many);
+  const PartRef huge = write_part("huge", desc, {Update{"h", std::string(2 << 20, 'h'), 1, 1}});
+  const auto decoded = [&](const PartRef& ref) {
+    auto reader = PartReader::open_blob(*blob_, ref.key, ref.size);
+    EXPECT_TRUE(reader) << reader.error().to_string();
+    return reader->largest_decoded_block_bytes();
+  };
+  const auto bound = [](const PartRef& ref) {
+    return decoded_block_bytes(max_block_length(ref.bytes, ref.count), ref.count);
+  };
+  ASSERT_GT(bound(wide), kExactBlockBytesAbove);
+  ASSERT_LT(decoded(wide), 1024u);
+  ASSERT_GT(decoded(huge), 2u << 20);
+  const std::vector<PartRun> runs = {PartRun{{small, wide, huge}, false},
+                                     PartRun{{small, wide, huge}, true}};
+
+  blob_->fetches.clear();
+  auto from_refs = open_block_bytes(*blob_, runs, false);
+  ASSERT_TRUE(from_refs) << from_refs.error().to_string();
+  EXPECT_TRUE(blob_->fetches.empty());
+  EXPECT_EQ((*from_refs)[0], bound(small) + bound(wide) + bound(huge));
+  EXPECT_EQ((*from_refs)[1], std::max({bound(small), bound(wide), bound(huge)}));
+
+  // With footers: exact for the parts whose reference allows over 1 MiB,
+  // and only those are fetched.
+  auto exact = open_block_bytes(*blob_, runs, true);
+  ASSERT_TRUE(exact) << exact.error().to_string();
+  EXPECT_EQ((*exact)[0], bound(small) + decoded(wide) + decoded(huge));
+  EXPECT_EQ((*exact)[1], decoded(huge));
+  EXPECT_EQ(blob_->fetched_keys(), (std::set<std::string>{wide.key, huge.key}));
+  EXPECT_GE(bound(small), decoded(small));
+}
+
 TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
   constexpr int kParts = 50;
   constexpr int kPerPart = 10;
