@@ -38,6 +38,20 @@ Result<std::string> server_id(const std::string& data_dir) {
   return id;
 }
 
+// The client's buffers that no pool accounts for, sized from the server's
+// memory limit so that a small --memory-limit shrinks them too: each batch
+// builder holds part_target_bytes x (1 + uploads in flight), and each
+// snapshot, listen or sink reading a batch orders it in listen_buffer_bytes.
+// Each takes at most limit / 32 (8 MiB at the default 256 MiB; 2 MiB at
+// 64 MiB), never less than 64 KiB.
+ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_limit) {
+  const std::uint64_t share = std::max<std::uint64_t>(memory_limit / 32, 64 << 10);
+  const std::uint64_t builders = 1 + std::max<std::size_t>(client.max_uploads_in_flight, 1);
+  client.part_target_bytes = std::min(client.part_target_bytes, share / builders);
+  client.listen_buffer_bytes = std::min(client.listen_buffer_bytes, share);
+  return client;
+}
+
 }  // namespace
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
@@ -156,8 +170,9 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   }
   // A long-running server compacts in the background (unless a random
   // configuration drew otherwise).
-  auto client = Client::open(Location{served_blob, served_consensus},
-                             random ? random->client : ClientOptions{});
+  auto client = Client::open(
+      Location{served_blob, served_consensus},
+      fit_to_memory_limit(random ? random->client : ClientOptions{}, options.memory_limit));
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);
   if (!server) return report(server.error());
