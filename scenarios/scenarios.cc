@@ -1,9 +1,4 @@
 // The scenarios of issue #8; scenarios/README.md describes each.
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -12,9 +7,8 @@
 
 #include "scenarios/http.h"
 #include "scenarios/workload.h"
+#include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
-
-extern char** environ;
 
 namespace tidemark::scenarios {
 namespace {
@@ -43,44 +37,14 @@ bool wait_until(Run& run, const std::function<bool()>& done, std::chrono::second
 
 // tidemark-kafka-mock in its own process: the broker (which holds every
 // message) stays out of the server's cap and survives its SIGKILLs.
-class KafkaBroker {
- public:
-  explicit KafkaBroker(const std::string& topics_csv) {
-    int out[2];
-    if (::pipe(out) != 0) return;
-    std::vector<std::string> words = {TIDEMARK_KAFKA_MOCK};
-    for (std::size_t at = 0; at < topics_csv.size();) {
-      const auto comma = std::min(topics_csv.find(',', at), topics_csv.size());
-      words.push_back("--topic");
-      words.push_back(topics_csv.substr(at, comma - at));
-      at = comma + 1;
-    }
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    char c;
-    while (pid_ > 0 && ::read(out[0], &c, 1) == 1 && c != '\n') bootstrap_.push_back(c);
-    ::close(out[0]);
+std::unique_ptr<KafkaMockProcess> start_broker(Run& run, const std::string& topic) {
+  auto broker = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", topic});
+  if (!broker) {
+    run.fail("start the Kafka mock broker: " + broker.error().message);
+    return nullptr;
   }
-  ~KafkaBroker() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status;
-    ::waitpid(pid_, &status, 0);
-  }
-  const std::string& bootstrap() const { return bootstrap_; }
-
- private:
-  pid_t pid_ = -1;
-  std::string bootstrap_;
-};
+  return std::move(*broker);
+}
 
 bool create_sink(Run& run, const std::string& name, const std::string& shard,
                  const std::string& to) {
@@ -212,8 +176,8 @@ std::optional<KafkaTally> tally_kafka_sink(
 
 void hot_key_fanout(Run& run) {
   constexpr std::int64_t kDiff = 10'000'000;
-  KafkaBroker broker("hot");
-  if (!run.check(!broker.bootstrap().empty(), "the Kafka mock broker did not start")) return;
+  const auto broker = start_broker(run, "hot");
+  if (!broker) return;
   if (!run.start() || !create_shard(run, "hot")) return;
   const Reply appended =
       http(run.port(), "POST", "/v1/shards/hot/append?lower=0&upper=1",
@@ -221,7 +185,7 @@ void hot_key_fanout(Run& run) {
   if (!run.check(appended.status == 200, "append the hot update: " + appended.body)) return;
   const fs::path files = run.data_dir() / "sinks" / "hot";
   if (!create_sink(run, "hot-file", "hot", "file://" + files.string()) ||
-      !create_sink(run, "hot-kafka", "hot", "kafka://" + broker.bootstrap() + "/hot")) {
+      !create_sink(run, "hot-kafka", "hot", "kafka://" + broker->brokers() + "/hot")) {
     return;
   }
   // Killed while the sinks are fanning the update out.
@@ -240,7 +204,7 @@ void hot_key_fanout(Run& run) {
   });
   run.check(file_messages == kDiff, "file sink: " + std::to_string(file_messages) +
                                         " messages, not " + std::to_string(kDiff));
-  auto kafka = tally_kafka_sink(run, broker.bootstrap(), "hot", kafka_sink_id("hot", "hot-kafka"),
+  auto kafka = tally_kafka_sink(run, broker->brokers(), "hot", kafka_sink_id("hot", "hot-kafka"),
                                 [&](const KafkaMessageView& m) {
                                   if ((m.key != "\"hot\"" || m.value != "1") && wrong++ < 3) {
                                     run.fail("Kafka message unlike the update");
@@ -457,10 +421,10 @@ void audit_file_sink(Run& run, const fs::path& dir, const Tracker& tracker) {
 // Each record is one message: the committed count must equal the records
 // in the shard (none twice, none missing); the retained ones are checked
 // against the tracker.
-void audit_kafka(Run& run, const KafkaBroker& broker, const std::string& topic,
+void audit_kafka(Run& run, const KafkaMockProcess& broker, const std::string& topic,
                  const std::string& sink, const Tracker& tracker, std::uint64_t records) {
   Audit audit(run, tracker, "Kafka sink (retained messages)");
-  auto kafka = tally_kafka_sink(run, broker.bootstrap(), topic, kafka_sink_id("events", sink),
+  auto kafka = tally_kafka_sink(run, broker.brokers(), topic, kafka_sink_id("events", sink),
                                 [&](const KafkaMessageView& m) {
                                   if (m.key.size() > 2)
                                     audit.saw(m.key.substr(1, m.key.size() - 2));
@@ -491,8 +455,8 @@ void sink_restart(Run& run) {
   constexpr std::size_t kPerRequest = 50'000;
   const RecordShape shape(40, run.seed());
   Tracker tracker(kRecords);
-  KafkaBroker broker("events");
-  if (!run.check(!broker.bootstrap().empty(), "the Kafka mock broker did not start")) return;
+  const auto broker = start_broker(run, "events");
+  if (!broker) return;
   if (!run.start() || !create_shard(run, "events")) return;
   const fs::path files = run.data_dir() / "sinks" / "events";
 
@@ -504,7 +468,7 @@ void sink_restart(Run& run) {
   auto upper = shard_upper(run, "events");
   if (!run.check(upper.has_value(), "the shard's upper")) return;
   if (!create_sink(run, "events-file", "events", "file://" + files.string()) ||
-      !create_sink(run, "events-kafka", "events", "kafka://" + broker.bootstrap() + "/events")) {
+      !create_sink(run, "events-kafka", "events", "kafka://" + broker->brokers() + "/events")) {
     return;
   }
   const bool writing = wait_until(
@@ -546,7 +510,7 @@ void sink_restart(Run& run) {
   }
   audit_file_sink(run, files, tracker);
   const std::uint64_t records = audit_snapshot(run, "events", shape, tracker);
-  audit_kafka(run, broker, "events", "events-kafka", tracker, records);
+  audit_kafka(run, *broker, "events", "events-kafka", tracker, records);
 }
 
 }  // namespace
