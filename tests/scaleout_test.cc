@@ -217,6 +217,17 @@ class ScaleOutTest : public testing::Test {
     return present;
   }
 
+  // SIGTERM to every server; each must exit cleanly (status 0).
+  void stop_servers_gracefully() {
+    for (ServerProcess& server : servers_) {
+      kill(server.pid, SIGTERM);
+      int status = 0;
+      waitpid(server.pid, &status, 0);
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      server.pid = -1;
+    }
+  }
+
   std::string blob_url_, consensus_url_, shard_;
   fs::path scratch_;
   std::vector<ServerProcess> servers_;
@@ -320,13 +331,7 @@ TEST_F(ScaleOutTest, FourServersShareOneShardThroughARollingRestart) {
       appends.sent.size(), appends.acked.size(), present.size(), consistent_reads.load(), records,
       mismatches, retimed);
 
-  for (ServerProcess& server : servers_) {
-    kill(server.pid, SIGTERM);
-    int status = 0;
-    waitpid(server.pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    server.pid = -1;
-  }
+  stop_servers_gracefully();
 }
 
 // PostgreSQL down for 3 s under load (fast shutdown: every session cut),
@@ -371,13 +376,7 @@ TEST_F(ScaleOutTest, ServersRideOutAPostgresOutage) {
   std::printf(
       "%zu acknowledged before the outage ended, %zu after it; %d error answers, %zu present\n",
       at_restart, after - at_restart, appends.errors.load(), present.size());
-  for (ServerProcess& server : servers_) {
-    kill(server.pid, SIGTERM);
-    int status = 0;
-    waitpid(server.pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    server.pid = -1;
-  }
+  stop_servers_gracefully();
 }
 
 }  // namespace
