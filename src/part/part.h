@@ -134,6 +134,9 @@ class PartReader {
   // decoded_block_bytes of the part's largest block, from its index: what
   // reading the part holds between block loads (less the small tail).
   std::uint64_t largest_decoded_block_bytes() const;
+  // decoded_block_bytes of the block the next call to next() loads once the
+  // current one is used up; 0 when there is none.
+  std::uint64_t next_block_decoded_bytes() const;
 
   // The next update in (key, value, time) order, or nullopt at the end. The
   // view stays valid until the next call to next() (or until the reader is

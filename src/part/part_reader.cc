@@ -108,6 +108,12 @@ std::uint64_t PartReader::largest_decoded_block_bytes() const {
   return largest;
 }
 
+std::uint64_t PartReader::next_block_decoded_bytes() const {
+  if (next_block_ >= footer_.blocks.size()) return 0;
+  const BlockHandle& block = footer_.blocks[next_block_];
+  return decoded_block_bytes(block.uncompressed_length, block.count);
+}
+
 Result<std::optional<UpdateView>> PartReader::next_block() {
   if (failed_) return std::unexpected(*failed_);
   if (next_block_ < footer_.blocks.size() && block_.count() > 0) {

@@ -11,7 +11,11 @@ namespace tidemark {
 // reader (large, with its block buffers) and an ordered run's state live
 // behind pointers.
 struct MergeCursor::Input {
+  // The next update, or while `deferred` only a bound below every update
+  // the input holds: (its open part's key_min, "", time 0).
   std::optional<UpdateView> head;
+  // The open part's first block is not loaded yet (see kDeferBlockBytes).
+  bool deferred = false;
   Time min = 0;  // effective window of the open part, inclusive
   Time max = 0;
   std::unique_ptr<PartReader> reader;
@@ -186,6 +190,8 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
   // of those is a blob read or two, so they run concurrently: under 200 ms
   // of blob latency a merge of 1,000 parts took minutes one by one. Each
   // input touches only its own state.
+  // An input whose first block is large only has its footer read: its
+  // block waits until the merge reaches its first key (defer()).
   std::vector<Status> primed(inputs.size());
   auto prime = [&](std::size_t i) -> Status {
     if (stop && stop()) return make_error(ErrorKind::kClosed, "the read was stopped");
@@ -196,7 +202,10 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
       input.min = part->min;
       input.max = part->max;
       input.reader = std::move(part->reader);
+    } else {
+      TM_TRY(cursor.open_next_part(input));
     }
+    if (defer(input)) return {};
     return cursor.advance(input);
   };
   for_each_quickly(inputs.size(), [&](std::size_t i) { primed[i] = prime(i); });
@@ -210,6 +219,13 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
 Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRef>& parts,
                                       TimeWindow window) {
   return open(std::move(blob), std::vector<PartRun>{PartRun{parts, /*ordered=*/false}}, window, {});
+}
+
+bool MergeCursor::defer(Input& input) {
+  if (!input.reader || input.reader->next_block_decoded_bytes() <= kDeferBlockBytes) return false;
+  input.deferred = true;
+  input.head = UpdateView{input.reader->stats().key_min, std::string_view(), 0, 0};
+  return true;
 }
 
 Status MergeCursor::open_next_part(Input& input) {
@@ -368,10 +384,27 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
       current_.reset();
     }
   }
-  if (!current_) {
+  while (!current_) {
     if (heap_.empty()) return std::optional<UpdateView>{};
     std::pop_heap(heap_.begin(), heap_.end(), greater);
-    current_ = heap_.back();
+    const std::size_t top = heap_.back();
+    Input& input = inputs_[top];
+    if (input.deferred) {
+      // Every other input's next update sorts at or after this input's
+      // bound: load its first block now, and put it back by its real head.
+      if (auto loaded = advance(input); !loaded) {
+        std::push_heap(heap_.begin(), heap_.end(), greater);  // still deferred: a retry loads it
+        return std::unexpected(loaded.error());
+      }
+      input.deferred = false;
+      if (input.head) {
+        std::push_heap(heap_.begin(), heap_.end(), greater);
+      } else {
+        heap_.pop_back();  // the window wanted nothing of it
+      }
+      continue;
+    }
+    current_ = top;
     heap_.pop_back();
   }
   advance_current_ = true;

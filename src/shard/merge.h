@@ -28,10 +28,14 @@
 // kRunCheckValueBytes of a value for its check across parts (plus the key),
 // unless it must read a part again to settle it. A block holds one update when
 // that update exceeds the writer's block_bytes, so with huge updates the term
-// is (inputs x the largest update): a caller that must bound it merges fewer
-// inputs (the compactor does). Parts whose time range misses the window are
-// never opened. Opening them concurrently changes no bound: every input's
-// first block was read before the first update came out anyway.
+// is (inputs x the largest update), unless their key ranges keep them apart:
+// an input whose first block decodes to more than kDeferBlockBytes has only
+// its footer read at open, and loads that block once the merge reaches its
+// first key (key_min), so parts of huge updates with disjoint key ranges
+// (each append's part, say) hold one huge block at a time. A caller that
+// must bound the worst case merges fewer inputs (the compactor does). Parts
+// whose time range misses the window are never opened. Opening them concurrently changes no bound:
+// every input's first block was read before the first update came out anyway.
 //
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
@@ -65,6 +69,10 @@ class MergeCursor {
   // Of the last value of a run's part, the order check against the next
   // part keeps at most this much (see Run).
   static constexpr std::size_t kRunCheckValueBytes = 1 << 20;
+  // An input whose first block decodes to more than this loads it only when
+  // the merge reaches the input's first key. Smaller ones are loaded at open,
+  // concurrently, which hides blob latency.
+  static constexpr std::uint64_t kDeferBlockBytes = 1 << 20;
 
   // Parts read as one input of the merge. ordered: the parts form one sorted
   // run (each part's updates all sort before the next part's), so they are
@@ -75,7 +83,8 @@ class MergeCursor {
   };
 
   // Opens every unordered part and the first wanted part of each ordered
-  // run, and reads each one's first update: one by one while that is quick,
+  // run, and reads each one's first update (unless its first block is over
+  // kDeferBlockBytes: then only its footer): one by one while that is quick,
   // the rest on up to kOpenThreads threads once it has taken 2 ms;
   // the rest of a run is opened (and validated) as next() reaches it.
   // `stop` (when given) is asked before each part: once it says true, open
@@ -100,6 +109,9 @@ class MergeCursor {
   struct Run;
   MergeCursor();
   [[nodiscard]] Status advance(Input& input);
+  // Marks an input with a reader whose next block is over kDeferBlockBytes as
+  // deferred, its head the bound (key_min, "", 0); false when it loads now.
+  static bool defer(Input& input);
   // Opens the run's next wanted part into `input`, or leaves it without a
   // reader when the run has no part left.
   [[nodiscard]] Status open_next_part(Input& input);

@@ -45,6 +45,13 @@ class RecordingBlob final : public testing::ForwardingBlob {
     {
       std::lock_guard lock(mu_);
       fetches.emplace_back(key);
+      if (length > large_fetch_bytes) {
+        large_fetches.emplace_back(key);
+        if (fail_next_large_fetch) {
+          fail_next_large_fetch = false;
+          return make_error(ErrorKind::kDeterminate, "injected: a large read failed");
+        }
+      }
       max_concurrent = std::max(max_concurrent, ++concurrent_);
     }
     std::this_thread::sleep_for(latency);
@@ -57,6 +64,11 @@ class RecordingBlob final : public testing::ForwardingBlob {
   std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
 
   std::vector<std::string> fetches;
+  // The keys of reads of more than large_fetch_bytes, in order; the next
+  // such read fails (Determinate) when fail_next_large_fetch is set.
+  std::vector<std::string> large_fetches;
+  std::uint64_t large_fetch_bytes = UINT64_MAX;
+  bool fail_next_large_fetch = false;
   std::chrono::milliseconds latency{0};
   int max_concurrent = 0;
 
@@ -119,6 +131,18 @@ std::vector<Update> run_updates(const std::string& prefix, int first, int count,
     out.push_back(Update{numbered_key(prefix, i), value, static_cast<Time>(i % 10), 1});
   }
   return out;
+}
+
+// `size` bytes after `first` that zstd cannot shrink: a block of them is
+// one ranged read of its own, not part of the tail open() fetches.
+std::string incompressible(std::size_t size, char first) {
+  std::string value(size, first);
+  std::uint64_t state = 42;
+  for (std::size_t i = 1; i < value.size(); ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    value[i] = static_cast<char>(state >> 56);
+  }
+  return value;
 }
 
 void expect_corruption_naming(const Result<std::vector<Update>>& result, const std::string& part,
@@ -430,6 +454,83 @@ TEST_F(MergeRunTest, OpenStopsWhenAsked) {
   ASSERT_FALSE(cursor);
   EXPECT_TRUE(cursor.error().is(ErrorKind::kClosed)) << cursor.error().to_string();
   EXPECT_TRUE(blob_->fetches.empty());
+}
+
+TEST_F(MergeRunTest, LoadsLargeFirstBlocksOnlyWhenTheMergeReachesThem) {
+  // Loose parts each holding one 2 MiB update (a block of its own, over
+  // kDeferBlockBytes, and incompressible, so its block is a read of its
+  // own), between parts of small updates: the merge loads a huge block only
+  // once it has emitted everything sorting before that part's first key.
+  constexpr std::size_t kHuge = 2 << 20;
+  static_assert(kHuge > MergeCursor::kDeferBlockBytes);
+  const Description desc = description(0, 10);
+  const auto noise = [&](char first) { return incompressible(kHuge, first); };
+  std::vector<PartRef> loose;
+  std::vector<Update> expected;
+  for (const std::string key : {"k0005", "k0012", "k0030"}) {
+    expected.push_back(Update{key, noise('y'), 1, 1});
+    loose.push_back(write_part("huge-" + key, desc, {expected.back()}));
+  }
+  // Two huge updates under one key: both load once the merge reaches it,
+  // and the smaller value comes first.
+  expected.push_back(Update{"k0012", noise('x'), 2, 1});
+  loose.push_back(write_part("huge-k0012x", desc, {expected.back()}));
+  for (const Update& update : run_updates("k", 0, 40)) expected.push_back(update);
+  loose.push_back(write_part("small", desc, run_updates("k", 0, 40)));
+  std::sort(expected.begin(), expected.end(), [](const Update& a, const Update& b) {
+    return compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time) < 0;
+  });
+  blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
+  blob_->fetches.clear();
+
+  auto cursor = MergeCursor::open(blob_, {PartRun{loose, false}}, {});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  EXPECT_TRUE(blob_->large_fetches.empty()) << "open loaded " << blob_->large_fetches[0];
+  std::vector<Update> merged;
+  for (;;) {
+    auto update = cursor->next();
+    ASSERT_TRUE(update) << update.error().to_string();
+    if (!*update) break;
+    merged.push_back((*update)->to_owned());
+    // Loaded so far: exactly the huge parts whose key the merge has reached.
+    std::set<std::string> reached;
+    for (const PartRef& ref : loose) {
+      if (ref.key.starts_with("shard/s/part/huge-") && ref.key.substr(18, 5) <= merged.back().key) {
+        reached.insert(ref.key);
+      }
+    }
+    EXPECT_EQ(std::set<std::string>(blob_->large_fetches.begin(), blob_->large_fetches.end()),
+              reached)
+        << "after " << merged.back().key;
+    EXPECT_EQ(blob_->large_fetches.size(), reached.size()) << "a huge block was read twice";
+  }
+  EXPECT_TRUE(merged == expected);
+}
+
+TEST_F(MergeRunTest, RetriesALargeFirstBlockWhoseLoadFailed) {
+  const Description desc = description(0, 10);
+  const std::string huge = incompressible(3 << 20, 'h');
+  const PartRef big = write_part("big", desc, {Update{"m", huge, 1, 1}});
+  const PartRef small = write_part("small", desc, run_updates("k", 0, 3));
+  blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
+  auto cursor = MergeCursor::open(blob_, {PartRun{{big, small}, false}}, {});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  for (int i = 0; i < 3; ++i) {
+    auto update = cursor->next();
+    ASSERT_TRUE(update && *update);
+    EXPECT_EQ((*update)->key, numbered_key("k", i));
+  }
+  blob_->fail_next_large_fetch = true;
+  auto failed = cursor->next();
+  ASSERT_FALSE(failed);
+  EXPECT_TRUE(failed.error().is(ErrorKind::kDeterminate)) << failed.error().to_string();
+  auto again = cursor->next();
+  ASSERT_TRUE(again && *again) << (again ? "ended" : again.error().to_string());
+  EXPECT_EQ((*again)->key, "m");
+  EXPECT_TRUE((*again)->value == huge);
+  auto end = cursor->next();
+  ASSERT_TRUE(end);
+  EXPECT_FALSE(*end);
 }
 
 }  // namespace
