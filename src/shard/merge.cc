@@ -287,7 +287,10 @@ Status MergeCursor::advance(Input& input) {
   Run* run = input.run.get();
   if (run && run->failed) return std::unexpected(*run->failed);
   // The head was the open part's last update.
-  if (run && run->left == 0 && input.reader) TM_TRY(leave_part(input));
+  if (run && run->left == 0 && input.reader) {
+    TM_TRY(leave_part(input));
+    if (defer(input)) return {};
+  }
   for (;;) {
     if (!input.reader) {
       if (run) {
@@ -327,6 +330,7 @@ Status MergeCursor::advance(Input& input) {
       // The next part's first update must follow it all the same.
       input.head = *update;
       TM_TRY(leave_part(input));
+      if (defer(input)) return {};
       continue;
     }
     if (wanted) {
@@ -378,7 +382,7 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
     TM_TRY(advance(inputs_[*current_]));
     if (!inputs_[*current_].head) {
       current_.reset();
-    } else if (!heap_.empty() && less(heap_.front(), *current_)) {
+    } else if (inputs_[*current_].deferred || (!heap_.empty() && less(heap_.front(), *current_))) {
       heap_.push_back(*current_);
       std::push_heap(heap_.begin(), heap_.end(), greater);
       current_.reset();

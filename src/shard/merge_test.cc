@@ -507,6 +507,57 @@ TEST_F(MergeRunTest, LoadsLargeFirstBlocksOnlyWhenTheMergeReachesThem) {
   EXPECT_TRUE(merged == expected);
 }
 
+TEST_F(MergeRunTest, LoadsAHugePartOfARunOnlyWhenTheMergeReachesIt) {
+  // Two ordered runs whose parts (one 2 MiB update each, as compaction cuts
+  // them) interleave by key: when a run moves to its next part, that part's
+  // block waits until the merge reaches its first key, so the runs do not
+  // hold a huge block each.
+  const Description desc = description(0, 10);
+  std::vector<Update> expected;
+  std::map<std::string, std::string> part_key;  // blob key -> its one key
+  const auto run_of = [&](const std::string& name, const std::vector<std::string>& keys) {
+    std::vector<PartRef> run;
+    for (const std::string& key : keys) {
+      expected.push_back(Update{key, incompressible(2 << 20, 'v'), 1, 1});
+      run.push_back(write_part(name + key, desc, {expected.back()}));
+      part_key[run.back().key] = key;
+    }
+    return run;
+  };
+  const std::vector<PartRun> runs = {
+      PartRun{run_of("a", {"k0005", "k0030", "k0031"}), true},
+      PartRun{run_of("b", {"k0012", "k0040"}), true},
+  };
+  for (const Update& update : run_updates("k", 0, 45)) expected.push_back(update);
+  std::vector<PartRun> all = runs;
+  all.push_back(PartRun{{write_part("small", desc, run_updates("k", 0, 45))}, false});
+  std::sort(expected.begin(), expected.end(), [](const Update& a, const Update& b) {
+    return compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time) < 0;
+  });
+  blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
+
+  auto cursor = MergeCursor::open(blob_, all, {});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  EXPECT_TRUE(blob_->large_fetches.empty());
+  std::vector<Update> merged;
+  for (;;) {
+    auto update = cursor->next();
+    ASSERT_TRUE(update) << update.error().to_string();
+    if (!*update) break;
+    merged.push_back((*update)->to_owned());
+    std::vector<std::string> loaded;
+    for (const std::string& key : blob_->large_fetches) loaded.push_back(part_key[key]);
+    std::vector<std::string> reached;
+    for (const auto& [blob_key, key] : part_key) {
+      if (key <= merged.back().key) reached.push_back(key);
+    }
+    std::sort(loaded.begin(), loaded.end());
+    std::sort(reached.begin(), reached.end());
+    EXPECT_EQ(loaded, reached) << "after " << merged.back().key;
+  }
+  EXPECT_TRUE(merged == expected);
+}
+
 TEST_F(MergeRunTest, RetriesALargeFirstBlockWhoseLoadFailed) {
   const Description desc = description(0, 10);
   const std::string huge = incompressible(3 << 20, 'h');
