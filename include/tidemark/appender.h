@@ -129,6 +129,11 @@ class AppendSender {
   [[nodiscard]] Status enqueue(AppendRecord record);
   [[nodiscard]] Status enqueue_many(std::span<AppendRecord> records);
   [[nodiscard]] Result<CommitToken> enqueue_with_token(AppendRecord record);
+  // The same without a copy: `*record` is moved into the queue when it is
+  // queued, and left as it was on Full or TooLarge (so Full can be retried
+  // with it); after Closed it may be empty. For large values, which a copy
+  // would double.
+  [[nodiscard]] Result<CommitToken> enqueue_with_token(AppendRecord* record);
   // Resolves once everything enqueued before it (by any sender) is durable
   // or has failed.
   [[nodiscard]] Result<CommitToken> canary();

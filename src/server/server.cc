@@ -35,6 +35,16 @@ constexpr std::chrono::seconds kIdleTimeout{60};
 constexpr std::chrono::milliseconds kListenRetry{50};
 // A connection keeps a body buffer this small between requests.
 constexpr std::uint64_t kSmallChunkBytes = 4 << 10;
+// A partial line longer than this gets room for a whole record at once.
+constexpr std::uint64_t kCarryReserveAbove = 1 << 20;
+
+// Makes room in a stream chunk for a row whose key and value take
+// `payload` bytes: exactly, when the row is larger than a chunk, where
+// growing by doubling would allocate up to twice a huge value.
+void reserve_for_row(std::string* out, std::size_t payload) {
+  constexpr std::size_t kRowOverhead = 96;  // the JSON around key and value
+  if (payload > Server::kStreamChunkBytes) out->reserve(out->size() + payload + kRowOverhead);
+}
 
 unsigned status_of(const Error& error) {
   switch (error.kind) {
@@ -715,8 +725,16 @@ class Session : public std::enable_shared_from_this<Session> {
   // holding its chunk could wait on others that wait for chunks, a
   // deadlock. The overdraft is at most one partial line (max_record_bytes)
   // per connection reading a body.
+  // A partial line past kCarryReserveAbove gets room for the largest line
+  // at once: growing by doubling would copy it and leave up to twice its
+  // size allocated. Its pages are only touched as the line arrives (an
+  // allocation this large is usually its own mapping), so RSS follows the
+  // line.
   void charge_carry(std::uint64_t more) {
     const std::uint64_t need = carry_.size() + more;
+    if (need > kCarryReserveAbove && carry_.capacity() < need) {
+      carry_.reserve(std::max<std::uint64_t>(need, *server_->options.max_record_bytes));
+    }
     if (carry_lease_.size() >= need) return;
     const std::uint64_t missing = need - carry_lease_.size();
     if (carry_lease_.pool()) {
@@ -791,7 +809,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void process_managed() {
     if (stalled_) {
       // A record the appender had no room for: offer it again.
-      auto token = sender_->enqueue_with_token(*stalled_);
+      auto token = sender_->enqueue_with_token(&*stalled_);
       if (!token) {
         if (token.error().is(ErrorKind::kFull)) return wait_for_appender();
         return fail_managed(token.error(), line_);
@@ -812,7 +830,7 @@ class Session : public std::enable_shared_from_this<Session> {
             return false;
           }
           AppendRecord r{std::move(record->key), std::move(record->value), record->diff};
-          auto token = sender_->enqueue_with_token(r);
+          auto token = sender_->enqueue_with_token(&r);
           if (!token) {
             if (token.error().is(ErrorKind::kFull)) {
               stalled_ = std::move(r);
@@ -1022,6 +1040,7 @@ class Session : public std::enable_shared_from_this<Session> {
             while (out->size() < Server::kStreamChunkBytes) {
               TM_ASSIGN(auto row, source->next());
               if (!row) return false;
+              reserve_for_row(out, row->key.size() + row->value.size());
               out->append("{\"key\":").append(row->key).append(",\"value\":").append(row->value);
               out->append(",\"diff\":");
               append_i64(out, row->diff);
@@ -1059,6 +1078,7 @@ class Session : public std::enable_shared_from_this<Session> {
                 out->append("{\"progress\":").append(event->progress.to_json()).append("}\n");
                 return true;  // a reader waiting on progress sees it now
               }
+              reserve_for_row(out, event->key.size() + event->value.size());
               out->append("{\"key\":")
                   .append(event->key)
                   .append(",\"value\":")
@@ -1111,6 +1131,10 @@ class Session : public std::enable_shared_from_this<Session> {
     blocking<bool>(
         [self = shared_from_this(), fill]() -> Result<bool> {
           self->out_data_.clear();
+          // After a huge row, back to the usual chunk's worth of buffer.
+          if (self->out_data_.capacity() > 2 * Server::kStreamChunkBytes) {
+            std::string().swap(self->out_data_);
+          }
           auto more = fill(&self->out_data_);
           if (!more) {
             self->out_data_ += error_json(more.error().message) + "\n";

@@ -656,11 +656,15 @@ Status AppendSender::enqueue_many(std::span<AppendRecord> records) {
 }
 
 Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord record) {
+  return enqueue_with_token(&record);
+}
+
+Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord* record) {
   Appender::Impl& impl = *appender_->impl_;
-  std::uint64_t size = Appender::Impl::charge(record);
+  std::uint64_t size = Appender::Impl::charge(*record);
   TM_ASSIGN(Lease lease, impl.admit(1, size, size));
   auto state = std::make_shared<CommitToken::State>();
-  TM_TRY(impl.push(std::span<AppendRecord>(&record, 1), std::move(lease), state));
+  TM_TRY(impl.push(std::span<AppendRecord>(record, 1), std::move(lease), state));
   return CommitToken(state);
 }
 

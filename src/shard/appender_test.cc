@@ -175,8 +175,20 @@ TEST_F(AppenderTest, ClosedFullAndTooLarge) {
   auto full = s.enqueue(record(9));
   ASSERT_FALSE(full);
   EXPECT_EQ(full.error().kind, ErrorKind::kFull);
+  // Without a copy: Full leaves the record as it was, to be offered again;
+  // once queued it is moved from.
+  AppendRecord kept = record(9, 64);
+  const AppendRecord original = kept;
+  auto full_token = s.enqueue_with_token(&kept);
+  ASSERT_FALSE(full_token);
+  EXPECT_EQ(full_token.error().kind, ErrorKind::kFull);
+  EXPECT_EQ(kept.key, original.key);
+  EXPECT_EQ(kept.value, original.value);
   s.wait_for_capacity();
-  EXPECT_TRUE(s.enqueue(record(9)));
+  auto token = s.enqueue_with_token(&kept);
+  ASSERT_TRUE(token) << token.error().to_string();
+  EXPECT_TRUE(kept.value.empty());
+  EXPECT_TRUE(token->wait());
   records_mode->close();
   EXPECT_EQ(records_mode->pool()->used(), 0u);
 }
