@@ -153,6 +153,8 @@ struct AppenderStats {
   std::uint64_t mismatches = 0;
   std::uint64_t retimed_batches = 0;
   std::uint64_t queued_records = 0;
+  // Time the committer waited for compaction (WriteHandle::wait_for_compaction).
+  std::uint64_t stall_ms = 0;
   MemoryPoolStats pool;
 };
 

@@ -16,6 +16,7 @@
 // at a time; distinct handles may be used concurrently.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <future>
 #include <memory>
@@ -94,6 +95,23 @@ class WriteHandle {
                                           Frontier new_upper);
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                           Frontier new_upper, std::string_view idempotency_token);
+
+  // The write stall, like LevelDB's when level 0 has too many files: while
+  // this process compacts the shard in the background and a read of the
+  // whole shard would merge more than kStallReadInputs inputs at once (each
+  // part of an appended batch is one; each compacted batch one), waits for
+  // compaction to bring that down, polling every kStallPoll; it gives up
+  // after kStallMaxWait without progress, so a failing compactor slows
+  // appends rather than stopping them. Without it, ingest faster than
+  // compaction grows the shard's parts without bound, and with them what
+  // every snapshot holds (one open block each): a 2 GiB ingest from 200
+  // clients left 1,695 parts, and its snapshot needed over 128 MiB.
+  // Returns how long it waited. The appender calls it before each commit;
+  // compare_and_append itself never waits.
+  static constexpr std::size_t kStallReadInputs = 64;
+  static constexpr std::chrono::milliseconds kStallPoll{10};
+  static constexpr std::chrono::milliseconds kStallMaxWait{10'000};
+  std::chrono::milliseconds wait_for_compaction();
 
  private:
   std::uint64_t lease_expiry() const;

@@ -974,6 +974,7 @@ class Session : public std::enable_shared_from_this<Session> {
         [self = shared_from_this()]() -> Result<std::string> {
           TM_ASSIGN(Batch batch, self->builder_->finish(Frontier::at(self->upper_)));
           self->builder_.reset();
+          self->shared_writer_->writer->wait_for_compaction();  // outside the lock
           std::lock_guard lock(self->shared_writer_->mutex);
           TM_TRY(self->shared_writer_->writer->compare_and_append(
               std::span(&batch, 1), Frontier::at(self->lower_), Frontier::at(self->upper_)));

@@ -373,6 +373,10 @@ struct Appender::Impl {
 
   void commit(std::vector<Built>& group) {
     const std::string token = random_id();
+    if (const auto stalled = writer->wait_for_compaction(); stalled.count() > 0) {
+      std::lock_guard lock(mu);
+      stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
+    }
     int failures_in_a_row = 0;
     for (;;) {
       // Every batch must lie at or above the upper, in increasing time.

@@ -497,6 +497,38 @@ class SlowReadsBlob final : public testing::ForwardingBlob {
   std::atomic<int> ranged_reads{0};
 };
 
+TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
+  // Compaction slowed to 20 ms a read falls behind appends of one update
+  // each: without the stall the parts a read merges at once pile up; with
+  // it (what the appender does before each commit) they stay at the bound.
+  auto slow = std::make_shared<SlowReadsBlob>(blob_);
+  slow->slow = true;
+  ClientOptions background = options_;
+  background.background_compaction = true;
+  auto client = *Client::open(Location{slow, consensus_}, background);
+  const auto most_inputs = [&](const std::string& name, bool stall) {
+    EXPECT_TRUE(client->create_shard(name));
+    auto shard = *client->open_shard(name);
+    auto writer = *shard->open_writer();
+    std::size_t most = 0;
+    std::chrono::milliseconds waited{0};
+    for (Time t = 0; t < 400; ++t) {
+      if (stall) waited += writer->wait_for_compaction();
+      std::vector<Update> one{Update{"k" + std::to_string(t % 97), "v", t, 1}};
+      std::vector<Batch> batches;
+      batches.push_back(*writer->batch(one, Frontier::at(t), Frontier::at(t + 1)));
+      EXPECT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+      auto state = ShardMachine(name, consensus_, blob_).fetch();
+      EXPECT_TRUE(state) << state.error().to_string();
+      if (state) most = std::max(most, read_inputs(**state));
+    }
+    if (stall) EXPECT_GT(waited.count(), 0);
+    return most;
+  };
+  EXPECT_GT(most_inputs("unstalled", false), WriteHandle::kStallReadInputs + 1);
+  EXPECT_LE(most_inputs("stalled", true), WriteHandle::kStallReadInputs + 1);
+}
+
 TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {
   // 200 batches, never compacted; then a shard with a background compactor
   // that reads through a blob whose every read takes 20 ms, woken by one

@@ -52,6 +52,11 @@ class ShardMachine {
   // The latest state in consensus (and refreshes the cache).
   [[nodiscard]] Result<StatePtr> fetch();
 
+  // The latest state this machine knows (its cache: what it last fetched
+  // or committed), fetching only when it knows none. For decisions that
+  // may lag, such as the write stall.
+  [[nodiscard]] Result<StatePtr> latest_known() { return cached(); }
+
   // Commits `transition` and returns the state it produced (or found, when
   // the transition left it unchanged).
   [[nodiscard]] Result<StatePtr> apply(const Transition& transition);

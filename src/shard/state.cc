@@ -591,6 +591,14 @@ std::uint64_t spine_size(const HollowBatch& batch) {
 
 }  // namespace
 
+std::size_t read_inputs(const ShardState& state) {
+  std::size_t inputs = 0;
+  for (const HollowBatch& batch : state.batches) {
+    inputs += batch.ordered ? std::size_t{!batch.parts.empty()} : batch.parts.size();
+  }
+  return inputs;
+}
+
 std::optional<MergeRequest> next_merge(const ShardState& state) {
   const auto& batches = state.batches;
   if (batches.size() < 2) return std::nullopt;

@@ -257,6 +257,12 @@ enum class AppendOutcome : std::uint8_t {
 std::unexpected<Error> upper_mismatch(Frontier expected, Frontier current);
 
 // --- Compaction (the spine) ----------------------------------------------
+
+// What a read of the whole shard merges at once (MergeCursor inputs): one
+// per part of an unordered batch, one per ordered batch (its parts open
+// one at a time). Each holds an open block while the read runs, so this is
+// what the write stall (WriteHandle::wait_for_compaction) keeps bounded.
+std::size_t read_inputs(const ShardState& state);
 //
 // Batches are kept in geometric size classes: a merge is due when some
 // batch b[i] is at most kSpineGrowth times the total size of the batches

@@ -1,3 +1,5 @@
+#include <thread>
+
 #include "shard/context.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
@@ -48,6 +50,30 @@ Result<Batch> WriteHandle::batch(std::span<const Update> updates, Frontier lower
   BatchBuilder b = builder(lower);
   for (const Update& u : updates) TM_TRY(b.add(u.key, u.value, u.time, u.diff));
   return b.finish(upper);
+}
+
+std::chrono::milliseconds WriteHandle::wait_for_compaction() {
+  using std::chrono::steady_clock;
+  const auto started = steady_clock::now();
+  if (!context_->compactor) return std::chrono::milliseconds(0);
+  auto last_progress = started;
+  std::size_t fewest = SIZE_MAX;
+  for (;;) {
+    auto state = context_->machine->latest_known();
+    if (!state) break;  // the commit that follows meets the same failure
+    const std::size_t inputs = read_inputs(**state);
+    if (inputs <= kStallReadInputs) break;
+    const auto now = steady_clock::now();
+    if (inputs < fewest) {
+      fewest = inputs;
+      last_progress = now;
+    } else if (now - last_progress >= kStallMaxWait) {
+      break;
+    }
+    context_->request_compaction(**state);
+    std::this_thread::sleep_for(kStallPoll);
+  }
+  return std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::now() - started);
 }
 
 Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
