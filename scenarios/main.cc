@@ -268,6 +268,10 @@ int main(int argc, char** argv) {
         "|---|---|---|---|\n");
     for (const auto& row : table) std::printf("%s\n", row.c_str());
   }
+  // The run's directory goes too once nothing failed in it (a failed
+  // scenario's directory stays, and so, then, does this one).
+  std::error_code error;
+  if (!settings.keep) fs::remove(settings.dir, error);  // only when empty
   return all_passed ? 0 : 1;
 }
 
