@@ -206,12 +206,24 @@ bool CappedServer::start() {
   const std::string procs = cap_.procs_file();
   const std::string log_path = log.string();
 
+  // The sampler starts only once exec has happened (this pipe's write end
+  // closes on exec): until then the child is a copy of this process, whose
+  // VmHWM would count as the server's peak (and under the watchdog, its
+  // VmRSS could get it killed).
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    error_ = std::string("pipe2: ") + std::strerror(errno);
+    return false;
+  }
   const pid_t pid = ::fork();
   if (pid < 0) {
     error_ = std::string("fork: ") + std::strerror(errno);
+    ::close(exec_pipe[0]);
+    ::close(exec_pipe[1]);
     return false;
   }
   if (pid == 0) {
+    ::close(exec_pipe[0]);
     if (!procs.empty()) {
       char digits[24];
       int n = 0;
@@ -229,8 +241,19 @@ bool CappedServer::start() {
     ::dup2(out, 1);
     ::dup2(out, 2);
     ::execvpe(argv[0], argv.data(), envp.data());
+    const char failed = 1;
+    [[maybe_unused]] const auto written = ::write(exec_pipe[1], &failed, 1);
     ::_exit(123);
   }
+  ::close(exec_pipe[1]);
+  char exec_failed = 0;
+  ssize_t got;
+  do {
+    got = ::read(exec_pipe[0], &exec_failed, 1);
+  } while (got < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+  // got == 0: exec happened. Otherwise the child exits (its status says
+  // why), and the sampler reaps it.
   {
     std::lock_guard lock(mutex_);
     pid_ = pid;
