@@ -1,5 +1,7 @@
 #include "sink/destination_url.h"
 
+#include <algorithm>
+
 #include "sink/file_destination.h"
 #include "sink/s3_destination.h"
 
@@ -58,7 +60,10 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(const SinkUrl& ur
   // One producer id per (shard, sink): a restarted sink fences its zombie.
   options.sink_id = "tidemark/" + shard + "/" + sink_name;
   options.pool = std::move(pool);
+  // A queue that fits: at most half the pool (a server's sink pool is a
+  // quarter of its --memory-limit; under 128 MiB, 16 MiB would not fit).
   options.queue_bytes = kKafkaQueueBytes;
+  if (options.pool) options.queue_bytes = std::min(kKafkaQueueBytes, options.pool->capacity() / 2);
   TM_ASSIGN(auto producer, KafkaDestination::open(*url.kafka, envelope, options));
   return std::unique_ptr<SinkDestination>(std::move(producer));
 }

@@ -8,8 +8,8 @@
 // parse_sink_url checks a URL and a format without touching anything
 // (InvalidUsage naming what is wrong); open_sink_destination opens it for
 // the sink `sink_name` of shard `shard`: the Kafka producer id is
-// "tidemark/<shard>/<sink_name>" and its queue (kKafkaQueueBytes) is
-// reserved from `pool`; an S3 destination's buffer (part_size + 64 KiB) is
+// "tidemark/<shard>/<sink_name>" and its queue (kKafkaQueueBytes, or half
+// the pool's capacity when that is less) is reserved from `pool`; an S3 destination's buffer (part_size + 64 KiB) is
 // reserved from `pool` too, and its credentials come from the environment
 // (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
 #pragma once

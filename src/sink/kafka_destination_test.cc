@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "sink/destination_url.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 #include "sink/test_util.h"
@@ -226,6 +227,20 @@ TEST_F(KafkaDestinationTest, AQueueLargerThanThePoolIsAClearError) {
   auto destination = open();
   ASSERT_FALSE(destination);
   EXPECT_EQ(destination.error().kind, ErrorKind::kInvalidUsage);
+}
+
+TEST_F(KafkaDestinationTest, ASinkURLSizesTheQueueToFitItsPool) {
+  // A server's sink pool is a quarter of --memory-limit: at 48 MiB that is
+  // 12 MiB, under the usual 16 MiB queue, which then takes half of it.
+  auto url = parse_sink_url("kafka://" + mock_->brokers() + "/out", SinkFormat::kJson);
+  ASSERT_TRUE(url) << url.error().message;
+  for (const std::uint64_t capacity : {std::uint64_t{12} << 20, std::uint64_t{64} << 20}) {
+    pool_ = MemoryPool::create("sinks", capacity);
+    auto destination =
+        open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s", "fits", pool_);
+    ASSERT_TRUE(destination) << destination.error().message;
+    EXPECT_EQ(pool_->used(), std::min(kKafkaQueueBytes, capacity / 2));
+  }
 }
 
 TEST_F(KafkaDestinationTest, UnreachableBrokersAreAClearErrorWithinTheTimeout) {
