@@ -29,13 +29,15 @@
 // unless it must read a part again to settle it. A block holds one update when
 // that update exceeds the writer's block_bytes, so with huge updates the term
 // is (inputs x the largest update), unless their key ranges keep them apart:
-// an input whose first block decodes to more than kDeferBlockBytes has only
-// its footer read at open, and loads that block once the merge reaches its
-// first key (key_min), so parts of huge updates with disjoint key ranges
-// (each append's part, say) hold one huge block at a time. A caller that
-// must bound the worst case merges fewer inputs (the compactor does). Parts
-// whose time range misses the window are never opened. Opening them concurrently changes no bound:
-// every input's first block was read before the first update came out anyway.
+// a part whose first block decodes to more than kDeferBlockBytes (an input's
+// first part at open, or a run's next part) has only its footer read, and
+// loads that block once the merge reaches the part's first key (key_min).
+// So parts of huge updates with disjoint key ranges (each append's part, or
+// a compacted run's) hold one huge block at a time. A caller that must bound
+// the worst case merges fewer inputs (the compactor does). Parts whose time
+// range misses the window are never opened. Opening them concurrently
+// changes no bound: every input's first block was read before the first
+// update came out anyway (or is deferred).
 //
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
