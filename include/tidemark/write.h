@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <span>
@@ -106,12 +107,14 @@ class WriteHandle {
   // compaction grows the shard's parts without bound, and with them what
   // every snapshot holds (one open block each): a 2 GiB ingest from 200
   // clients left 1,695 parts, and its snapshot needed over 128 MiB.
+  // `stop` (when given) is asked at every poll: once it says true the wait
+  // ends (an appender that is closing commits what it holds at once).
   // Returns how long it waited. The appender calls it before each commit;
   // compare_and_append itself never waits.
   static constexpr std::size_t kStallReadInputs = 64;
   static constexpr std::chrono::milliseconds kStallPoll{10};
   static constexpr std::chrono::milliseconds kStallMaxWait{10'000};
-  std::chrono::milliseconds wait_for_compaction();
+  std::chrono::milliseconds wait_for_compaction(const std::function<bool()>& stop = {});
 
  private:
   std::uint64_t lease_expiry() const;

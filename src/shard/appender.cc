@@ -373,7 +373,11 @@ struct Appender::Impl {
 
   void commit(std::vector<Built>& group) {
     const std::string token = random_id();
-    if (const auto stalled = writer->wait_for_compaction(); stalled.count() > 0) {
+    const auto stalled = writer->wait_for_compaction([this] {
+      std::lock_guard lock(mu);
+      return closing;
+    });
+    if (stalled.count() > 0) {
       std::lock_guard lock(mu);
       stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
     }

@@ -52,7 +52,7 @@ Result<Batch> WriteHandle::batch(std::span<const Update> updates, Frontier lower
   return b.finish(upper);
 }
 
-std::chrono::milliseconds WriteHandle::wait_for_compaction() {
+std::chrono::milliseconds WriteHandle::wait_for_compaction(const std::function<bool()>& stop) {
   using std::chrono::steady_clock;
   const auto started = steady_clock::now();
   if (!context_->compactor) return std::chrono::milliseconds(0);
@@ -62,7 +62,7 @@ std::chrono::milliseconds WriteHandle::wait_for_compaction() {
     auto state = context_->machine->latest_known();
     if (!state) break;  // the commit that follows meets the same failure
     const std::size_t inputs = read_inputs(**state);
-    if (inputs <= kStallReadInputs) break;
+    if (inputs <= kStallReadInputs || (stop && stop())) break;
     const auto now = steady_clock::now();
     if (inputs < fewest) {
       fewest = inputs;
