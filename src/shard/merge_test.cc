@@ -77,6 +77,18 @@ class RecordingBlob final : public testing::ForwardingBlob {
   int concurrent_ = 0;
 };
 
+// `size` bytes after `first` that zstd cannot shrink: a block of them is
+// one ranged read of its own, not part of the tail open() fetches.
+std::string incompressible(std::size_t size, char first) {
+  std::string value(size, first);
+  std::uint64_t state = 42;
+  for (std::size_t i = 1; i < value.size(); ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    value[i] = static_cast<char>(state >> 56);
+  }
+  return value;
+}
+
 class MergeRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -119,6 +131,48 @@ class MergeRunTest : public ::testing::Test {
     }
   }
 
+  // Writes a part holding one incompressible 2 MiB update under `key` (a
+  // block of its own, over kDeferBlockBytes, and a ranged read of its own),
+  // and adds it to `expected` and to `huge` (blob key -> key).
+  PartRef write_huge_part(const std::string& name, const std::string& key, char first, Time time,
+                          std::vector<Update>& expected, std::map<std::string, std::string>& huge) {
+    expected.push_back(Update{key, incompressible(2 << 20, first), time, 1});
+    PartRef ref = write_part(name, description(0, 10), {expected.back()});
+    huge[ref.key] = key;
+    return ref;
+  }
+
+  // Merges `runs` into `expected` (sorted here), checking after every update
+  // that the reads over kDeferBlockBytes so far are exactly one per part of
+  // `huge` whose key the merge has reached: none at open.
+  void expect_huge_blocks_load_when_reached(const std::vector<PartRun>& runs,
+                                            std::vector<Update> expected,
+                                            const std::map<std::string, std::string>& huge) {
+    std::sort(expected.begin(), expected.end(), [](const Update& a, const Update& b) {
+      return compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time) < 0;
+    });
+    blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
+    blob_->large_fetches.clear();
+    auto cursor = MergeCursor::open(blob_, runs, {});
+    ASSERT_TRUE(cursor) << cursor.error().to_string();
+    EXPECT_TRUE(blob_->large_fetches.empty()) << "open loaded " << blob_->large_fetches[0];
+    std::vector<Update> merged;
+    for (;;) {
+      auto update = cursor->next();
+      ASSERT_TRUE(update) << update.error().to_string();
+      if (!*update) break;
+      merged.push_back((*update)->to_owned());
+      std::vector<std::string> loaded = blob_->large_fetches, reached;
+      for (const auto& [blob_key, key] : huge) {
+        if (key <= merged.back().key) reached.push_back(blob_key);
+      }
+      std::sort(loaded.begin(), loaded.end());
+      std::sort(reached.begin(), reached.end());
+      EXPECT_EQ(loaded, reached) << "after " << merged.back().key;
+    }
+    EXPECT_TRUE(merged == expected);
+  }
+
   std::shared_ptr<RecordingBlob> blob_;
 };
 
@@ -131,18 +185,6 @@ std::vector<Update> run_updates(const std::string& prefix, int first, int count,
     out.push_back(Update{numbered_key(prefix, i), value, static_cast<Time>(i % 10), 1});
   }
   return out;
-}
-
-// `size` bytes after `first` that zstd cannot shrink: a block of them is
-// one ranged read of its own, not part of the tail open() fetches.
-std::string incompressible(std::size_t size, char first) {
-  std::string value(size, first);
-  std::uint64_t state = 42;
-  for (std::size_t i = 1; i < value.size(); ++i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    value[i] = static_cast<char>(state >> 56);
-  }
-  return value;
 }
 
 void expect_corruption_naming(const Result<std::vector<Update>>& result, const std::string& part,
@@ -457,105 +499,43 @@ TEST_F(MergeRunTest, OpenStopsWhenAsked) {
 }
 
 TEST_F(MergeRunTest, LoadsLargeFirstBlocksOnlyWhenTheMergeReachesThem) {
-  // Loose parts each holding one 2 MiB update (a block of its own, over
-  // kDeferBlockBytes, and incompressible, so its block is a read of its
-  // own), between parts of small updates: the merge loads a huge block only
-  // once it has emitted everything sorting before that part's first key.
-  constexpr std::size_t kHuge = 2 << 20;
-  static_assert(kHuge > MergeCursor::kDeferBlockBytes);
-  const Description desc = description(0, 10);
-  const auto noise = [&](char first) { return incompressible(kHuge, first); };
-  std::vector<PartRef> loose;
+  // Loose parts of one huge update each, beside a part of small updates:
+  // the merge loads a huge block only once it has emitted everything
+  // sorting before that part's first key.
   std::vector<Update> expected;
+  std::map<std::string, std::string> huge;
+  std::vector<PartRef> loose;
   for (const std::string key : {"k0005", "k0012", "k0030"}) {
-    expected.push_back(Update{key, noise('y'), 1, 1});
-    loose.push_back(write_part("huge-" + key, desc, {expected.back()}));
+    loose.push_back(write_huge_part("huge-" + key, key, 'y', 1, expected, huge));
   }
   // Two huge updates under one key: both load once the merge reaches it,
   // and the smaller value comes first.
-  expected.push_back(Update{"k0012", noise('x'), 2, 1});
-  loose.push_back(write_part("huge-k0012x", desc, {expected.back()}));
+  loose.push_back(write_huge_part("huge-k0012x", "k0012", 'x', 2, expected, huge));
   for (const Update& update : run_updates("k", 0, 40)) expected.push_back(update);
-  loose.push_back(write_part("small", desc, run_updates("k", 0, 40)));
-  std::sort(expected.begin(), expected.end(), [](const Update& a, const Update& b) {
-    return compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time) < 0;
-  });
-  blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
-  blob_->fetches.clear();
-
-  auto cursor = MergeCursor::open(blob_, {PartRun{loose, false}}, {});
-  ASSERT_TRUE(cursor) << cursor.error().to_string();
-  EXPECT_TRUE(blob_->large_fetches.empty()) << "open loaded " << blob_->large_fetches[0];
-  std::vector<Update> merged;
-  for (;;) {
-    auto update = cursor->next();
-    ASSERT_TRUE(update) << update.error().to_string();
-    if (!*update) break;
-    merged.push_back((*update)->to_owned());
-    // Loaded so far: exactly the huge parts whose key the merge has reached.
-    std::set<std::string> reached;
-    for (const PartRef& ref : loose) {
-      if (ref.key.starts_with("shard/s/part/huge-") && ref.key.substr(18, 5) <= merged.back().key) {
-        reached.insert(ref.key);
-      }
-    }
-    EXPECT_EQ(std::set<std::string>(blob_->large_fetches.begin(), blob_->large_fetches.end()),
-              reached)
-        << "after " << merged.back().key;
-    EXPECT_EQ(blob_->large_fetches.size(), reached.size()) << "a huge block was read twice";
-  }
-  EXPECT_TRUE(merged == expected);
+  loose.push_back(write_part("small", description(0, 10), run_updates("k", 0, 40)));
+  expect_huge_blocks_load_when_reached({PartRun{loose, false}}, expected, huge);
 }
 
 TEST_F(MergeRunTest, LoadsAHugePartOfARunOnlyWhenTheMergeReachesIt) {
-  // Two ordered runs whose parts (one 2 MiB update each, as compaction cuts
+  // Two ordered runs whose parts (one huge update each, as compaction cuts
   // them) interleave by key: when a run moves to its next part, that part's
   // block waits until the merge reaches its first key, so the runs do not
   // hold a huge block each.
-  const Description desc = description(0, 10);
   std::vector<Update> expected;
-  std::map<std::string, std::string> part_key;  // blob key -> its one key
+  std::map<std::string, std::string> huge;
   const auto run_of = [&](const std::string& name, const std::vector<std::string>& keys) {
     std::vector<PartRef> run;
     for (const std::string& key : keys) {
-      expected.push_back(Update{key, incompressible(2 << 20, 'v'), 1, 1});
-      run.push_back(write_part(name + key, desc, {expected.back()}));
-      part_key[run.back().key] = key;
+      run.push_back(write_huge_part(name + key, key, 'v', 1, expected, huge));
     }
-    return run;
+    return PartRun{run, true};
   };
-  const std::vector<PartRun> runs = {
-      PartRun{run_of("a", {"k0005", "k0030", "k0031"}), true},
-      PartRun{run_of("b", {"k0012", "k0040"}), true},
-  };
+  std::vector<PartRun> runs = {run_of("a", {"k0005", "k0030", "k0031"}),
+                               run_of("b", {"k0012", "k0040"})};
   for (const Update& update : run_updates("k", 0, 45)) expected.push_back(update);
-  std::vector<PartRun> all = runs;
-  all.push_back(PartRun{{write_part("small", desc, run_updates("k", 0, 45))}, false});
-  std::sort(expected.begin(), expected.end(), [](const Update& a, const Update& b) {
-    return compare_key_value_time(a.key, a.value, a.time, b.key, b.value, b.time) < 0;
-  });
-  blob_->large_fetch_bytes = MergeCursor::kDeferBlockBytes;
-
-  auto cursor = MergeCursor::open(blob_, all, {});
-  ASSERT_TRUE(cursor) << cursor.error().to_string();
-  EXPECT_TRUE(blob_->large_fetches.empty());
-  std::vector<Update> merged;
-  for (;;) {
-    auto update = cursor->next();
-    ASSERT_TRUE(update) << update.error().to_string();
-    if (!*update) break;
-    merged.push_back((*update)->to_owned());
-    std::vector<std::string> loaded;
-    for (const std::string& key : blob_->large_fetches) loaded.push_back(part_key[key]);
-    std::vector<std::string> reached;
-    for (const auto& [blob_key, key] : part_key) {
-      if (key <= merged.back().key) reached.push_back(key);
-    }
-    std::sort(loaded.begin(), loaded.end());
-    std::sort(reached.begin(), reached.end());
-    EXPECT_EQ(loaded, reached) << "after " << merged.back().key;
-  }
-  EXPECT_TRUE(merged == expected);
+  runs.push_back(
+      PartRun{{write_part("small", description(0, 10), run_updates("k", 0, 45))}, false});
+  expect_huge_blocks_load_when_reached(runs, expected, huge);
 }
 
 TEST_F(MergeRunTest, RetriesALargeFirstBlockWhoseLoadFailed) {
