@@ -140,8 +140,11 @@ struct Appender::Impl {
 
   Time now() const { return options.clock ? options.clock() : wall_clock_millis(); }
 
-  static std::uint64_t charge(const AppendRecord& r) {
-    return r.key.size() + r.value.size() + kRecordOverheadBytes;
+  static_assert(sizeof(Record) <= kRecordOverheadBytes);
+  static_assert(sizeof(CommitToken::State) + 32 <= kTokenOverheadBytes);  // + the control block
+  static std::uint64_t charge(const AppendRecord& r, bool with_token = false) {
+    return r.key.size() + r.value.size() + kRecordOverheadBytes +
+           (with_token ? kTokenOverheadBytes : 0);
   }
 
   // Admission (DESIGN.md section 5): checks that `count` records (the
@@ -182,7 +185,8 @@ struct Appender::Impl {
     staged.reserve(records.size());
     for (AppendRecord& r : records) {
       Record record;
-      record.lease = lease.split(std::min(lease.size(), charge(r)));
+      const bool with_token = token && &r == &records.back();
+      record.lease = lease.split(std::min(lease.size(), charge(r, with_token)));
       record.key = std::move(r.key);
       record.value = std::move(r.value);
       record.diff = r.diff;
@@ -669,7 +673,7 @@ Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord record) {
 
 Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord* record) {
   Appender::Impl& impl = *appender_->impl_;
-  std::uint64_t size = Appender::Impl::charge(*record);
+  std::uint64_t size = Appender::Impl::charge(*record, /*with_token=*/true);
   TM_ASSIGN(Lease lease, impl.admit(1, size, size));
   auto state = std::make_shared<CommitToken::State>();
   TM_TRY(impl.push(std::span<AppendRecord>(record, 1), std::move(lease), state));

@@ -108,6 +108,26 @@ TEST_F(AppenderTest, LeasesAreReleasedBeforeTokensResolve) {
   EXPECT_EQ(used_at_resolution.load(), 0u);
 }
 
+TEST_F(AppenderTest, ARecordsChargeCoversItsTokenToo) {
+  // Held in the queue by a slow first commit, each record holds its
+  // charge: key + value + the entry's overhead, + the token's state when it
+  // has one (a server enqueuing tiny records with tokens held twice its
+  // queue bound in uncharged token states).
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(200)});
+  auto appender = open();
+  AppendSender sender = appender->sender();
+  const AppendRecord plain = record(1, 100), tokened = record(2, 100);
+  const std::uint64_t entry = plain.key.size() + plain.value.size() + kRecordOverheadBytes;
+  ASSERT_TRUE(sender.enqueue(plain));
+  EXPECT_EQ(appender->pool()->used(), entry);
+  auto token = sender.enqueue_with_token(tokened);
+  ASSERT_TRUE(token) << token.error().to_string();
+  EXPECT_EQ(appender->pool()->used(), 2 * entry + kTokenOverheadBytes);
+  ASSERT_TRUE(token->wait());
+  appender->flush().value();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
 TEST_F(AppenderTest, CanaryResolvesAfterEverythingBeforeIt) {
   blob_->set_config(FaultConfig{std::chrono::milliseconds(5)});
   auto appender = open();
