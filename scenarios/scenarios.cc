@@ -295,17 +295,25 @@ void big_ingest(Run& run) {
 void large_snapshot(Run& run) {
   constexpr std::uint64_t kUpdates = 20'000'000;
   constexpr std::size_t kPerRequest = 500'000;
+  constexpr int kClients = 4;
   const RecordShape shape(0, run.seed());
-  Tracker tracker(kUpdates);
+  // Room for new ids to replace the requests the kill cut off: the shard
+  // ends with at least kUpdates acknowledged updates.
+  Tracker tracker(kUpdates + 2 * kClients * kPerRequest);
   if (!run.start() || !create_shard(run, "large")) return;
   {
     Ingest ingest(run, "large", shape, tracker, kPerRequest);
-    ingest.start(4, UINT64_MAX);
+    ingest.start(kClients, UINT64_MAX);
     wait_until(
         run, [&] { return ingest.acked_records() >= kUpdates / 2; }, 1800s);
     run.log("SIGKILL after " + std::to_string(ingest.acked_records()) + " updates acknowledged");
     if (!run.kill_and_restart()) return;
-    ingest.wait();
+    wait_until(
+        run, [&] { return ingest.acked_records() >= kUpdates; }, 1800s);
+    ingest.stop();
+    run.check(ingest.acked_records() >= kUpdates,
+              "only " + std::to_string(ingest.acked_records()) +
+                  " updates acknowledged: " + ingest.last_error());
   }
   double started = run.elapsed();
   const std::uint64_t lines = audit_snapshot(run, "large", shape, tracker);
