@@ -52,6 +52,11 @@ struct ClientOptions {
   // A background compactor per opened shard: an append that leaves the
   // spine out of shape hands it the merge, and it collects garbage after.
   bool background_compaction = true;
+  // Idempotent producers (appender.h): a producer that commits nothing for
+  // producer_expiry is forgotten (a retry after that appends again), and a
+  // shard keeps at most max_producers (a new one beyond is refused).
+  std::chrono::milliseconds producer_expiry{7LL * 24 * 3600 * 1000};
+  std::size_t max_producers = 1000;
 };
 
 // What Shard::compact did.

@@ -17,6 +17,9 @@
 //   - Closed: the appender (or other queue) no longer accepts work.
 //   - Full: a bounded queue has no room now; wait for capacity and retry.
 //   - TooLarge: a record that can never fit the budget it must fit in.
+//   - SequenceMismatch: an idempotent producer's records do not continue
+//     what the shard has committed for it (some are committed already, or
+//     some before them are missing).
 //
 // Thread-safety: Error is a plain value type.
 #pragma once
@@ -42,6 +45,7 @@ enum class ErrorKind : std::uint8_t {
   kClosed,
   kFull,
   kTooLarge,
+  kSequenceMismatch,
 };
 
 const char* error_kind_name(ErrorKind kind);

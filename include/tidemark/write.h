@@ -36,6 +36,18 @@ namespace tidemark {
 struct ShardContext;
 class PeriodicTask;
 
+// The records of one idempotent producer that an append commits: sequence
+// numbers first..last, consecutive, the last of them at `time`. The shard
+// records the producer at `last` in the same consensus write as the data,
+// so a retry of these records finds them committed (see appender.h).
+struct ProducerRange {
+  std::string producer;
+  std::uint64_t first = 0;
+  std::uint64_t last = 0;
+  Time time = 0;
+  bool operator==(const ProducerRange&) const = default;
+};
+
 class BatchBuilder {
  public:
   // Parts are named after `writer_id` (garbage collection deletes the
@@ -96,6 +108,13 @@ class WriteHandle {
                                           Frontier new_upper);
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                           Frontier new_upper, std::string_view idempotency_token);
+  // The same, committing the records of idempotent producers the batches
+  // hold: each range must continue what the shard has committed for its
+  // producer, else SequenceMismatch and nothing is appended (the caller
+  // drops what is committed already and retries; see appender.h).
+  [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                          Frontier new_upper, std::string_view idempotency_token,
+                                          std::span<const ProducerRange> producers);
 
   // The write stall, like LevelDB's when level 0 has too many files: while
   // this process compacts the shard in the background and a read of the

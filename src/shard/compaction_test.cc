@@ -360,7 +360,12 @@ TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
   auto retained = *consensus_->scan(key, 0, 100'000);
   EXPECT_LE(retained.size(), kRollupInterval + 4);
   // The oldest retained version starts from a rollup still in blob.
-  EXPECT_EQ(listed(shard_rollup_prefix("s")).count(rollup_key("s", retained.front().seqno)), 1u);
+  ASSERT_GE(retained.size(), 2u);
+  const RollupRef oldest_rollup = *version_rollup("s", retained[1]);
+  EXPECT_EQ(oldest_rollup.seqno, retained.front().seqno);
+  EXPECT_EQ(listed(shard_rollup_prefix("s")).count(
+                rollup_key("s", oldest_rollup.seqno, oldest_rollup.id)),
+            1u);
   // GC again finds nothing to do.
   gc = *shard_->collect_garbage();
   EXPECT_EQ(gc.parts_deleted + gc.orphans_deleted + gc.rollups_deleted + gc.versions_truncated, 0u);
@@ -415,6 +420,78 @@ TEST_F(CompactionTest, CompactorsAndGcRunConcurrently) {
   t3.join();
   EXPECT_EQ(unexpected.load(), 0) << first_error;
   expect_snapshots_match(*shard_);
+}
+
+// Machines racing at a rollup point each write a rollup of their own: no
+// blob key is ever written twice (an S3-compatible store that writes in
+// place let a reader meet a rollup mid-rewrite, torn), and garbage
+// collection deletes the rollups of the compare_and_sets that lost.
+TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
+  class WriteOnceBlob final : public testing::ForwardingBlob {
+   public:
+    using ForwardingBlob::ForwardingBlob;
+    Status set(std::string_view key, std::string_view bytes) override {
+      {
+        std::lock_guard lock(mu_);
+        if (!written_.emplace(key).second) ++rewrites_;
+      }
+      // Slow, so machines building on one state overlap in their writes.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      return ForwardingBlob::set(key, bytes);
+    }
+    int rewrites() {
+      std::lock_guard lock(mu_);
+      return rewrites_;
+    }
+
+   private:
+    std::mutex mu_;
+    std::set<std::string, std::less<>> written_;
+    int rewrites_ = 0;
+  };
+  auto blob = std::make_shared<WriteOnceBlob>(blob_);
+  std::vector<std::shared_ptr<ShardMachine>> machines;
+  for (int i = 0; i < 3; ++i) {
+    machines.push_back(std::make_shared<ShardMachine>("s", consensus_, blob));
+  }
+  // Each machine moves the shard's upper on by one, many times, from its
+  // own (often stale) cache: they race at every version, rollups included.
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (auto& machine : machines) {
+    threads.emplace_back([&machine, &failures] {
+      for (int i = 0; i < 200; ++i) {
+        auto applied = machine->apply([](ShardState& state) -> Result<TransitionResult> {
+          state.upper = Frontier::at(state.upper.time() + 1);
+          return TransitionResult::kWrite;
+        });
+        if (!applied) ++failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(failures.load(), 0);
+  EXPECT_EQ(blob->rewrites(), 0) << "a blob key was written twice";
+  auto head = *ShardMachine("s", consensus_, blob_).fetch();
+  ASSERT_GE(head->upper.time(), 600u);
+  ASSERT_GE(listed(shard_rollup_prefix("s")).size(), 4u);
+
+  // GC keeps exactly the rollups some retained version names.
+  ASSERT_TRUE(shard_->collect_garbage());
+  std::set<RollupRef, decltype([](const RollupRef& a, const RollupRef& b) {
+             return std::tie(a.seqno, a.id) < std::tie(b.seqno, b.id);
+           })>
+      named;
+  const auto versions = *consensus_->scan(shard_consensus_key("s"), 0, 100'000);
+  for (const VersionedData& v : versions) named.insert(*version_rollup("s", v));
+  for (const std::string& key : listed(shard_rollup_prefix("s"))) {
+    auto ref = parse_rollup_key(key, shard_rollup_prefix("s"));
+    ASSERT_TRUE(ref) << key;
+    EXPECT_TRUE(named.contains(*ref)) << key << " is named by no version";
+  }
+  // And every machine, fresh or not, still reads the same state.
+  for (auto& machine : machines) EXPECT_EQ(**machine->fetch(), *head);
+  EXPECT_EQ(**ShardMachine("s", consensus_, blob_).fetch(), *head);
 }
 
 // A pass whose truncate fails leaves every rollup the retained versions

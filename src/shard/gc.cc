@@ -1,5 +1,7 @@
 // collect_garbage: see src/shard/compactor.h for the rules and why they are
 // safe.
+#include <set>
+#include <tuple>
 #include <unordered_set>
 
 #include "shard/compactor.h"
@@ -40,6 +42,13 @@ class PartsSeen {
   std::vector<PartList> kept_;
 };
 
+// Rollups ordered by seqno, then id.
+struct RollupOrder {
+  bool operator()(const RollupRef& a, const RollupRef& b) const {
+    return std::tie(a.seqno, a.id) < std::tie(b.seqno, b.id);
+  }
+};
+
 Error retry_later(const std::string& shard, std::string what) {
   return Error{ErrorKind::kDeterminate,
                "garbage collection of shard " + shard + ": " + what + "; retry", std::nullopt,
@@ -71,8 +80,10 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
   TM_ASSIGN(StatePtr head, context.machine->fetch());
   if (head->seqno == 0) return report;  // never written: no writer ever was
 
-  // 3. Fold every retained version, oldest first.
-  TM_ASSIGN(auto oldest, consensus.scan(key, 0, 1));
+  // 3. Fold every retained version, oldest first. The oldest is a full
+  // state, or the first version of a chain: the diff after it names the
+  // rollup (its id) that holds it.
+  TM_ASSIGN(auto oldest, consensus.scan(key, 0, 2));
   if (oldest.empty()) return std::unexpected(retry_later(shard, "its versions were truncated"));
   const SeqNo first = oldest.front().seqno;
   const SeqNo since = std::max(seqno_since(*head), first);
@@ -80,7 +91,15 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
   if (is_full_version(oldest.front().data)) {
     TM_ASSIGN(current, decode_state(shard, oldest.front()));
   } else {
-    auto loaded = context.machine->load_rollup(first);
+    if (oldest.size() < 2 || oldest[1].seqno != first + 1) {
+      return std::unexpected(retry_later(shard, "its versions were truncated"));
+    }
+    TM_ASSIGN(RollupRef rollup, version_rollup(shard, oldest[1]));
+    if (rollup.seqno != first) {
+      return corruption("state of shard " + shard + ": the oldest version, " +
+                        std::to_string(first) + ", is not the start of a chain");
+    }
+    auto loaded = context.machine->load_rollup(rollup);
     if (!loaded && loaded.error().is(ErrorKind::kNotFound)) {
       return std::unexpected(retry_later(shard, "another pass truncated it meanwhile"));
     }
@@ -89,7 +108,10 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
   }
   PartsSeen seen(since);
   seen.visit(current);
-  SeqNo keep_from = first;  // the rollup the version at `since` starts from
+  RollupRef keep_from{first, current.rollup_id};  // the rollup the version at `since` starts from
+  // Every rollup a retained version names: the others at or after keep_from
+  // were written by compare_and_sets that lost (see below).
+  std::set<RollupRef, RollupOrder> named;
   for (SeqNo next = first + 1; next <= head->seqno;) {
     TM_ASSIGN(auto versions, consensus.scan(key, next, kScanPage));
     if (versions.empty() || versions.front().seqno != next) {
@@ -103,9 +125,9 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
       }
       TM_ASSIGN(current, apply_version(shard, &current, version));
       seen.visit(current);
-      if (version.seqno == since) {
-        TM_ASSIGN(keep_from, version_rollup_seqno(shard, version));
-      }
+      TM_ASSIGN(RollupRef rollup, version_rollup(shard, version));
+      if (version.seqno == since) keep_from = rollup;
+      named.insert(std::move(rollup));
       ++next;
     }
   }
@@ -140,13 +162,21 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
   // then the rollups below it: the oldest retained version must always
   // find its rollup (a pass killed between the two leaves stale rollups,
   // which the next pass deletes).
-  if (keep_from > first) {
-    TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from));
+  if (keep_from.seqno > first) {
+    TM_ASSIGN(report.versions_truncated, consensus.truncate(key, keep_from.seqno));
   }
+  // Rollups below keep_from, and rollups that no version names at a seqno
+  // below the head: a compare_and_set that names a rollup at seqno r
+  // expects r as the head, so once the head is past r, a rollup at r that
+  // no version names never will be (its writer lost the race). One at the
+  // head's seqno may still be named by a write in flight: it stays.
   doomed.clear();
   for (std::string& rollup : rollups) {
-    std::optional<SeqNo> seqno = rollup_key_seqno(rollup, rollup_prefix);
-    if (seqno && *seqno < keep_from) doomed.push_back(std::move(rollup));
+    std::optional<RollupRef> ref = parse_rollup_key(rollup, rollup_prefix);
+    if (!ref) continue;
+    const bool below = ref->seqno < keep_from.seqno;
+    const bool lost = ref->seqno < head->seqno && !named.contains(*ref) && !(*ref == keep_from);
+    if (below || lost) doomed.push_back(std::move(rollup));
   }
   TM_TRY(blob.remove_many(doomed));
   report.rollups_deleted = doomed.size();

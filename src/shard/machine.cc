@@ -3,6 +3,8 @@
 #include <chrono>
 #include <thread>
 
+#include "util/ids.h"
+
 namespace tidemark {
 namespace {
 
@@ -23,16 +25,20 @@ ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consens
       consensus_(std::move(consensus)),
       blob_(std::move(blob)) {}
 
-Result<ShardState> ShardMachine::load_rollup(SeqNo rollup) {
-  TM_ASSIGN(auto bytes, blob_->get(rollup_key(shard_, rollup)));
-  if (bytes) return decode_state(shard_, VersionedData{rollup, std::move(*bytes)});
-  TM_ASSIGN(auto versions, consensus_->scan(key_, rollup, 1));
-  if (!versions.empty() && versions.front().seqno == rollup &&
+Result<ShardState> ShardMachine::load_rollup(const RollupRef& rollup) {
+  TM_ASSIGN(auto bytes, blob_->get(rollup_key(shard_, rollup.seqno, rollup.id)));
+  if (bytes) {
+    TM_ASSIGN(ShardState state, decode_state(shard_, VersionedData{rollup.seqno, std::move(*bytes)}));
+    state.rollup_id = rollup.id;
+    return state;
+  }
+  TM_ASSIGN(auto versions, consensus_->scan(key_, rollup.seqno, 1));
+  if (!versions.empty() && versions.front().seqno == rollup.seqno &&
       is_full_version(versions.front().data)) {
     return decode_state(shard_, versions.front());
   }
   return make_error(ErrorKind::kNotFound, "rollup of shard " + shard_ + " at seqno " +
-                                              std::to_string(rollup) + " is gone");
+                                              std::to_string(rollup.seqno) + " is gone");
 }
 
 void ShardMachine::remember(const StatePtr& state) {
@@ -41,15 +47,15 @@ void ShardMachine::remember(const StatePtr& state) {
 }
 
 Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
-  TM_ASSIGN(SeqNo rollup, version_rollup_seqno(shard_, head));
+  TM_ASSIGN(RollupRef rollup, version_rollup(shard_, head));
   StatePtr base;
   {
     std::lock_guard lock(mu_);
     if (cache_ && cache_->seqno == head.seqno) return cache_;
     // The cached state is a valid starting point if it is on head's chain.
-    if (cache_ && cache_->seqno >= rollup && cache_->seqno < head.seqno) base = cache_;
+    if (cache_ && cache_->seqno >= rollup.seqno && cache_->seqno < head.seqno) base = cache_;
   }
-  if (rollup == head.seqno) {
+  if (rollup.seqno == head.seqno) {
     TM_ASSIGN(ShardState state, decode_state(shard_, head));
     auto shared = std::make_shared<const ShardState>(std::move(state));
     remember(shared);
@@ -140,19 +146,21 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       return current;
     } else {
       next->seqno = current->seqno + 1;
-      SeqNo rollup = current->rollup;
+      RollupRef rollup{current->rollup, current->rollup_id};
       // A diff, unless this is the shard's first version. When the chain is
-      // long, `current` becomes the new rollup: written to blob before any
-      // version names it.
+      // long, `current` becomes the new rollup: written to blob, under a key
+      // of this attempt's own, before any version names it.
       const bool full = current->seqno == 0;
       if (full) {
-        rollup = next->seqno;
-      } else if (rollup == 0 || next->seqno - rollup >= kRollupInterval) {
-        auto written = blob_->set(rollup_key(shard_, current->seqno), encode_state(*current));
+        rollup = RollupRef{next->seqno, {}};
+      } else if (rollup.seqno == 0 || next->seqno - rollup.seqno >= kRollupInterval) {
+        rollup = RollupRef{current->seqno, random_id()};
+        auto written =
+            blob_->set(rollup_key(shard_, rollup.seqno, rollup.id), encode_state(*current));
         if (!written) return infrastructure_error(written.error());
-        rollup = current->seqno;
       }
-      next->rollup = rollup;
+      next->rollup = rollup.seqno;
+      next->rollup_id = rollup.id;
       std::string encoded = full ? encode_state(*next) : encode_diff(*current, *next, rollup);
       std::optional<SeqNo> expected;
       if (current->seqno > 0) expected = current->seqno;

@@ -2,8 +2,8 @@
 //
 // States are stored as a chain of versions (state.h): diffs in consensus,
 // each naming the rollup (a full state in blob) its chain starts from; the
-// machine writes a new rollup every kRollupInterval versions, before the
-// diff that first names it. fetch() reads the head, then folds the diffs
+// machine writes a new rollup every kRollupInterval versions, under a key
+// no other write uses, before the diff that first names it. fetch() reads the head, then folds the diffs
 // since its rollup (or since the cached state, when that is on the same
 // chain) onto it.
 //
@@ -61,10 +61,10 @@ class ShardMachine {
   // the transition left it unchanged).
   [[nodiscard]] Result<StatePtr> apply(const Transition& transition);
 
-  // The full state at rollup seqno `rollup`: the blob rollup, or the
-  // consensus version at that seqno when it is a full state. NotFound when
-  // neither exists (garbage collection moved past it).
-  [[nodiscard]] Result<ShardState> load_rollup(SeqNo rollup);
+  // The full state at `rollup`: the blob rollup, or the consensus version
+  // at that seqno when it is a full state. NotFound when neither exists
+  // (garbage collection moved past it).
+  [[nodiscard]] Result<ShardState> load_rollup(const RollupRef& rollup);
 
  private:
   // The cached state, fetching it if there is none yet.

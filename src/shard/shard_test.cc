@@ -154,6 +154,7 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
   state.writers["w1"].last_token = "tok";
   state.readers["r1"] = ReaderState{Frontier::at(3), 12345};
   state.readers["c-sink"] = ReaderState{Frontier::at(4), 0};
+  state.producers["p1"] = ProducerState{41, 17, 99'000};
   PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
   state.batches.push_back(HollowBatch{
       Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({part})});
@@ -192,6 +193,8 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   before.writers["a"].last_token = "1";
   before.writers["b"].last_token = "2";
   before.readers["gone"] = ReaderState{Frontier::at(1), 50};
+  before.producers["stays"] = ProducerState{5, 30, 1000};
+  before.producers["leaves"] = ProducerState{9, 31, 1000};
 
   std::vector<ShardState> afters;
   ShardState append = before;  // an append
@@ -212,18 +215,24 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   readers.readers["r1"] = ReaderState{Frontier::at(5), 99};
   readers.readers["c-x"] = ReaderState{Frontier::at(2), 0};
   afters.push_back(readers);
+  ShardState producers = before;  // producers come, move on and expire
+  producers.producers["new"] = ProducerState{0, 44, 2000};
+  producers.producers["stays"].sequence = 6;
+  producers.producers.erase("leaves");
+  afters.push_back(producers);
   ShardState same = before;  // nothing changed
   afters.push_back(same);
   ShardState cleared = before;  // everything gone
   cleared.batches.clear();
   cleared.writers.clear();
+  cleared.producers.clear();
   afters.push_back(cleared);
 
   for (ShardState after : afters) {
     after.seqno = before.seqno + 1;
-    std::string diff = encode_diff(before, after, 3);
+    std::string diff = encode_diff(before, after, RollupRef{3, "abc"});
     EXPECT_FALSE(is_full_version(diff));
-    EXPECT_EQ(*version_rollup_seqno("s", VersionedData{11, diff}), 3u);
+    EXPECT_EQ(*version_rollup("s", VersionedData{11, diff}), (RollupRef{3, "abc"}));
     auto applied = apply_version("s", &before, VersionedData{11, diff});
     ASSERT_TRUE(applied) << applied.error().to_string();
     EXPECT_EQ(*applied, after);
@@ -237,7 +246,8 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
     }
   }
   // An append's diff carries the new batch only, not the whole state.
-  EXPECT_LT(encode_diff(before, append, 3).size() * 5, encode_state(append).size());
+  EXPECT_LT(encode_diff(before, append, RollupRef{3, "abc"}).size() * 5,
+            encode_state(append).size());
 }
 
 TEST(StateTest, SinceFollowsTheLeastHoldAndLeasesExpire) {
@@ -276,11 +286,70 @@ TEST(StateTest, SinceFollowsTheLeastHoldAndLeasesExpire) {
 TEST(StateTest, UnknownWriterIsInvalidUsage) {
   ShardState state;
   state.name = "s";
-  AppendRequest request{"nobody", "t", Frontier::at(0), Frontier::at(1), {}};
+  AppendRequest request{.writer_id = "nobody",
+                        .idempotency_token = "t",
+                        .expected_upper = Frontier::at(0),
+                        .new_upper = Frontier::at(1),
+                        .parts = {},
+                        .lease_expires_ms = 0,
+                        .producers = {},
+                        .producer_expires_ms = 0,
+                        .max_producers = 0};
   auto result = apply_append(state, request);
   ASSERT_FALSE(result);
   EXPECT_EQ(result.error().kind, ErrorKind::kInvalidUsage);
   EXPECT_NE(result.error().message.find("unknown writer"), std::string::npos);
+}
+
+TEST(StateTest, ProducersContinueTheirSequenceExactly) {
+  using Verdict = ProducerCheck::Verdict;
+  ShardState state;
+  state.name = "s";
+  register_writer(state, "w", 1000, 0);
+  auto append = [&](Time t, std::vector<ProducerRange> ranges) {
+    const std::string token = "t" + std::to_string(t);
+    AppendRequest request{.writer_id = "w",
+                          .idempotency_token = token,
+                          .expected_upper = state.upper,
+                          .new_upper = Frontier::at(t + 1),
+                          .parts = {},
+                          .lease_expires_ms = 0,
+                          .producers = ranges,
+                          .producer_expires_ms = 500 + t,
+                          .max_producers = 2};
+    ShardState copy = state;
+    auto result = apply_append(copy, request);
+    if (result) state = copy;
+    return result;
+  };
+  // A new producer starts at 0; a range then moves it to its last record.
+  EXPECT_EQ(check_producer(state, "a", 0, 2).verdict, Verdict::kNext);
+  EXPECT_EQ(check_producer(state, "a", 3, 2).verdict, Verdict::kGap);
+  ASSERT_TRUE(append(0, {{"a", 0, 9, 0}}));
+  EXPECT_EQ(state.producers.at("a"), (ProducerState{9, 0, 500}));
+  // Records up to 9 are duplicates, 10 is next, 11 leaves a gap.
+  EXPECT_EQ(check_producer(state, "a", 4, 2).verdict, Verdict::kDuplicate);
+  EXPECT_EQ(check_producer(state, "a", 10, 2).verdict, Verdict::kNext);
+  EXPECT_EQ(check_producer(state, "a", 11, 2).verdict, Verdict::kGap);
+  EXPECT_EQ(check_producer(state, "a", 11, 2).expected, 10u);
+  // An append that repeats committed records changes nothing at all.
+  const ShardState before = state;
+  auto repeated = append(1, {{"b", 0, 0, 1}, {"a", 5, 12, 1}});
+  ASSERT_FALSE(repeated);
+  EXPECT_EQ(repeated.error().kind, ErrorKind::kSequenceMismatch);
+  EXPECT_EQ(state, before);
+  // Two ranges of one producer in one append continue each other.
+  ASSERT_TRUE(append(2, {{"a", 10, 12, 2}, {"b", 0, 3, 2}, {"a", 13, 20, 2}}));
+  EXPECT_EQ(state.producers.at("a").sequence, 20u);
+  EXPECT_EQ(state.producers.at("b").sequence, 3u);
+  // The shard keeps at most max_producers: a third is refused.
+  EXPECT_EQ(check_producer(state, "c", 0, 2).verdict, Verdict::kFull);
+  EXPECT_FALSE(append(3, {{"c", 0, 0, 3}}));
+  // Producers expire once their time passes with nothing committed.
+  EXPECT_FALSE(expire_leases(state, 501));
+  EXPECT_TRUE(expire_leases(state, 503));
+  EXPECT_TRUE(state.producers.empty());
+  EXPECT_EQ(check_producer(state, "a", 21, 2).verdict, Verdict::kGap);
 }
 
 TEST(StateTest, ShardNames) {
@@ -421,7 +490,9 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
       blob_->list(shard_rollup_prefix("orders"), [&](std::string_view key, std::uint64_t size) {
         ++rollups;
         largest_rollup = std::max<std::size_t>(largest_rollup, size);
-        EXPECT_TRUE(rollup_key_seqno(key, shard_rollup_prefix("orders")));
+        auto ref = parse_rollup_key(key, shard_rollup_prefix("orders"));
+        ASSERT_TRUE(ref);
+        EXPECT_FALSE(ref->id.empty()) << "a rollup key of its own for each write";
       }));
   EXPECT_EQ(rollups, (versions.size() - 1) / kRollupInterval);
   EXPECT_GT(largest_rollup, 20 * largest_diff);

@@ -11,8 +11,13 @@ namespace tidemark {
 namespace {
 
 // 3 and 4: leases on writers, seqno holds, ordered batches, rollups in blob.
-constexpr std::uint8_t kStateFormatVersion = 3;
-constexpr std::uint8_t kDiffFormatVersion = 4;
+// 5 and 6: producers; a diff names its rollup's id too (rollup keys are
+// unique per write). 3 and 4 are still read: a shard written by an older
+// Tidemark goes on in the new formats from its next version.
+constexpr std::uint8_t kStateFormatVersion = 5;
+constexpr std::uint8_t kDiffFormatVersion = 6;
+constexpr std::uint8_t kOldStateFormatVersion = 3;
+constexpr std::uint8_t kOldDiffFormatVersion = 4;
 constexpr std::uint8_t kRegistryFormatVersion = 1;
 
 bool get_string(Decoder& d, std::string* s) {
@@ -86,6 +91,18 @@ bool get_reader(Decoder& d, std::string* id, ReaderState* reader) {
          d.get_varint(&reader->lease_expires_ms) && d.get_varint(&reader->seqno);
 }
 
+void put_producer(Encoder& e, const std::string& id, const ProducerState& producer) {
+  e.put_bytes(id);
+  e.put_varint(producer.sequence);
+  e.put_varint(producer.time);
+  e.put_varint(producer.expires_ms);
+}
+
+bool get_producer(Decoder& d, std::string* id, ProducerState* producer) {
+  return get_string(d, id) && d.get_varint(&producer->sequence) && d.get_varint(&producer->time) &&
+         d.get_varint(&producer->expires_ms);
+}
+
 // The invariants of ShardState (state.h); `bad` names what is wrong.
 Status validate_state(const ShardState& state,
                       const std::function<std::unexpected<Error>(std::string)>& bad) {
@@ -143,24 +160,32 @@ std::string shard_rollup_prefix(std::string_view shard) {
   return "shard/" + std::string(shard) + "/rollup/";
 }
 
-std::string rollup_key(std::string_view shard, SeqNo seqno) {
+std::string rollup_key(std::string_view shard, SeqNo seqno, std::string_view id) {
   // Zero-padded so keys sort by seqno.
   char digits[21];
   std::snprintf(digits, sizeof(digits), "%020llu", static_cast<unsigned long long>(seqno));
-  return shard_rollup_prefix(shard) + digits;
+  std::string key = shard_rollup_prefix(shard) + digits;
+  if (!id.empty()) key.append("-").append(id);
+  return key;
 }
 
-std::optional<SeqNo> rollup_key_seqno(std::string_view key, std::string_view prefix) {
+std::optional<RollupRef> parse_rollup_key(std::string_view key, std::string_view prefix) {
   if (!key.starts_with(prefix)) return std::nullopt;
-  std::string_view digits = key.substr(prefix.size());
-  if (digits.size() != 20) return std::nullopt;
-  SeqNo seqno = 0;
+  std::string_view rest = key.substr(prefix.size());
+  if (rest.size() < 20) return std::nullopt;
+  std::string_view digits = rest.substr(0, 20);
+  RollupRef out;
   for (char c : digits) {
     if (c < '0' || c > '9') return std::nullopt;
-    if (seqno > (UINT64_MAX - 9) / 10) return std::nullopt;
-    seqno = seqno * 10 + static_cast<SeqNo>(c - '0');
+    if (out.seqno > (UINT64_MAX - 9) / 10) return std::nullopt;
+    out.seqno = out.seqno * 10 + static_cast<SeqNo>(c - '0');
   }
-  return seqno;
+  rest.remove_prefix(20);
+  if (!rest.empty()) {
+    if (rest.size() < 2 || rest[0] != '-') return std::nullopt;
+    out.id = std::string(rest.substr(1));
+  }
+  return out;
 }
 
 Status validate_shard_name(std::string_view name) {
@@ -194,6 +219,8 @@ std::string encode_state(const ShardState& state) {
   for (const auto& [id, writer] : state.writers) put_writer(e, id, writer);
   e.put_varint(state.readers.size());
   for (const auto& [id, reader] : state.readers) put_reader(e, id, reader);
+  e.put_varint(state.producers.size());
+  for (const auto& [id, producer] : state.producers) put_producer(e, id, producer);
   e.put_varint(state.batches.size());
   for (const HollowBatch& batch : state.batches) put_batch(e, batch);
   return out;
@@ -207,7 +234,7 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   Decoder d(data.data);
   std::uint8_t version;
   if (!d.get_u8(&version)) return bad("empty");
-  if (version != kStateFormatVersion) {
+  if (version != kStateFormatVersion && version != kOldStateFormatVersion) {
     return bad("unsupported state format version " + std::to_string(version));
   }
   ShardState state;
@@ -234,6 +261,18 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
     if (!get_reader(d, &id, &reader)) return bad("malformed reader");
     state.readers.emplace(std::move(id), reader);
   }
+  if (version == kStateFormatVersion) {
+    std::uint64_t producers;
+    if (!d.get_varint(&producers) || producers > d.remaining()) {
+      return bad("malformed producer count");
+    }
+    for (std::uint64_t i = 0; i < producers; ++i) {
+      std::string id;
+      ProducerState producer;
+      if (!get_producer(d, &id, &producer)) return bad("malformed producer");
+      state.producers.emplace(std::move(id), producer);
+    }
+  }
   std::uint64_t batches;
   if (!d.get_varint(&batches) || batches > d.remaining()) return bad("malformed batch count");
   state.batches.resize(batches);
@@ -246,27 +285,40 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
 }
 
 bool is_full_version(std::string_view data) {
-  return !data.empty() && static_cast<std::uint8_t>(data[0]) == kStateFormatVersion;
+  if (data.empty()) return false;
+  const auto version = static_cast<std::uint8_t>(data[0]);
+  return version == kStateFormatVersion || version == kOldStateFormatVersion;
 }
 
-Result<SeqNo> version_rollup_seqno(std::string_view shard, const VersionedData& data) {
-  if (is_full_version(data.data)) return data.seqno;
+namespace {
+
+// A diff's header: its format version and the rollup it names.
+bool get_diff_header(Decoder& d, std::uint8_t* version, RollupRef* rollup) {
+  if (!d.get_u8(version) || !d.get_varint(&rollup->seqno)) return false;
+  if (*version == kOldDiffFormatVersion) return true;
+  return *version == kDiffFormatVersion && get_string(d, &rollup->id);
+}
+
+}  // namespace
+
+Result<RollupRef> version_rollup(std::string_view shard, const VersionedData& data) {
+  if (is_full_version(data.data)) return RollupRef{data.seqno, {}};
   Decoder d(data.data);
   std::uint8_t version;
-  SeqNo rollup;
-  if (!d.get_u8(&version) || version != kDiffFormatVersion || !d.get_varint(&rollup) ||
-      rollup >= data.seqno) {
+  RollupRef rollup;
+  if (!get_diff_header(d, &version, &rollup) || rollup.seqno >= data.seqno) {
     return corruption("state of shard " + std::string(shard) + " at seqno " +
                       std::to_string(data.seqno) + ": neither a full state nor a diff");
   }
   return rollup;
 }
 
-std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo rollup_seqno) {
+std::string encode_diff(const ShardState& before, const ShardState& after, const RollupRef& rollup) {
   std::string out;
   Encoder e(&out);
   e.put_u8(kDiffFormatVersion);
-  e.put_varint(rollup_seqno);
+  e.put_varint(rollup.seqno);
+  e.put_bytes(rollup.id);
   put_frontier(e, after.upper);
   put_frontier(e, after.since);
   // Writers added or changed, then writers removed.
@@ -299,6 +351,22 @@ std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo
   }
   e.put_varint(readers_removed.size());
   for (const std::string* id : readers_removed) e.put_bytes(*id);
+  // Producers added or changed, then producers removed.
+  std::vector<std::pair<const std::string*, const ProducerState*>> producer_upserts;
+  for (const auto& [id, producer] : after.producers) {
+    auto old = before.producers.find(id);
+    if (old == before.producers.end() || !(old->second == producer)) {
+      producer_upserts.emplace_back(&id, &producer);
+    }
+  }
+  e.put_varint(producer_upserts.size());
+  for (const auto& [id, producer] : producer_upserts) put_producer(e, *id, *producer);
+  std::vector<const std::string*> producers_removed;
+  for (const auto& [id, producer] : before.producers) {
+    if (!after.producers.contains(id)) producers_removed.push_back(&id);
+  }
+  e.put_varint(producers_removed.size());
+  for (const std::string* id : producers_removed) e.put_bytes(*id);
   // Batches as one splice: the common prefix and suffix stay.
   const auto& b = before.batches;
   const auto& a = after.batches;
@@ -329,14 +397,13 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   }
   Decoder d(data.data);
   std::uint8_t version;
-  SeqNo rollup;
-  if (!d.get_u8(&version) || version != kDiffFormatVersion || !d.get_varint(&rollup)) {
-    return bad("malformed header");
-  }
+  RollupRef rollup;
+  if (!get_diff_header(d, &version, &rollup)) return bad("malformed header");
   ShardState state;
   state.name = before->name;
   state.seqno = data.seqno;
-  state.rollup = rollup;
+  state.rollup = rollup.seqno;
+  state.rollup_id = std::move(rollup.id);
   if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
     return bad("malformed frontiers");
   }
@@ -368,6 +435,22 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
     std::string id;
     if (!get_string(d, &id)) return bad("malformed removed reader");
     state.readers.erase(id);
+  }
+  state.producers = before->producers;
+  if (version == kDiffFormatVersion) {
+    if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed producers");
+    for (std::uint64_t i = 0; i < count; ++i) {
+      std::string id;
+      ProducerState producer;
+      if (!get_producer(d, &id, &producer)) return bad("malformed producer");
+      state.producers[std::move(id)] = producer;
+    }
+    if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed producers");
+    for (std::uint64_t i = 0; i < count; ++i) {
+      std::string id;
+      if (!get_string(d, &id)) return bad("malformed removed producer");
+      state.producers.erase(id);
+    }
   }
   std::uint64_t prefix, removed, inserted;
   if (!d.get_varint(&prefix) || !d.get_varint(&removed) || !d.get_varint(&inserted) ||
@@ -439,6 +522,8 @@ bool expire_leases(ShardState& state, std::uint64_t now_ms) {
   });
   dropped += std::erase_if(
       state.writers, [&](const auto& entry) { return entry.second.lease_expires_ms < now_ms; });
+  dropped += std::erase_if(
+      state.producers, [&](const auto& entry) { return entry.second.expires_ms < now_ms; });
   return dropped > 0;
 }
 
@@ -555,6 +640,36 @@ Status validate_append_shape(Frontier expected_upper, Frontier new_upper,
   return {};
 }
 
+Status validate_producer_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) {
+    return invalid_usage("producer id must be 1 to 128 characters, got " +
+                         std::to_string(id.size()));
+  }
+  for (char c : id) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok) {
+      return invalid_usage("producer id \"" + std::string(id) +
+                           "\" has a character outside [A-Za-z0-9._-]");
+    }
+  }
+  return {};
+}
+
+ProducerCheck check_producer(const ShardState& state, std::string_view producer,
+                             std::uint64_t first, std::size_t max_producers) {
+  using Verdict = ProducerCheck::Verdict;
+  auto it = state.producers.find(producer);
+  if (it == state.producers.end()) {
+    if (first > 0) return {Verdict::kGap, 0};
+    if (max_producers > 0 && state.producers.size() >= max_producers) return {Verdict::kFull, 0};
+    return {Verdict::kNext, 0};
+  }
+  const std::uint64_t expected = it->second.sequence + 1;
+  if (first == expected) return {Verdict::kNext, expected};
+  return {first < expected ? Verdict::kDuplicate : Verdict::kGap, expected};
+}
+
 Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request) {
   auto writer = state.writers.find(request.writer_id);
   if (writer == state.writers.end()) {
@@ -567,6 +682,24 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
   }
   if (state.upper != request.expected_upper) {
     return upper_mismatch(request.expected_upper, state.upper);
+  }
+  // Producers first: the transition changes nothing unless all continue.
+  for (const ProducerRange& range : request.producers) {
+    if (range.last < range.first) return invalid_usage("producer range with last < first");
+    const ProducerCheck check =
+        check_producer(state, range.producer, range.first, request.max_producers);
+    if (check.verdict != ProducerCheck::Verdict::kNext) {
+      return make_error(ErrorKind::kSequenceMismatch,
+                        "producer " + range.producer + " appends from sequence " +
+                            std::to_string(range.first) + " but shard " + state.name +
+                            " expects " + std::to_string(check.expected) +
+                            (check.verdict == ProducerCheck::Verdict::kFull
+                                 ? " and keeps no more producers"
+                                 : ""));
+    }
+    // A copy: a later range of the same producer continues from this one.
+    state.producers[range.producer] =
+        ProducerState{range.last, range.time, request.producer_expires_ms};
   }
   if (!request.parts.empty()) {
     HollowBatch batch;

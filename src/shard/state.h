@@ -14,7 +14,8 @@
 //     adjacent ones (description: the first's lower to the last's upper);
 //   - a part's registered range lies within its batch's description.
 //
-// Leases: writers and leased readers expire when their lease runs out.
+// Leases: writers and leased readers expire when their lease runs out, and
+// producers when they have committed nothing for their expiry time.
 // Every transition given a clock first drops expired entries; garbage
 // collection treats a writer absent from the state as gone for good (a
 // writer id is never registered twice), so its unreferenced parts are
@@ -34,6 +35,7 @@
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/location.h"
+#include "tidemark/write.h"
 
 namespace tidemark {
 
@@ -108,6 +110,19 @@ struct ReaderState {
   bool operator==(const ReaderState&) const = default;
 };
 
+// What an idempotent producer has committed (DESIGN: managed appends that
+// name a producer). A producer numbers its records 0, 1, 2, ... in the
+// order it sends them; every record up to `sequence` is committed, and
+// none after it. Updated by the same compare_and_append that commits the
+// records, so the two never disagree. Dropped once `expires_ms` passes
+// with nothing committed (each commit pushes it on).
+struct ProducerState {
+  std::uint64_t sequence = 0;     // the highest sequence number committed
+  Time time = 0;                  // the commit time of that record
+  std::uint64_t expires_ms = 0;   // wall-clock ms
+  bool operator==(const ProducerState&) const = default;
+};
+
 struct ShardState {
   std::string name;
   SeqNo seqno = 0;  // of the consensus version holding this state
@@ -116,16 +131,19 @@ struct ShardState {
   std::vector<HollowBatch> batches;
   std::map<std::string, WriterState, std::less<>> writers;
   std::map<std::string, ReaderState, std::less<>> readers;
-  // Not stored: the seqno of the rollup this version's chain starts from
-  // (its own for a full state), set by decode_state and apply_version. The
-  // machine names it in the next diff it writes.
+  std::map<std::string, ProducerState, std::less<>> producers;
+  // Not stored: the rollup this version's chain starts from (its seqno, its
+  // own for a full state, and the id in its blob key), set by decode_state,
+  // apply_version and ShardMachine::load_rollup. The machine names it in
+  // the next diff it writes.
   SeqNo rollup = 0;
+  std::string rollup_id;
 
   // Equal when what is stored is equal (`rollup` is bookkeeping).
   bool operator==(const ShardState& other) const {
     return name == other.name && seqno == other.seqno && upper == other.upper &&
            since == other.since && batches == other.batches && writers == other.writers &&
-           readers == other.readers;
+           readers == other.readers && producers == other.producers;
   }
 };
 
@@ -136,13 +154,22 @@ std::string shard_part_prefix(std::string_view shard);
 std::string part_key(std::string_view shard, std::string_view writer_id);
 // The writer named in a part key under `prefix`; empty if it names none.
 std::string_view part_key_writer(std::string_view key, std::string_view prefix);
-// Rollups: the full state at a seqno, stored in blob under a key derived
-// from it. Any process folding the chain to that seqno computes the same
-// bytes, so concurrent writers of one rollup agree.
+// Rollups: the full state at a seqno, stored in blob under a key made of
+// the seqno and an id the writer draws at random: <seqno, 20 digits>-<id>.
+// Every write of a rollup goes to a key of its own, and only the diff whose
+// compare_and_set won names it, so no object is ever written twice and a
+// reader never meets one being rewritten (some S3-compatible stores write
+// in place: a rewritten key read mid-write was torn). An empty id is the
+// key of format 4, which named rollups by seqno alone.
 std::string shard_rollup_prefix(std::string_view shard);
-std::string rollup_key(std::string_view shard, SeqNo seqno);
-// The seqno of a rollup key under `prefix`; nullopt if it is not one.
-std::optional<SeqNo> rollup_key_seqno(std::string_view key, std::string_view prefix);
+std::string rollup_key(std::string_view shard, SeqNo seqno, std::string_view id);
+// The seqno and id of a rollup key under `prefix`; nullopt if it is not one.
+struct RollupRef {
+  SeqNo seqno = 0;
+  std::string id;
+  bool operator==(const RollupRef&) const = default;
+};
+std::optional<RollupRef> parse_rollup_key(std::string_view key, std::string_view prefix);
 
 // Shard names match [A-Za-z0-9._-]{1,128}; ".", ".." and names starting
 // with ".tmp-" (reserved for blob files being written) are refused too.
@@ -150,28 +177,29 @@ std::optional<SeqNo> rollup_key_seqno(std::string_view key, std::string_view pre
 
 // How states are stored. Each consensus version is either a full state
 // (only the first version of a shard) or a diff against the version just
-// before it, which names the seqno r of the rollup its chain starts from.
+// before it, which names the rollup (seqno r, id) its chain starts from.
 // The full state at r is the consensus version r itself when that is a full
-// state, else the blob object rollup_key(shard, r). Every consensus write is
+// state, else the blob object rollup_key(shard, r, id). Every consensus write is
 // a diff, so what a compare_and_set writes does not grow with the shard;
 // the machine writes a rollup to blob every kRollupInterval versions, so
 // reading a state fetches one rollup and folds at most that many diffs.
 inline constexpr SeqNo kRollupInterval = 128;
 
-// A full state: binary, with a leading format version. Decoding validates
-// every field and the invariants above; a malformed state is a Corruption
-// error naming the shard and seqno.
+// A full state: binary, with a leading format version (5; 3 is read too).
+// Decoding validates every field and the invariants above; a malformed
+// state is a Corruption error naming the shard and seqno.
 std::string encode_state(const ShardState& state);
 [[nodiscard]] Result<ShardState> decode_state(std::string_view shard, const VersionedData& data);
 
-// A diff taking `before` to `after`: frontiers, writers changed or removed,
-// and the batches as one splice (common prefix and suffix kept).
-std::string encode_diff(const ShardState& before, const ShardState& after, SeqNo rollup_seqno);
+// A diff taking `before` to `after` (format 6; 4 is read too): frontiers,
+// writers, readers and producers changed or removed, and the batches as
+// one splice (common prefix and suffix kept).
+std::string encode_diff(const ShardState& before, const ShardState& after, const RollupRef& rollup);
 
 bool is_full_version(std::string_view data);
-// The seqno of the full state a version's chain starts from (its own for a
-// full state).
-[[nodiscard]] Result<SeqNo> version_rollup_seqno(std::string_view shard, const VersionedData& data);
+// The full state a version's chain starts from (its own seqno and no id for
+// a full state).
+[[nodiscard]] Result<RollupRef> version_rollup(std::string_view shard, const VersionedData& data);
 // The state a version holds: a full state decoded, or a diff applied to
 // `before`, which must be the state at seqno data.seqno - 1.
 [[nodiscard]] Result<ShardState> apply_version(std::string_view shard, const ShardState* before,
@@ -184,8 +212,8 @@ std::string encode_registry(const std::vector<std::string>& names);
 
 // --- Pure transitions -------------------------------------------------------
 
-// Drops writers and leased readers whose lease ran out before `now_ms`.
-// True if it dropped any.
+// Drops writers and leased readers whose lease ran out before `now_ms`, and
+// producers that expired. True if it dropped any.
 bool expire_leases(ShardState& state, std::uint64_t now_ms);
 
 // Writers. Registers a writer (idempotent: a registered writer's lease is
@@ -226,6 +254,23 @@ void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t 
 // everything versions at or after it reference.
 SeqNo seqno_since(const ShardState& state);
 
+// Producers. A producer id matches [A-Za-z0-9._-]{1,128}.
+[[nodiscard]] Status validate_producer_id(std::string_view id);
+
+// Where records of `producer` numbered from `first` stand against the
+// state: the next ones it expects (kNext), or some already committed
+// (kDuplicate: those below `expected`), or a gap before them (kGap: the
+// shard expects `expected`; an unknown producer starts at 0), or a new
+// producer when the shard already keeps `max_producers` (kFull; 0 means
+// no limit).
+struct ProducerCheck {
+  enum class Verdict : std::uint8_t { kNext, kDuplicate, kGap, kFull };
+  Verdict verdict = Verdict::kNext;
+  std::uint64_t expected = 0;  // the sequence number the shard expects next
+};
+ProducerCheck check_producer(const ShardState& state, std::string_view producer,
+                             std::uint64_t first, std::size_t max_producers);
+
 struct AppendRequest {
   std::string_view writer_id;
   std::string_view idempotency_token;
@@ -236,6 +281,13 @@ struct AppendRequest {
   std::span<const PartRef> parts;
   // Extends the writer's lease when nonzero.
   std::uint64_t lease_expires_ms = 0;
+  // Idempotent producers' records in this append, in commit order. Each
+  // range must be kNext for check_producer on the state as the ranges
+  // before it leave it; the producer then stands at its `last`, expiring at
+  // producer_expires_ms.
+  std::span<const ProducerRange> producers;
+  std::uint64_t producer_expires_ms = 0;
+  std::size_t max_producers = 0;
 };
 
 enum class AppendOutcome : std::uint8_t {
@@ -245,7 +297,10 @@ enum class AppendOutcome : std::uint8_t {
 
 // compare_and_append as a transition, with every rule of DESIGN.md 3:
 // unknown writer is InvalidUsage; an upper that is not `expected_upper` is
-// UpperMismatch{expected, current}. The request's shape is checked first by
+// UpperMismatch{expected, current}; a producer range that does not continue
+// its producer's sequence is SequenceMismatch (nothing changes: the caller
+// re-checks its records against the state and drops or fails the ones
+// that are not next). The request's shape is checked first by
 // validate_append_shape.
 [[nodiscard]] Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request);
 

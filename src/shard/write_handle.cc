@@ -83,6 +83,12 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
 
 Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                        Frontier new_upper, std::string_view idempotency_token) {
+  return compare_and_append(batches, expected_upper, new_upper, idempotency_token, {});
+}
+
+Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
+                                       Frontier new_upper, std::string_view idempotency_token,
+                                       std::span<const ProducerRange> producers) {
   if (idempotency_token.empty()) return invalid_usage("an idempotency token cannot be empty");
   std::vector<Description> descs;
   std::vector<PartRef> parts;
@@ -96,8 +102,19 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   }
   TM_TRY(validate_append_shape(expected_upper, new_upper, descs, !parts.empty()));
 
-  AppendRequest request{writer_id_, idempotency_token, expected_upper, new_upper,
-                        parts,      lease_expiry()};
+  for (const ProducerRange& range : producers) TM_TRY(validate_producer_id(range.producer));
+  const ClientOptions& options = context_->options;
+  AppendRequest request{
+      .writer_id = writer_id_,
+      .idempotency_token = idempotency_token,
+      .expected_upper = expected_upper,
+      .new_upper = new_upper,
+      .parts = parts,
+      .lease_expires_ms = lease_expiry(),
+      .producers = producers,
+      .producer_expires_ms =
+          wall_clock_millis() + static_cast<std::uint64_t>(options.producer_expiry.count()),
+      .max_producers = options.max_producers};
   auto applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
     TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
     return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
