@@ -15,8 +15,8 @@
 // On UpperMismatch (another writer moved the shard) pending batches are
 // re-timed at the new upper and retried, or with MismatchPolicy::kBail
 // their tokens fail instead. Indeterminate errors are retried with the
-// same idempotency token; determinate ones are retried with backoff up to
-// max_retries; anything else (or too many retries) is fatal: every pending
+// same idempotency token; determinate ones are retried with backoff as
+// `retry` allows; anything else (or too many retries) is fatal: every pending
 // token fails and the appender closes. No token reports a commit that did
 // not happen.
 //
@@ -50,6 +50,7 @@
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/memory_pool.h"
+#include "tidemark/retry.h"
 
 namespace tidemark {
 
@@ -94,8 +95,9 @@ struct AppenderOptions {
   // fewer, larger parts: each part costs a file (or object) and a sync.
   std::chrono::milliseconds batch_linger{5};
   MismatchPolicy on_mismatch = MismatchPolicy::kRetime;
-  // Failures retried before the appender gives up (fatal).
-  int max_retries = 10;
+  // How failures of an upload or a commit are retried before the appender
+  // gives up (fatal): 11 attempts, about 1.5 s of backoff in all.
+  RetryPolicy retry{std::chrono::milliseconds(10), std::chrono::milliseconds(320), 11, {}};
   // The time source, in the shard's time unit; wall-clock milliseconds by
   // default.
   std::function<Time()> clock;
@@ -182,7 +184,7 @@ class Appender : public std::enable_shared_from_this<Appender> {
 
   AppenderStats stats() const;
   // The error that stopped the appender (see above: a non-retryable error,
-  // or too many retries, e.g. a backend down for longer than max_retries'
+  // or too many retries, e.g. a backend down for longer than `retry`'s
   // backoff), or nullopt while it runs. A stopped appender fails every
   // enqueue with Closed; open a new one to go on.
   std::optional<Error> failure() const;

@@ -18,6 +18,7 @@
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/location.h"
+#include "tidemark/retry.h"
 
 namespace tidemark {
 
@@ -49,6 +50,13 @@ struct ClientOptions {
   // Leased readers that snapshots and listens without a ReadHandle of
   // their own open for their duration.
   std::chrono::milliseconds reader_lease{60'000};
+  // How the read path (snapshots, listens, sinks, compaction's inputs)
+  // retries a blob or consensus call that failed for a reason that may
+  // pass: with backoff, until this deadline has passed since the call
+  // first failed (retry.h). A stream resumes where it was; past the
+  // deadline the read fails with the last error.
+  RetryPolicy read_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
+                         std::chrono::milliseconds(30'000)};
   // A background compactor per opened shard: an append that leaves the
   // spine out of shape hands it the merge, and it collects garbage after.
   bool background_compaction = true;

@@ -9,12 +9,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
-#include <random>
 #include <set>
-#include <thread>
 #include <type_traits>
 
 #include "location/blob_key.h"
+#include "tidemark/retry.h"
 #include "util/size.h"
 
 namespace tidemark {
@@ -678,19 +677,9 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
   bool maybe_applied = false;
   std::string last_failure;
   std::optional<Error> persistent_problem;
-  std::optional<std::minstd_rand> random;  // seeded on the first retry
-  std::chrono::milliseconds ceiling = kFirstBackoff;
-  int attempts = 0;
-  while (attempts < max_attempts) {
-    if (attempts > 0) {
-      // Equal jitter: half the ceiling, plus a random part of the rest.
-      if (!random) random.emplace(std::random_device{}());
-      auto half = ceiling.count() / 2;
-      std::uniform_int_distribution<long> jitter(0, ceiling.count() - half);
-      std::this_thread::sleep_for(std::chrono::milliseconds(half + jitter(*random)));
-      ceiling = std::min(ceiling * 2, kMaxBackoff);
-    }
-    ++attempts;
+  Backoff backoff(RetryPolicy{kFirstBackoff, kMaxBackoff, max_attempts, {}});
+  for (bool first = true;; first = false) {
+    if (!first && !backoff.next()) break;
     Attempt tried = attempt(request, body_sha256);
     persistent_problem.reset();
     if (!tried.answer) {
@@ -723,6 +712,7 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
     }
     return std::move(answer);
   }
+  const int attempts = backoff.attempts();
   std::string gave_up =
       "; gave up after " + std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts");
   if (persistent_problem) {

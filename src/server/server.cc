@@ -56,9 +56,14 @@ unsigned status_of(const Error& error) {
     case ErrorKind::kAlreadyExists:
     case ErrorKind::kUpperMismatch:
     case ErrorKind::kNotReady:
+    case ErrorKind::kSequenceMismatch:
       return 409;
     case ErrorKind::kTooLarge:
       return 413;
+    // A backend that failed past the retries (the cause is in the message),
+    // or a queue with no room: the client should retry later.
+    case ErrorKind::kDeterminate:
+    case ErrorKind::kIndeterminate:
     case ErrorKind::kFull:
     case ErrorKind::kClosed:
       return 503;
@@ -74,7 +79,49 @@ std::string error_json(std::string_view message) {
   return out;
 }
 
-// "a=1&b=2" -> {a: 1, b: 2}; values are used as written (numbers only).
+// %XX escapes (and '+' for a space) decoded; a malformed escape is kept
+// as written.
+std::string url_decode(std::string_view text) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 &&
+        hex(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
+      i += 2;
+    } else if (text[i] == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(text[i]);
+    }
+  }
+  return out;
+}
+
+// Every byte outside [A-Za-z0-9._~-] as %XX.
+std::string url_encode(std::string_view text) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : text) {
+    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+        c == '_' || c == '~' || c == '-') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+// "a=1&b=%7B%7D" -> {a: "1", b: "{}"}.
 std::map<std::string, std::string> parse_query(std::string_view query) {
   std::map<std::string, std::string> out;
   while (!query.empty()) {
@@ -82,9 +129,9 @@ std::map<std::string, std::string> parse_query(std::string_view query) {
     std::string_view item = query.substr(0, amp);
     auto eq = item.find('=');
     if (eq == std::string_view::npos) {
-      out[std::string(item)] = "";
+      out[url_decode(item)] = "";
     } else {
-      out[std::string(item.substr(0, eq))] = std::string(item.substr(eq + 1));
+      out[url_decode(item.substr(0, eq))] = url_decode(item.substr(eq + 1));
     }
     if (amp == std::string_view::npos) break;
     query = query.substr(amp + 1);
@@ -1012,12 +1059,48 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- reads -----------------------------------------------------------------
 
+  // Where a stream stands, for the error line that ends it early: the query
+  // that resumes it (snapshot: as_of and the last row; listen: from and
+  // the last update after the last progress). Updated once per chunk, from
+  // the last row the chunk holds.
+  struct StreamPosition {
+    std::mutex mu;
+    std::string query;  // guarded by mu
+  };
+
+  // The query a stream's client sends to go on after the rows it has.
+  static std::string resume_query(std::string_view base, std::string_view after_time,
+                                  std::optional<std::pair<std::string_view, std::string_view>> row) {
+    std::string out(base);
+    if (!after_time.empty()) out.append("&after_time=").append(after_time);
+    if (row) {
+      out.append("&after_key=").append(url_encode(row->first));
+      out.append("&after_value=").append(url_encode(row->second));
+    }
+    return out;
+  }
+
+  // Reads after_key/after_value (both or neither): rows up to and
+  // including that one are skipped.
+  std::optional<std::pair<std::string, std::string>> after_row(std::string* problem) {
+    const bool key = query_.contains("after_key"), value = query_.contains("after_value");
+    if (key != value) {
+      *problem = "after_key and after_value go together";
+      return std::nullopt;
+    }
+    if (!key) return std::nullopt;
+    return std::pair{query_["after_key"], query_["after_value"]};
+  }
+
   void snapshot() {
     std::optional<Time> as_of;
     if (query_.contains("as_of")) {
       as_of = parse_time(query_["as_of"]);
       if (!as_of) return respond(400, error_json("as_of must be a time"));
     }
+    std::string problem;
+    auto after = after_row(&problem);
+    if (!problem.empty()) return respond(400, error_json(problem));
     blocking<std::shared_ptr<SnapshotCursor>>(
         [server = server_, n = name_, as_of]() -> Result<std::shared_ptr<SnapshotCursor>> {
           TM_ASSIGN(auto s, server->shard(n));
@@ -1034,21 +1117,59 @@ class Session : public std::enable_shared_from_this<Session> {
           TM_ASSIGN(SnapshotCursor cursor, s->snapshot(t));
           return std::make_shared<SnapshotCursor>(std::move(cursor));
         },
-        [self = shared_from_this()](Result<std::shared_ptr<SnapshotCursor>> cursor) {
+        [self = shared_from_this(), after](Result<std::shared_ptr<SnapshotCursor>> cursor) {
           if (!cursor) return self->respond_error(cursor.error());
           auto source = *cursor;
-          self->stream([source](std::string* out) -> Result<bool> {
-            while (out->size() < Server::kStreamChunkBytes) {
-              TM_ASSIGN(auto row, source->next());
-              if (!row) return false;
-              reserve_for_row(out, row->key.size() + row->value.size());
-              out->append("{\"key\":").append(row->key).append(",\"value\":").append(row->value);
-              out->append(",\"diff\":");
-              append_i64(out, row->diff);
-              out->append("}\n");
-            }
-            return true;
-          });
+          auto position = std::make_shared<StreamPosition>();
+          const std::string base = "as_of=" + std::to_string(source->as_of());
+          position->query = after ? resume_query(base, {}, std::pair<std::string_view, std::string_view>(
+                                                                after->first, after->second))
+                                  : base;
+          // Rows up to `after` were sent to an earlier request.
+          auto skip = std::make_shared<std::optional<std::pair<std::string, std::string>>>(after);
+          self->stream(
+              [source, position, skip, base](std::string* out) -> Result<bool> {
+                std::optional<std::pair<std::size_t, std::size_t>> key_at, value_at;
+                auto remember = [&] {
+                  if (!key_at) return;
+                  std::lock_guard lock(position->mu);
+                  position->query = resume_query(
+                      base, {},
+                      std::pair{std::string_view(*out).substr(key_at->first, key_at->second),
+                                std::string_view(*out).substr(value_at->first, value_at->second)});
+                };
+                while (out->size() < Server::kStreamChunkBytes) {
+                  auto row = source->next();
+                  if (!row) {
+                    remember();
+                    return std::unexpected(row.error());
+                  }
+                  if (!*row) {
+                    remember();
+                    return false;
+                  }
+                  if (*skip) {
+                    const auto& [k, v] = **skip;
+                    if (std::tie((*row)->key, (*row)->value) <=
+                        std::tie(std::as_const(k), std::as_const(v))) {
+                      continue;
+                    }
+                    skip->reset();
+                  }
+                  reserve_for_row(out, (*row)->key.size() + (*row)->value.size());
+                  out->append("{\"key\":");
+                  key_at = std::pair{out->size(), (*row)->key.size()};
+                  out->append((*row)->key).append(",\"value\":");
+                  value_at = std::pair{out->size(), (*row)->value.size()};
+                  out->append((*row)->value);
+                  out->append(",\"diff\":");
+                  append_i64(out, (*row)->diff);
+                  out->append("}\n");
+                }
+                remember();
+                return true;
+              },
+              position);
         });
   }
 
@@ -1060,38 +1181,108 @@ class Session : public std::enable_shared_from_this<Session> {
       until = parse_time(query_["until"]);
       if (!until) return respond(400, error_json("until must be a time"));
     }
+    std::string problem;
+    auto after = after_row(&problem);
+    std::optional<Time> after_time;
+    if (query_.contains("after_time")) {
+      after_time = parse_time(query_["after_time"]);
+      if (!after_time || *after_time <= *from) {
+        return respond(400, error_json("after_time must be a time after from"));
+      }
+    }
+    if (after.has_value() != after_time.has_value() && problem.empty()) {
+      problem = "after_time, after_key and after_value go together";
+    }
+    if (!problem.empty()) return respond(400, error_json(problem));
     blocking<std::shared_ptr<Listener>>(
         [server = server_, n = name_, from, until]() -> Result<std::shared_ptr<Listener>> {
           TM_ASSIGN(auto s, server->shard(n));
           TM_ASSIGN(auto listener, s->listen(*from, until));
           return std::shared_ptr<Listener>(std::move(listener));
         },
-        [self = shared_from_this()](Result<std::shared_ptr<Listener>> listener) {
+        [self = shared_from_this(), from = *from, until, after,
+         after_time](Result<std::shared_ptr<Listener>> listener) {
           if (!listener) return self->respond_error(listener.error());
           auto source = *listener;
+          // The query that resumes the stream: from the last progress (less
+          // one: `from` is exclusive), after the last update since it.
+          struct Cursor {
+            Time from;
+            std::optional<Time> until;
+            std::optional<Time> after_time;
+            std::optional<std::pair<std::string, std::string>> after;
+            std::string base() const {
+              std::string q = "from=" + std::to_string(from);
+              if (until) q += "&until=" + std::to_string(*until);
+              return q;
+            }
+          };
+          auto cursor = std::make_shared<Cursor>(Cursor{from, until, after_time, after});
+          auto position = std::make_shared<StreamPosition>();
+          auto publish = [cursor, position] {
+            std::string q = cursor->base();
+            if (cursor->after_time && cursor->after) {
+              q = resume_query(q, std::to_string(*cursor->after_time),
+                               std::pair<std::string_view, std::string_view>(cursor->after->first,
+                                                                            cursor->after->second));
+            }
+            std::lock_guard lock(position->mu);
+            position->query = std::move(q);
+          };
+          publish();
+          // Updates up to (after_time, after_key, after_value) were sent to
+          // an earlier request.
+          auto skip = std::make_shared<std::optional<std::tuple<Time, std::string, std::string>>>();
+          if (after_time) *skip = std::tuple{*after_time, after->first, after->second};
           // Returns with what is ready: a chunk, or nothing yet (an empty
           // `out` and true: try again after kListenRetry).
-          self->stream([source](std::string* out) -> Result<bool> {
-            while (out->size() < Server::kStreamChunkBytes) {
-              TM_ASSIGN(auto event, source->poll());
-              if (!event) return !source->done();
-              if (event->kind == ListenEvent::Kind::kProgress) {
-                out->append("{\"progress\":").append(event->progress.to_json()).append("}\n");
-                return true;  // a reader waiting on progress sees it now
-              }
-              reserve_for_row(out, event->key.size() + event->value.size());
-              out->append("{\"key\":")
-                  .append(event->key)
-                  .append(",\"value\":")
-                  .append(event->value);
-              out->append(",\"time\":");
-              append_u64(out, event->time);
-              out->append(",\"diff\":");
-              append_i64(out, event->diff);
-              out->append("}\n");
-            }
-            return true;
-          });
+          self->stream(
+              [source, cursor, publish, skip](std::string* out) -> Result<bool> {
+                bool moved = false;
+                auto finish = [&](auto result) {
+                  if (moved) publish();
+                  return result;
+                };
+                while (out->size() < Server::kStreamChunkBytes) {
+                  auto event = source->poll();
+                  if (!event) return finish(Result<bool>(std::unexpected(event.error())));
+                  if (!*event) return finish(Result<bool>(!source->done()));
+                  if ((*event)->kind == ListenEvent::Kind::kProgress) {
+                    const Frontier progress = (*event)->progress;
+                    out->append("{\"progress\":").append(progress.to_json()).append("}\n");
+                    if (!progress.is_closed() && progress.time() > 0 &&
+                        progress.time() - 1 > cursor->from) {
+                      cursor->from = progress.time() - 1;
+                      cursor->after_time.reset();
+                      cursor->after.reset();
+                      skip->reset();
+                      moved = true;
+                    }
+                    return finish(Result<bool>(true));  // a reader waiting on progress sees it now
+                  }
+                  const ListenEvent& e = **event;
+                  if (*skip) {
+                    const auto& [t, k, v] = **skip;
+                    if (std::tie(e.time, e.key, e.value) <=
+                        std::tie(t, std::as_const(k), std::as_const(v))) {
+                      continue;
+                    }
+                    skip->reset();
+                  }
+                  reserve_for_row(out, e.key.size() + e.value.size());
+                  out->append("{\"key\":").append(e.key).append(",\"value\":").append(e.value);
+                  out->append(",\"time\":");
+                  append_u64(out, e.time);
+                  out->append(",\"diff\":");
+                  append_i64(out, e.diff);
+                  out->append("}\n");
+                  cursor->after_time = e.time;
+                  cursor->after = std::pair{std::string(e.key), std::string(e.value)};
+                  moved = true;
+                }
+                return finish(Result<bool>(true));
+              },
+              position);
         });
   }
 
@@ -1100,7 +1291,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // kListenRetry before asking again.
   using Fill = std::function<Result<bool>(std::string*)>;
 
-  void stream(Fill fill) {
+  // A stream that ends early (an error, or the server shutting down) says
+  // so in its last line, {"error": ..., "resume": QUERY}: the query string
+  // that goes on where it stopped, from `position` (see StreamPosition).
+  void stream(Fill fill, std::shared_ptr<StreamPosition> position) {
+    position_ = std::move(position);
     out_res_.emplace();
     out_res_->result(http::status::ok);
     out_res_->version(parser_->get().version());
@@ -1126,7 +1321,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (peer_gone_) return close();
     if (server_->stopping) {
       // Said in the stream, so a cut snapshot never looks whole.
-      out_data_ = error_json("the server is shutting down; the stream ends here") + "\n";
+      out_data_ = stream_error_line("the server is shutting down; the stream ends here");
       return write_chunk(fill, false);
     }
     blocking<bool>(
@@ -1138,7 +1333,7 @@ class Session : public std::enable_shared_from_this<Session> {
           }
           auto more = fill(&self->out_data_);
           if (!more) {
-            self->out_data_ += error_json(more.error().message) + "\n";
+            self->out_data_ += self->stream_error_line(more.error().message);
             return false;
           }
           return *more;
@@ -1153,6 +1348,17 @@ class Session : public std::enable_shared_from_this<Session> {
           }
           self->write_chunk(fill, *more);
         });
+  }
+
+  std::string stream_error_line(std::string_view message) {
+    std::string line = "{\"error\":";
+    append_json_string(&line, message);
+    if (position_) {
+      std::lock_guard lock(position_->mu);
+      line += ",\"resume\":";
+      append_json_string(&line, position_->query);
+    }
+    return line + "}\n";
   }
 
   // Writes out_data_ as a chunk; then the next, or the end.
@@ -1301,6 +1507,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::buffer_body>> out_sr_;
   std::string out_data_;
   Lease out_lease_;
+  std::shared_ptr<StreamPosition> position_;
 };
 
 }  // namespace

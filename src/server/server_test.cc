@@ -70,7 +70,12 @@ class ServerTest : public ::testing::Test {
     if (blob_latency_.count() > 0) {
       served = std::make_shared<FaultyBlob>(*blob, FaultConfig{blob_latency_});
     }
-    auto client = Client::open(Location{served, *consensus}, client_options);
+    if (wrap_blob_) served = wrap_blob_(served);
+    std::shared_ptr<Consensus> agreed = *consensus;
+    if (wrap_consensus_) agreed = wrap_consensus_(agreed);
+    if (read_retry_) client_options.read_retry = *read_retry_;
+    if (tune_client_) tune_client_(client_options);
+    auto client = Client::open(Location{served, agreed}, client_options);
     ASSERT_TRUE(client) << client.error().message;
     client_ = *client;
     auto server = Server::start(client_, options_);
@@ -90,6 +95,11 @@ class ServerTest : public ::testing::Test {
   fs::path dir_;
   ServerOptions options_;
   std::chrono::microseconds blob_latency_{0};  // injected into every blob call
+  // Decorators around the server's backends, and its read retry policy.
+  std::function<std::shared_ptr<Blob>(std::shared_ptr<Blob>)> wrap_blob_;
+  std::function<std::shared_ptr<Consensus>(std::shared_ptr<Consensus>)> wrap_consensus_;
+  std::optional<RetryPolicy> read_retry_;
+  std::function<void(ClientOptions&)> tune_client_;
   std::shared_ptr<Client> client_;
   std::unique_ptr<Server> server_;
   std::uint16_t port_ = 0;
@@ -205,6 +215,143 @@ TEST_F(ServerTest, ReadsStreamSnapshotsAndListens) {
   EXPECT_EQ(get("/v1/shards/s/snapshot?as_of=3").status, 409u);  // not final yet
   EXPECT_EQ(get("/v1/shards/s/listen").status, 400u);
   EXPECT_EQ(get("/v1/shards/missing/snapshot?as_of=0").status, 404u);
+}
+
+// A blob whose reads fail, Determinate, while `failing` is set: an outage.
+class OutageBlob final : public Blob {
+ public:
+  explicit OutageBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> failing{false};
+  std::atomic<int> reads{0};
+  // Once this many more reads have passed, `failing` is set (0: never).
+  std::atomic<int> fail_after{0};
+
+  Result<std::optional<std::string>> get(std::string_view key) override {
+    TM_TRY(read());
+    return inner_->get(key);
+  }
+  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                std::uint64_t length) override {
+    TM_TRY(read());
+    return inner_->get_range(key, offset, length);
+  }
+  Status set(std::string_view key, std::string_view bytes) override {
+    return inner_->set(key, bytes);
+  }
+  Status remove(std::string_view key) override { return inner_->remove(key); }
+  Status remove_many(const std::vector<std::string>& keys) override {
+    return inner_->remove_many(keys);
+  }
+  Status list(std::string_view prefix,
+              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
+    return inner_->list(prefix, visit);
+  }
+
+ private:
+  Status read() {
+    ++reads;
+    if (fail_after > 0 && --fail_after == 0) failing = true;
+    if (failing) return determinate("blob outage (injected)");
+    return {};
+  }
+  std::shared_ptr<Blob> inner_;
+};
+
+// Records whose values do not compress: parts far larger than the 64 KiB a
+// reader fetches on open, so a stream loads blocks as it goes.
+std::string incompressible_rows(int count, int times) {
+  std::mt19937_64 rng(3);
+  std::string body;
+  for (int i = 0; i < count; ++i) {
+    body += "{\"key\": " + std::to_string(i) + ", \"value\": \"" + std::to_string(rng()) +
+            std::to_string(rng()) + "\", \"time\": " + std::to_string(i % times) + "}\n";
+  }
+  return body;
+}
+
+TEST_F(ServerTest, BackendFailuresPastTheRetriesAnswer503WithTheCause) {
+  auto outage = std::make_shared<std::shared_ptr<OutageBlob>>();
+  wrap_blob_ = [outage](std::shared_ptr<Blob> inner) {
+    *outage = std::make_shared<OutageBlob>(std::move(inner));
+    return *outage;
+  };
+  read_retry_ = RetryPolicy{std::chrono::milliseconds(5), std::chrono::milliseconds(20), 0,
+                            std::chrono::milliseconds(300)};
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=1", incompressible_rows(3000, 1)).status, 200u);
+  (*outage)->failing = true;
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=0");
+  EXPECT_EQ(snapshot.status, 503u) << snapshot.body;
+  EXPECT_NE(snapshot.body.find("blob outage"), std::string::npos) << snapshot.body;
+  EXPECT_NE(snapshot.body.find("gave up after"), std::string::npos) << snapshot.body;
+  // Back: the same request is whole.
+  (*outage)->failing = false;
+  Reply again = get("/v1/shards/s/snapshot?as_of=0");
+  EXPECT_EQ(again.status, 200u);
+  EXPECT_EQ(lines_of(again.body).size(), 3000u);
+}
+
+// A stream cut by a fault that outlasts the retries ends with an error line
+// whose "resume" query goes on exactly where it stopped: nothing twice,
+// nothing missing.
+TEST_F(ServerTest, AStreamCutByAFaultResumesWhereItStopped) {
+  auto outage = std::make_shared<std::shared_ptr<OutageBlob>>();
+  wrap_blob_ = [outage](std::shared_ptr<Blob> inner) {
+    *outage = std::make_shared<OutageBlob>(std::move(inner));
+    return *outage;
+  };
+  read_retry_ = RetryPolicy{std::chrono::milliseconds(5), std::chrono::milliseconds(20), 0,
+                            std::chrono::milliseconds(200)};
+  // Listen windows of a few blocks: a listen is cut after emitting some of
+  // a time's updates, and resumes after the last one.
+  tune_client_ = [](ClientOptions& options) { options.listen_buffer_bytes = 100 << 10; };
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const int rows = 20000;
+  int mid_time_resumes = 0;
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=4", incompressible_rows(rows, 4)).status, 200u);
+
+  for (const std::string first :
+       {"/v1/shards/s/snapshot?as_of=3", "/v1/shards/s/listen?from=0&until=4"}) {
+    const bool is_listen = first.find("listen") != std::string::npos;
+    // Cut after a few reads, then at a later point, then not at all.
+    for (int cut_after : {6, 12}) {
+      SCOPED_TRACE(first + " cut after " + std::to_string(cut_after) + " reads");
+      std::multiset<std::string> seen;
+      std::string target = first;
+      int cuts = 0;
+      for (int request = 0; request < 3; ++request) {
+        (*outage)->failing = false;
+        (*outage)->fail_after = request == 0 ? cut_after : 0;
+        Reply reply = get(target);
+        ASSERT_EQ(reply.status, 200u) << reply.body;
+        auto lines = lines_of(reply.body);
+        ASSERT_FALSE(lines.empty());
+        for (const std::string& line : lines) {
+          if (line.starts_with("{\"key\"")) seen.insert(line);
+        }
+        const std::string& last = lines.back();
+        if (!last.starts_with("{\"error\"")) break;
+        ++cuts;
+        auto json = parse_json(last);
+        ASSERT_TRUE(json) << last;
+        const JsonValue* resume = json->find("resume");
+        ASSERT_TRUE(resume && resume->is_string()) << last;
+        target = "/v1/shards/s/" + std::string(is_listen ? "listen?" : "snapshot?") +
+                 resume->as_string();
+        if (resume->as_string().find("after_key=") != std::string::npos) ++mid_time_resumes;
+      }
+      EXPECT_EQ(cuts, 1) << "the outage did not cut the stream once";
+      // Every row exactly once (listen: times 1 to 3).
+      const std::size_t expected = is_listen ? rows - rows / 4 : rows;
+      EXPECT_EQ(seen.size(), expected);
+      std::set<std::string> distinct(seen.begin(), seen.end());
+      EXPECT_EQ(distinct.size(), seen.size()) << "a row came twice";
+    }
+  }
+  (*outage)->fail_after = 0;
+  EXPECT_GE(mid_time_resumes, 3) << "resumes after a row, not only from the start";
 }
 
 TEST_F(ServerTest, LimitsAndTokens) {

@@ -31,10 +31,6 @@ constexpr std::size_t kMaxBuiltBatches = 16;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
 
-void backoff(int attempt) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(5 << std::min(attempt, 6), 320)));
-}
-
 }  // namespace
 
 // --- CommitToken ------------------------------------------------------------
@@ -293,14 +289,7 @@ struct Appender::Impl {
 
   // Uploads `batch` at batch.time, retrying infrastructure failures.
   Status build(Built& batch) {
-    for (int attempt = 0;; ++attempt) {
-      auto result = build_once(batch);
-      if (result) return {};
-      const Error& error = result.error();
-      bool retryable = error.is(ErrorKind::kDeterminate) || error.is(ErrorKind::kIndeterminate);
-      if (!retryable || attempt >= options.max_retries) return result;
-      backoff(attempt);
-    }
+    return with_retries(options.retry, [&] { return build_once(batch); });
   }
 
   Status build_once(Built& batch) {
@@ -385,7 +374,7 @@ struct Appender::Impl {
       std::lock_guard lock(mu);
       stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
     }
-    int failures_in_a_row = 0;
+    Backoff failures_in_a_row(options.retry);
     for (;;) {
       // Every batch must lie at or above the upper, in increasing time.
       Frontier upper = writer->upper();
@@ -434,15 +423,13 @@ struct Appender::Impl {
           for (Built& batch : group) finish(batch, std::unexpected(bail));
           return;
         }
-        failures_in_a_row = 0;
+        failures_in_a_row = Backoff(options.retry);
         continue;  // re-timed at the top of the loop
       }
-      bool retryable = error.is(ErrorKind::kDeterminate) || error.is(ErrorKind::kIndeterminate);
-      if (!retryable || ++failures_in_a_row > options.max_retries) {
+      if (!is_retryable(error) || !failures_in_a_row.next()) {
         set_fatal(error, nullptr, &group);
         return;
       }
-      backoff(failures_in_a_row);
     }
   }
 

@@ -311,7 +311,7 @@ TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
   faults.seed = 12;
   consensus_->set_config(faults);
   AppenderOptions options;
-  options.max_retries = 50;
+  options.retry.max_attempts = 51;
   auto appender = open(options);
   AppendSender sender = appender->sender();
   std::vector<CommitToken> tokens;
@@ -333,7 +333,7 @@ TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
 
 TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
   AppenderOptions options;
-  options.max_retries = 2;
+  options.retry.max_attempts = 3;
   auto appender = open(options);
   EXPECT_EQ(appender->failure(), std::nullopt);
   FaultConfig broken;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "location/retrying_blob.h"
 #include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/state.h"
@@ -97,6 +98,8 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->options = options_;
   context->machine =
       std::make_shared<ShardMachine>(context->name, location_.consensus, location_.blob);
+  context->read_blob = std::make_shared<RetryingBlob>(location_.blob, options_.read_retry,
+                                                      context->stop_reads());
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }

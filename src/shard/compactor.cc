@@ -159,7 +159,7 @@ std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs
 Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs, Time advance_to,
                   RunWriter& out, const std::function<bool()>& stop) {
   TM_ASSIGN(MergeCursor merge,
-            MergeCursor::open(context.location.blob, merge_runs(inputs), TimeWindow{}, stop));
+            MergeCursor::open(context.read_blob, merge_runs(inputs), TimeWindow{}, stop));
   std::string key, value;
   Time time = 0;
   Diff sum = 0;
@@ -198,7 +198,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   if (!request) return false;
   const std::span<const HollowBatch> requested(state->batches.data() + request->begin,
                                                request->end - request->begin);
-  TM_ASSIGN(const MergeRequest fitted, fit_merge(*context.location.blob, requested));
+  TM_ASSIGN(const MergeRequest fitted, fit_merge(*context.read_blob, requested));
   const std::vector<HollowBatch> inputs(
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.begin),
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.end));
@@ -289,7 +289,16 @@ Result<CompactionReport> compact_shard(ShardContext& context, const std::functio
 
 ShardContext::ShardContext() = default;
 ShardContext::~ShardContext() {
+  closing->store(true);
   compactor.reset();
+}
+
+Result<StatePtr> ShardContext::fetch_for_read() {
+  return with_retries(options.read_retry, [&] { return machine->fetch(); }, stop_reads());
+}
+
+std::function<bool()> ShardContext::stop_reads() const {
+  return [flag = closing] { return flag->load(); };
 }
 
 void ShardContext::request_compaction(const ShardState& state) {

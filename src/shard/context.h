@@ -1,10 +1,16 @@
 // ShardContext: what every handle on one shard shares: its name, location,
 // options and state machine.
 //
+// The read path (snapshots, listens, sinks, compaction's inputs) reads
+// through `read_blob` and fetch_for_read(), which retry failures that may
+// pass under options.read_retry; a closing shard ends those retries.
+//
 // Thread-safety: immutable after construction except the machine, which is
-// itself thread-safe.
+// itself thread-safe, and `closing`.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +31,10 @@ struct ShardContext {
   Location location;
   ClientOptions options;
   std::shared_ptr<ShardMachine> machine;
+  // location.blob with its reads retried (retrying_blob.h).
+  std::shared_ptr<Blob> read_blob;
+  // Set when the shard closes: retries on the read path stop.
+  std::shared_ptr<std::atomic<bool>> closing = std::make_shared<std::atomic<bool>>(false);
   // Null when background compaction is off. Declared last: destroyed first,
   // while what it uses is still there.
   std::unique_ptr<BackgroundCompactor> compactor;
@@ -32,6 +42,11 @@ struct ShardContext {
   // Hands the background compactor a merge the spine needs (if there is
   // one and a compactor runs).
   void request_compaction(const ShardState& state);
+
+  // The latest state, retrying failures that may pass (options.read_retry).
+  [[nodiscard]] Result<StatePtr> fetch_for_read();
+  // Asked by the read path's retries: true once the shard is closing.
+  std::function<bool()> stop_reads() const;
 };
 
 }  // namespace tidemark

@@ -88,7 +88,7 @@ class ShardListener final : public Listener {
   }
 
   [[nodiscard]] Status check_since() {
-    TM_ASSIGN(StatePtr state, context_->machine->fetch());
+    TM_ASSIGN(StatePtr state, context_->fetch_for_read());
     if (state->since.is_past(from_)) {
       return make_error(ErrorKind::kSinceViolation,
                         "cannot listen to shard " + state->name + " from " + std::to_string(from_) +
@@ -104,7 +104,7 @@ class ShardListener final : public Listener {
   Result<bool> refresh() {
     // Nothing of an older state is read any more.
     pin_.renew();
-    TM_ASSIGN(StatePtr state, context_->machine->fetch());
+    TM_ASSIGN(StatePtr state, context_->fetch_for_read());
     Frontier target = state->upper;
     if (until_ && Frontier::at(*until_) < target) target = Frontier::at(*until_);
     if (!(reported_ < target)) return false;
@@ -136,7 +136,7 @@ class ShardListener final : public Listener {
     windows_.pop_front();
     const TimeWindow window = next.window;
     TM_ASSIGN(MergeCursor merge,
-              MergeCursor::open(context_->location.blob,
+              MergeCursor::open(context_->read_blob,
                                 std::vector<MergeCursor::PartRun>{next.parts}, window));
     if (window.min == window.max) {
       merge_.emplace(std::move(merge), "listen");

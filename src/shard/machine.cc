@@ -1,20 +1,18 @@
 #include "shard/machine.h"
 
 #include <chrono>
-#include <thread>
 
+#include "tidemark/retry.h"
 #include "util/ids.h"
 
 namespace tidemark {
 namespace {
 
-// How many times an indeterminate consensus write is retried before the
-// caller is told the outcome is unknown.
-constexpr int kIndeterminateRetries = 8;
-
-void backoff(int attempt) {
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::min(1 << attempt, 64)));
-}
+// How an indeterminate consensus write is retried (nine attempts in all,
+// about a quarter of a second) before the caller is told the outcome is
+// unknown.
+constexpr RetryPolicy kIndeterminateRetry{std::chrono::milliseconds(2),
+                                          std::chrono::milliseconds(64), 9, {}};
 
 }  // namespace
 
@@ -134,7 +132,7 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
   if (!initial) return infrastructure_error(initial.error());
   StatePtr current = std::move(*initial);
   bool fresh = false;
-  int indeterminate_attempts = 0;
+  std::optional<Backoff> indeterminate_backoff;
   for (;;) {
     auto next = std::make_shared<ShardState>(*current);
     auto result = transition(*next);
@@ -175,8 +173,8 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       }
       if (!cas) {
         uncertain = true;
-        if (++indeterminate_attempts > kIndeterminateRetries) return std::unexpected(cas.error());
-        backoff(indeterminate_attempts);
+        if (!indeterminate_backoff) indeterminate_backoff.emplace(kIndeterminateRetry);
+        if (!indeterminate_backoff->next()) return std::unexpected(cas.error());
         // Only our own bytes at our seqno prove the write landed; anything
         // else means re-running the transition on what is there.
         auto head = consensus_->head(key_);

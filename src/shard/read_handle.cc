@@ -131,10 +131,17 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
   impl->critical = critical;
   impl->lease = options.lease;
   ReadHandle::Impl* raw = impl.get();
-  TM_ASSIGN(StatePtr state, raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
-    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
-    return {};
-  }));
+  // Registering is idempotent (a reader of this id is found again), so a
+  // failure that may pass is retried like any read.
+  TM_ASSIGN(StatePtr state, with_retries(
+                                context->options.read_retry,
+                                [&] {
+                                  return raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
+                                    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
+                                    return {};
+                                  });
+                                },
+                                context->stop_reads()));
   if (!critical) {
     raw->pins = std::make_shared<ReaderPins>(state->readers.at(raw->id).seqno);
     if (options.heartbeat) {

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "location/faulty.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "part/part.h"
@@ -742,6 +743,135 @@ TEST_F(ShardTest, ListenWaitsForNewAppends) {
   EXPECT_EQ(out->updates.size(), 6u);  // times 1, 2, 3 (from 0 excludes time 0)
   EXPECT_EQ(out->progress.back(), Frontier::at(4));
   EXPECT_TRUE(std::is_sorted(out->progress.begin(), out->progress.end()));
+}
+
+// --- Reads ride out faults ---------------------------------------------------
+
+class FaultyReadsTest : public ShardTest {
+ protected:
+  void SetUp() override {
+    ShardTest::SetUp();
+    // Ten batches of several parts and blocks each.
+    for (Time t = 0; t < 10; ++t) {
+      std::vector<Update> updates = numbered(150, t, "k" + std::to_string(t % 3) + "-");
+      model_.insert(model_.end(), updates.begin(), updates.end());
+      std::vector<Batch> batches;
+      batches.push_back(make_batch(updates, t, t + 1));
+      ASSERT_TRUE(append(batches, t, t + 1));
+    }
+    faulty_blob_ = std::make_shared<FaultyBlob>(blob_);
+    faulty_consensus_ = std::make_shared<FaultyConsensus>(consensus_);
+    ClientOptions options = client_->options();
+    options.read_retry = RetryPolicy{std::chrono::milliseconds(1), std::chrono::milliseconds(5), 0,
+                                     std::chrono::seconds(20)};
+    options.listen_buffer_bytes = 2000;  // windows split: more reads
+    faulty_client_ = *Client::open(Location{faulty_blob_, faulty_consensus_}, options);
+    faulty_shard_ = *faulty_client_->open_shard("orders");
+  }
+
+  void set_faults(double blob_rate, double consensus_rate, std::uint64_t seed) {
+    faulty_blob_->set_config(FaultConfig{.determinate_rate = blob_rate, .seed = seed});
+    faulty_consensus_->set_config(FaultConfig{.determinate_rate = consensus_rate, .seed = seed});
+  }
+
+  std::vector<Update> model_;
+  std::shared_ptr<FaultyBlob> faulty_blob_;
+  std::shared_ptr<FaultyConsensus> faulty_consensus_;
+  std::shared_ptr<Client> faulty_client_;
+  std::shared_ptr<Shard> faulty_shard_;
+};
+
+TEST_F(FaultyReadsTest, SnapshotsAndListensAreExactUnderFaults) {
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    set_faults(0.3, 0.3, seed);
+    auto snapshot = testing::read_snapshot(*faulty_shard_, 9);
+    ASSERT_TRUE(snapshot) << snapshot.error().to_string();
+    EXPECT_EQ(*snapshot, testing::model_at(model_, 9));
+
+    auto listener = faulty_shard_->listen(2, 10);
+    ASSERT_TRUE(listener) << listener.error().to_string();
+    auto out = read_listen(**listener);
+    ASSERT_TRUE(out) << out.error().to_string();
+    std::vector<Update> expected;
+    for (const Update& u : model_) {
+      if (u.time > 2) expected.push_back(u);
+    }
+    ASSERT_TRUE(consolidate(expected));
+    std::vector<Update> got = out->updates;
+    EXPECT_TRUE(std::is_sorted(got.begin(), got.end(),
+                               [](const Update& x, const Update& y) { return x.time < y.time; }));
+    ASSERT_TRUE(consolidate(got));
+    EXPECT_EQ(got, expected) << "seed " << seed;
+    EXPECT_EQ(out->progress.back(), Frontier::at(10));
+  }
+  EXPECT_GT(faulty_blob_->injected_determinate(), 10u);
+}
+
+// A stream that meets an outage mid-way goes on where it was: every row
+// once, none missing. (Parts here are larger than the 64 KiB tail a reader
+// fetches on open, so blocks load as the stream goes.)
+TEST_F(FaultyReadsTest, AnOutageMidStreamResumesWhereItWas) {
+  ClientOptions options = client_->options();
+  options.part_target_bytes = 1 << 20;
+  options.block_bytes = 4096;
+  auto writer_client = *Client::open(Location{blob_, consensus_}, options);
+  ASSERT_TRUE(writer_client->create_shard("big"));
+  auto big = *writer_client->open_shard("big");
+  auto writer = *big->open_writer();
+  std::mt19937_64 rng(5);
+  std::vector<Update> all;
+  for (Time t = 0; t < 3; ++t) {
+    std::vector<Update> updates;
+    for (int i = 0; i < 6000; ++i) {
+      updates.push_back(Update{"k" + std::to_string(rng() % 100000),
+                               "\"" + std::to_string(rng()) + std::to_string(rng()) + "\"", t, 1});
+    }
+    all.insert(all.end(), updates.begin(), updates.end());
+    std::vector<Batch> batches;
+    batches.push_back(*writer->batch(updates, Frontier::at(t), Frontier::at(t + 1)));
+    ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+  }
+  auto shard = *faulty_client_->open_shard("big");
+  auto cursor = shard->snapshot(2);
+  ASSERT_TRUE(cursor);
+  testing::Collection rows;
+  int read = 0;
+  std::thread outage;
+  for (;;) {
+    if (read == 100) {
+      set_faults(1, 1, 1);  // everything fails for 300 ms
+      outage = std::thread([this] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        set_faults(0, 0, 1);
+      });
+    }
+    auto row = cursor->next();
+    ASSERT_TRUE(row) << row.error().to_string();
+    if (!*row) break;
+    ++read;
+    auto [it, fresh] = rows.emplace(std::pair{std::string((*row)->key), std::string((*row)->value)},
+                                    (*row)->diff);
+    EXPECT_TRUE(fresh) << "row twice: " << it->first.first;
+  }
+  outage.join();
+  EXPECT_EQ(rows, testing::model_at(all, 2));
+  EXPECT_GT(faulty_blob_->injected_determinate(), 0u) << "the outage met no read";
+}
+
+// Past the deadline a read gives up with the last error, saying so.
+TEST_F(FaultyReadsTest, AReadGivesUpAtItsDeadline) {
+  ClientOptions options = faulty_client_->options();
+  options.read_retry.deadline = std::chrono::milliseconds(200);
+  auto client = *Client::open(faulty_client_->location(), options);
+  auto shard = *client->open_shard("orders");
+  set_faults(1, 0, 1);
+  const auto started = std::chrono::steady_clock::now();
+  auto snapshot = testing::read_snapshot(*shard, 9);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(snapshot.error().message.find("gave up after"), std::string::npos)
+      << snapshot.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
 }
 
 }  // namespace

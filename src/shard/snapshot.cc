@@ -39,7 +39,7 @@ Result<std::optional<SnapshotRow>> SnapshotCursor::next() {
 
 Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& context_, Time as_of,
                                      ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner) {
-  TM_ASSIGN(StatePtr state_ptr, context_->machine->fetch());
+  TM_ASSIGN(StatePtr state_ptr, context_->fetch_for_read());
   const ShardState& state = *state_ptr;
   if (!state.upper.is_past(as_of)) {
     return make_error(ErrorKind::kNotReady,
@@ -59,7 +59,7 @@ Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& contex
     runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
   }
   TM_ASSIGN(MergeCursor merge,
-            MergeCursor::open(context_->location.blob, runs, TimeWindow{0, as_of}));
+            MergeCursor::open(context_->read_blob, runs, TimeWindow{0, as_of}));
   auto impl = std::make_unique<SnapshotCursor::Impl>();
   impl->as_of = as_of;
   impl->rows.emplace(std::move(merge), "snapshot");

@@ -58,6 +58,11 @@ bool stopped(const SinkOptions& options) {
   return options.stop && options.stop();
 }
 
+// The shard's upper, retrying failures that may pass.
+Result<Frontier> upper_of(Shard& shard, const SinkOptions& options) {
+  return with_retries(options.retry, [&] { return shard.upper(); }, options.stop);
+}
+
 enum class Wait : std::uint8_t { kReady, kStopped, kDeadline };
 
 // Waits until the shard's upper passes `time`: kStopped if the sink is
@@ -66,7 +71,7 @@ Result<Wait> wait_for_upper_past(
     Shard& shard, Time time, const SinkOptions& options,
     std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
   for (;;) {
-    TM_ASSIGN(Frontier upper, shard.upper());
+    TM_ASSIGN(Frontier upper, upper_of(shard, options));
     if (upper.is_past(time)) return Wait::kReady;
     if (upper.is_closed() || stopped(options)) return Wait::kStopped;
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return Wait::kDeadline;
@@ -94,7 +99,7 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
     TM_ASSIGN(Wait ready, wait_for_upper_past(shard, as_of, options));
     if (ready != Wait::kReady) return progress;
     if (!options.as_of) {
-      TM_ASSIGN(Frontier upper, shard.upper());
+      TM_ASSIGN(Frontier upper, upper_of(shard, options));
       if (!upper.is_closed()) as_of = upper.time() - 1;
     }
     TM_ASSIGN(DiffPairWalker walker,
@@ -110,7 +115,8 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
     ++progress.commits;
     progress.frontier = Frontier::at(as_of + 1);
     progress.snapshot = false;
-    TM_TRY(reader->downgrade_since(Frontier::at(as_of)));
+    TM_TRY(with_retries(
+        options.retry, [&] { return reader->downgrade_since(Frontier::at(as_of)); }, options.stop));
     report();
   }
 
@@ -124,7 +130,9 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
     interval_open = false;
     ++progress.commits;
     progress.frontier = written;
-    TM_TRY(reader->downgrade_since(Frontier::at(written.time() - 1)));
+    TM_TRY(with_retries(
+        options.retry,
+        [&] { return reader->downgrade_since(Frontier::at(written.time() - 1)); }, options.stop));
     report();
     return {};
   };
@@ -140,7 +148,7 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
       TM_TRY(commit());
       continue;
     }
-    TM_ASSIGN(Frontier upper, shard.upper());
+    TM_ASSIGN(Frontier upper, upper_of(shard, options));
     Time target = upper.is_closed() ? UINT64_MAX : upper.time();
     if (options.until) target = std::min(target, *options.until);
     if (target <= from) break;

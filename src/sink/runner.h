@@ -10,6 +10,11 @@
 // progress - 1. A restarted sink resumes from the destination's progress:
 // nothing committed is emitted again, nothing is skipped.
 //
+// Faults: its reads retry under the shard's ClientOptions::read_retry, and
+// its polls of the upper and moves of its hold under `retry`; a failure
+// past those ends the run with the error (a caller that runs it again
+// resumes from the committed progress).
+//
 // Memory: the walker's (O(1) in diffs and group sizes) plus the reads'
 // (O(open parts x block)) plus the destination's own bound (a file's write
 // buffer, a Kafka producer's queue).
@@ -25,6 +30,7 @@
 
 #include "sink/destination.h"
 #include "tidemark/client.h"
+#include "tidemark/retry.h"
 
 namespace tidemark {
 
@@ -49,6 +55,8 @@ struct SinkOptions {
   std::function<void(const SinkProgress&)> on_progress;  // after each commit
   std::function<void(const SinkProgress&)> on_tick;      // every kTickPairs pairs
   std::function<bool()> stop;
+  RetryPolicy retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
+                    std::chrono::milliseconds(30'000)};
 };
 
 [[nodiscard]] Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
