@@ -8,6 +8,8 @@
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY  (s3rver's fixed credentials)
 #   TIDEMARK_TEST_POSTGRES_STOP / _START  shell commands stopping and
 #                           starting that PostgreSQL (outage tests)
+#   TIDEMARK_TEST_S3_STOP / _START  the same for s3rver: it starts again on
+#                           the same port and data, so objects survive
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
@@ -35,10 +37,12 @@ if [ "$(id -u)" -eq 0 ]; then
   chown postgres: "$work"
   as_pg=(runuser -u postgres --)
 fi
-s3_pid=
+# Whichever s3rver runs at the end (a test may have restarted it) is named
+# by $work/s3rver.pid.
+s3ctl=(bash "$root/scripts/s3rver.sh")
 stop() {
   "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
-  if [ -n "$s3_pid" ]; then kill "$s3_pid" 2>/dev/null || true; wait "$s3_pid" 2>/dev/null || true; fi
+  "${s3ctl[@]}" stop "$work" || true
   rm -rf "$work"
 }
 trap stop EXIT
@@ -61,17 +65,9 @@ pg_stop=("${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -w -t 60 -m fast stop)
 if [ ! -x "$root/tools/s3rver/node_modules/.bin/s3rver" ]; then
   (cd "$root/tools/s3rver" && npm ci --no-audit --no-fund --loglevel=error >&2)
 fi
-mkdir -p "$work/s3"
-# --openssl-legacy-provider: s3rver makes ListObjectsV2 continuation tokens
-# with DES, which OpenSSL 3 (Node >= 17) refuses without it.
-node --openssl-legacy-provider "$root/tools/s3rver/node_modules/.bin/s3rver" -d "$work/s3" -a 127.0.0.1 -p "$s3_port" \
-  --silent --no-vhost-buckets --configure-bucket tidemark >"$work/s3rver.log" 2>&1 &
-s3_pid=$!
-for _ in $(seq 100); do
-  if curl -s -o /dev/null "http://127.0.0.1:$s3_port/"; then break; fi
-  kill -0 "$s3_pid" 2>/dev/null || { cat "$work/s3rver.log" >&2; exit 1; }
-  sleep 0.1
-done
+s3_start=("${s3ctl[@]}" start "$work" "$s3_port")
+s3_stop=("${s3ctl[@]}" stop "$work")
+"${s3_start[@]}"
 
 export TIDEMARK_TEST_POSTGRES="postgres://tidemark:tidemark@127.0.0.1:$pg_port/tidemark"
 export TIDEMARK_TEST_S3="s3://tidemark/test?endpoint=http://127.0.0.1:$s3_port&region=us-east-1"
@@ -81,6 +77,10 @@ export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
 TIDEMARK_TEST_POSTGRES_STOP="$(printf '%q ' "${pg_stop[@]}")>/dev/null"
 TIDEMARK_TEST_POSTGRES_START="$(printf '%q ' "${pg_start[@]}")>/dev/null"
 export TIDEMARK_TEST_POSTGRES_STOP TIDEMARK_TEST_POSTGRES_START
+# And for s3rver (killed: a request in flight is cut).
+TIDEMARK_TEST_S3_STOP="$(printf '%q ' "${s3_stop[@]}")"
+TIDEMARK_TEST_S3_START="$(printf '%q ' "${s3_start[@]}")"
+export TIDEMARK_TEST_S3_STOP TIDEMARK_TEST_S3_START
 echo "test-services: PostgreSQL on 127.0.0.1:$pg_port, s3rver on 127.0.0.1:$s3_port" >&2
 status=0
 "$@" || status=$?
