@@ -194,6 +194,68 @@ TEST_F(CliTest, ManagedAppendGoesThroughTheAppender) {
   EXPECT_EQ(after.out, snapshot.out);
 }
 
+// Interrupted managed appends: without a producer, all or nothing; with
+// one, running it again appends exactly the rest.
+TEST_F(CliTest, InterruptedManagedAppendsAreAllOrNothingOrResumable) {
+  ASSERT_EQ(tidemark("shard create plain").status, 0);
+  ASSERT_EQ(tidemark("shard create produced").status, 0);
+  const int records = 400'000;
+  {
+    std::ofstream input(dir_ / "input.ndjson", std::ios::binary);
+    for (int i = 0; i < records; ++i) {
+      input << "{\"key\": \"k" << i << "\", \"value\": \"" << std::string(30, 'v') << "\"}\n";
+    }
+  }
+  const std::string data = (dir_ / "data").string(), input = (dir_ / "input.ndjson").string();
+  auto updates = [&](const std::string& shard) {
+    Outcome inspect = tidemark("shard inspect " + shard + " --json");
+    auto at = inspect.out.find("\"updates\":");
+    return at == std::string::npos ? -1 : std::stoll(inspect.out.substr(at + 10));
+  };
+  // Killed at a few points: never a part of it.
+  for (int delay_ms : {150, 400, 700}) {
+    pid_t pid = tidemark::testing::spawn_tidemark({"--data", data, "append", "plain", "--input", input},
+                                                  dir_ / "err");
+    ASSERT_GT(pid, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    const long long seen = updates("plain");
+    EXPECT_TRUE(seen == 0 || seen % records == 0) << seen << " of " << records << " appended";
+  }
+
+  // With a producer: kill it once part is committed, then run it again.
+  pid_t pid = tidemark::testing::spawn_tidemark(
+      {"--data", data, "append", "produced", "--producer", "loader-1", "--input", input},
+      dir_ / "err");
+  ASSERT_GT(pid, 0);
+  long long prefix = 0;
+  for (int i = 0; i < 600 && prefix <= 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    prefix = updates("produced");
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  prefix = updates("produced");
+  ASSERT_GT(prefix, 0) << "nothing was committed before the kill";
+  EXPECT_LT(prefix, records) << "all was committed before the kill: the test proves little";
+  Outcome rerun = tidemark("append produced --producer loader-1 --input " + shell_quote(input));
+  ASSERT_EQ(rerun.status, 0) << rerun.err;
+  EXPECT_NE(rerun.out.find("\"duplicates\":" + std::to_string(prefix)), std::string::npos)
+      << rerun.out << " (" << prefix << " committed before)";
+  EXPECT_EQ(updates("produced"), records);
+  Outcome snapshot = tidemark("snapshot produced");
+  EXPECT_EQ(std::count(snapshot.out.begin(), snapshot.out.end(), '\n'), records);
+  EXPECT_EQ(snapshot.out.find("\"diff\":2"), std::string::npos) << "a record twice";
+  // A third run appends nothing.
+  Outcome again = tidemark("append produced --producer loader-1 --input " + shell_quote(input));
+  ASSERT_EQ(again.status, 0) << again.err;
+  EXPECT_NE(again.out.find("\"duplicates\":" + std::to_string(records)), std::string::npos)
+      << again.out;
+  EXPECT_EQ(updates("produced"), records);
+  EXPECT_EQ(tidemark("append produced --producer a/b", "").status, 2);
+}
+
 // Each append compacts in the foreground: the shard stays O(log n) batches
 // and its blob holds only the parts the state references.
 TEST_F(CliTest, AppendsCompactAndCompactReports) {

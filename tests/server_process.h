@@ -57,9 +57,11 @@ struct ServerProcess {
 // `tidemark LOCATION_WORDS... serve --listen 127.0.0.1:0`, waiting for the
 // "serving on" line on stderr (written to `err`) to learn its port.
 inline ServerProcess start_server(const std::vector<std::string>& location_words,
-                                  const std::filesystem::path& err) {
+                                  const std::filesystem::path& err,
+                                  const std::vector<std::string>& serve_flags = {}) {
   std::vector<std::string> words = location_words;
   words.insert(words.end(), {"serve", "--listen", "127.0.0.1:0"});
+  words.insert(words.end(), serve_flags.begin(), serve_flags.end());
   ServerProcess server;
   server.pid = spawn_tidemark(words, err);
   for (int i = 0; i < 200 && server.pid > 0; ++i) {

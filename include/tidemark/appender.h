@@ -12,6 +12,22 @@
 //     off commits one batch per call, for comparison);
 //   - after a commit is durable, releases the records' leases, then resolves
 //     their commit tokens with the commit time.
+// Idempotent producers: a sender opened for a producer (sender(producer,
+// first_sequence)) numbers its records, and each commit records in the
+// shard, atomically with the data, the last sequence number committed for
+// each producer in it. Before every commit the committer checks those
+// records against the shard: records already committed (by this process or
+// any other, say a retry of a request that a killed server had committed)
+// are dropped and their tokens resolve with the time they were committed
+// at (counted by AppendSender::duplicates); a record that does not follow
+// the producer's committed sequence fails (SequenceMismatch), and so does
+// the first record of a new producer when the shard keeps
+// ClientOptions::max_producers already (Full). A producer's records are
+// committed in order, a prefix at a time.
+//
+// Groups: enqueue_group queues records that one compare_and_append commits,
+// all or none; the builder never cuts a batch inside a group.
+//
 // On UpperMismatch (another writer moved the shard) pending batches are
 // re-timed at the new upper and retried, or with MismatchPolicy::kBail
 // their tokens fail instead. Indeterminate errors are retried with the
@@ -61,8 +77,8 @@ struct AppendRecord {
 };
 
 // Bytes charged per record on top of its key and value: its queue entry
-// (sequence number, diff, lease, the strings' own headers).
-inline constexpr std::uint64_t kRecordOverheadBytes = 128;
+// (sequence numbers, diff, lease, producer, the strings' own headers).
+inline constexpr std::uint64_t kRecordOverheadBytes = 160;
 // Charged on top of that for a record enqueued with a CommitToken: the
 // token's shared state (a mutex, a condition variable, the outcome). A
 // server that took a token per record held 52 MiB of them for a 24 MiB
@@ -142,16 +158,32 @@ class AppendSender {
   // with it); after Closed it may be empty. For large values, which a copy
   // would double.
   [[nodiscard]] Result<CommitToken> enqueue_with_token(AppendRecord* record);
+  // Queues `records` (moved from) as one group: they are committed by one
+  // compare_and_append, or none is. The token resolves for all of them.
+  // Closed, Full (nothing available), or TooLarge (the group is larger than
+  // the whole queue bound); on Full and TooLarge `records` are left intact.
+  // REQUIRES: a sender without a producer; records not empty.
+  [[nodiscard]] Result<CommitToken> enqueue_group(std::span<AppendRecord> records);
   // Resolves once everything enqueued before it (by any sender) is durable
   // or has failed.
   [[nodiscard]] Result<CommitToken> canary();
   // Blocks until the queue has room (or the appender closes).
   void wait_for_capacity();
 
+  // A producer's sender: the sequence number its next record gets, and how
+  // many of its records were found committed already (not appended again).
+  std::uint64_t next_sequence() const { return next_sequence_; }
+  std::uint64_t duplicates() const;
+
+  struct ProducerTag;
+
  private:
   friend class Appender;
-  explicit AppendSender(std::shared_ptr<Appender> appender);
+  AppendSender(std::shared_ptr<Appender> appender, std::shared_ptr<ProducerTag> producer,
+               std::uint64_t first_sequence);
   std::shared_ptr<Appender> appender_;
+  std::shared_ptr<ProducerTag> producer_;  // null: no producer
+  std::uint64_t next_sequence_ = 0;
 };
 
 struct AppenderStats {
@@ -160,6 +192,7 @@ struct AppenderStats {
   std::uint64_t commits = 0;  // compare_and_append calls that succeeded
   std::uint64_t mismatches = 0;
   std::uint64_t retimed_batches = 0;
+  std::uint64_t duplicates = 0;  // producer records found committed already
   std::uint64_t queued_records = 0;
   // Time the committer waited for compaction (WriteHandle::wait_for_compaction).
   std::uint64_t stall_ms = 0;
@@ -175,6 +208,11 @@ class Appender : public std::enable_shared_from_this<Appender> {
   Appender& operator=(const Appender&) = delete;
 
   AppendSender sender();
+  // A sender for idempotent producer `producer` ([A-Za-z0-9._-]{1,128}),
+  // whose next record is number `first_sequence` (see above). One sender
+  // per producer at a time in a process: records of one producer must be
+  // queued in order.
+  [[nodiscard]] Result<AppendSender> sender(std::string producer, std::uint64_t first_sequence);
   // Waits until everything enqueued so far is durable; the first error of
   // those records, if any failed.
   [[nodiscard]] Status flush();

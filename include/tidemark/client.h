@@ -57,6 +57,11 @@ struct ClientOptions {
   // deadline the read fails with the last error.
   RetryPolicy read_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
                          std::chrono::milliseconds(30'000)};
+  // How an upload of a part (a batch builder's, or compaction's) retries a
+  // failure that may pass. Every part has a key of its own, so writing it
+  // again is harmless; the bound is short, since the appender and the
+  // compactor retry whole batches and merges above it.
+  RetryPolicy upload_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
   // A background compactor per opened shard: an append that leaves the
   // spine out of shape hands it the merge, and it collects garbage after.
   bool background_compaction = true;
@@ -100,6 +105,19 @@ struct ShardInfo {
   std::string to_json() const;
 };
 
+// What a shard has committed for an idempotent producer (appender.h).
+struct ProducerInfo {
+  std::uint64_t sequence = 0;    // every record up to this number is committed
+  Time time = 0;                 // the commit time of record `sequence`
+  std::uint64_t expires_ms = 0;  // forgotten after this wall-clock ms unless it commits
+};
+
+struct ProducerLookup {
+  std::optional<ProducerInfo> producer;  // nullopt: unknown (never seen, or expired)
+  std::size_t producers = 0;             // how many producers the shard keeps
+  std::size_t max_producers = 0;         // the most it keeps (ClientOptions; 0: no limit)
+};
+
 class Shard {
  public:
   explicit Shard(std::shared_ptr<ShardContext> context);
@@ -112,6 +130,10 @@ class Shard {
   [[nodiscard]] Result<ShardInfo> inspect();
   // The shard's current upper, read from consensus.
   [[nodiscard]] Result<Frontier> upper();
+  // What the shard has committed for `producer`: read from consensus when
+  // `fresh`, else from the last state this process saw.
+  [[nodiscard]] Result<ProducerLookup> lookup_producer(std::string_view producer,
+                                                       bool fresh = true);
 
   // Registers a new writer with the shard, leased (ClientOptions::writer_lease)
   // and heartbeating until the handle is destroyed.

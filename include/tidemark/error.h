@@ -17,6 +17,9 @@
 //   - Closed: the appender (or other queue) no longer accepts work.
 //   - Full: a bounded queue has no room now; wait for capacity and retry.
 //   - TooLarge: a record that can never fit the budget it must fit in.
+//   - LeaseExpired: a writer's lease ran out (its process paused or was cut
+//     off past it): the call was not applied; the handle has registered
+//     again, so a retry with batches built anew succeeds.
 //   - SequenceMismatch: an idempotent producer's records do not continue
 //     what the shard has committed for it (some are committed already, or
 //     some before them are missing).
@@ -46,6 +49,7 @@ enum class ErrorKind : std::uint8_t {
   kFull,
   kTooLarge,
   kSequenceMismatch,
+  kLeaseExpired,
 };
 
 const char* error_kind_name(ErrorKind kind);

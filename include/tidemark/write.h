@@ -21,6 +21,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,7 +86,10 @@ class WriteHandle {
   WriteHandle(const WriteHandle&) = delete;
   WriteHandle& operator=(const WriteHandle&) = delete;
 
-  const std::string& writer_id() const { return writer_id_; }
+  // The writer's id now: a handle whose lease expired (its process was
+  // paused or cut off past it) registers a writer of a new id, at its next
+  // heartbeat or when an append finds it gone (LeaseExpired).
+  std::string writer_id() const;
 
   // The upper this handle last saw (after its own appends or a mismatch).
   Frontier upper() const { return upper_; }
@@ -103,7 +107,9 @@ class WriteHandle {
   // (the shard owns their parts). On UpperMismatch or InvalidUsage they stay
   // with the caller, who may retry or drop them (dropping deletes them). On
   // Indeterminate they are kept alive (never deleted) and the caller may
-  // retry with the same token.
+  // retry with the same token. On LeaseExpired (this handle's writer, or the
+  // writer of a batch's parts, lost its lease) nothing was appended and the
+  // handle has registered anew: build the batches again and retry.
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                           Frontier new_upper);
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
@@ -137,9 +143,13 @@ class WriteHandle {
 
  private:
   std::uint64_t lease_expiry() const;
+  // Registers a writer of a new id in place of `expired_id` (unless that
+  // happened already).
+  [[nodiscard]] Status reregister(const std::string& expired_id);
 
   std::shared_ptr<ShardContext> context_;
-  std::string writer_id_;
+  mutable std::mutex mu_;
+  std::string writer_id_;  // guarded by mu_
   Frontier upper_;
   std::unique_ptr<PeriodicTask> heartbeat_;
 };

@@ -14,6 +14,8 @@
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "shard/state.h"
+#include "util/clock.h"
 #include "util/json.h"
 
 namespace tidemark::cli {
@@ -194,12 +196,26 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
 
 namespace {
 
-// Managed append: records without times go through the background
-// appender. Every line is validated first (a first pass over the input;
-// standard input is spooled to an unnamed temporary file), so a malformed
-// line appends nothing; then the records are enqueued, waiting for room in
-// the appender's byte budget, and the commit time of the last one printed.
+// Managed append: records without times. Every line is validated first (a
+// first pass over the input; standard input is spooled to an unnamed
+// temporary file), so a malformed line appends nothing. Then:
+//   - without --producer, all records are committed at once: one batch at
+//     one time, max(now, upper), built in bounded memory (parts upload as
+//     they fill) and appended with one compare_and_append, rebuilt at the
+//     new upper if another writer moved it. Interrupted, it appended nothing
+//     (or, killed in the instant after its commit, everything).
+//   - with --producer ID, record i of the input (counting records, not
+//     lines) is the producer's record i: the records the shard has
+//     committed for ID already are skipped, and the rest stream through the
+//     background appender, which commits them in order, a prefix at a time.
+//     Interrupted, running it again appends exactly the rest.
 int run_managed_append(const Globals& globals, const Args& args) {
+  std::optional<std::string> producer = args.get("--producer");
+  if (producer) {
+    if (auto valid = validate_producer_id(*producer); !valid) {
+      return usage_error(valid.error().message);
+    }
+  }
   std::string input_name = args.get("--input").value_or("-");
   std::FILE* input = nullptr;
   if (input_name == "-") {
@@ -228,8 +244,9 @@ int run_managed_append(const Globals& globals, const Args& args) {
     ~Closer() { std::fclose(f); }
   } closer{input};
 
-  // Reads the lines one at a time; `visit` returns false to stop.
-  auto for_each_line = [&](const std::function<bool(std::uint64_t, std::string_view)>& visit) {
+  // Reads the records one at a time; `visit` returns false to stop.
+  auto for_each_record = [&](const std::function<bool(std::uint64_t, Record&&)>& visit,
+                             std::string* failure) {
     std::rewind(input);
     char* line = nullptr;
     std::size_t capacity = 0;
@@ -240,7 +257,13 @@ int run_managed_append(const Globals& globals, const Args& args) {
       std::string_view text(line, static_cast<std::size_t>(n));
       if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
       if (is_blank_line(text)) continue;
-      if (!visit(number, text)) {
+      auto record = parse_record_line(text, RecordMode::kManaged);
+      if (!record) {
+        *failure = "line " + std::to_string(number) + ": " + record.error().message;
+        complete = false;
+        break;
+      }
+      if (!visit(number, std::move(*record))) {
         complete = false;
         break;
       }
@@ -251,66 +274,116 @@ int run_managed_append(const Globals& globals, const Args& args) {
 
   std::string failure;
   std::uint64_t count = 0;
-  bool valid = for_each_line([&](std::uint64_t number, std::string_view text) {
-    auto record = parse_record_line(text, RecordMode::kManaged);
-    if (!record) {
-      failure = "line " + std::to_string(number) + ": " + record.error().message;
-      return false;
-    }
-    ++count;
-    return true;
-  });
-  if (!valid) {
+  if (!for_each_record([&](std::uint64_t, Record&&) { return ++count, true; }, &failure)) {
     std::fprintf(stderr, "tidemark: %s; nothing was appended\n", failure.c_str());
     return kExitError;
   }
 
   auto shard = open_named_shard(globals, args.positionals()[0]);
   if (!shard) return report(shard.error());
-  auto appender = Appender::open(*shard);
-  if (!appender) return report(appender.error());
-  AppendSender sender = (*appender)->sender();
-  std::optional<Error> error;
-  std::optional<CommitToken> last;
-  std::uint64_t seen = 0;
-  for_each_line([&](std::uint64_t, std::string_view text) {
-    auto record = parse_record_line(text, RecordMode::kManaged);
-    if (!record) {  // the file changed under us
-      error = record.error();
-      return false;
-    }
-    AppendRecord r{std::move(record->key), std::move(record->value), record->diff};
-    const bool is_last = ++seen == count;
-    for (;;) {
-      // Copies: a record refused as Full is offered again after waiting.
-      Status queued;
-      if (is_last) {
-        auto token = sender.enqueue_with_token(r);
-        if (token) last = *token;
-        if (!token) queued = std::unexpected(token.error());
-      } else {
-        queued = sender.enqueue(r);
+
+  if (!producer && count == 0) {
+    auto upper = (*shard)->upper();
+    if (!upper) return report(upper.error());
+    std::printf("{\"count\":0,\"upper\":%s}\n", upper->to_json().c_str());
+    return kExitOk;
+  }
+  if (!producer) {
+    auto writer = (*shard)->open_writer();
+    if (!writer) return report(writer.error());
+    // A few tries when other writers keep moving the upper.
+    constexpr int kMaxMismatches = 100;
+    for (int mismatches = 0;; ++mismatches) {
+      const Frontier upper = (*writer)->upper();
+      if (upper.is_closed()) return report(invalid_usage("the shard is closed to appends").error());
+      const Time time = std::max<Time>(wall_clock_millis(), upper.time());
+      BatchBuilder builder = (*writer)->builder(upper);
+      std::optional<Error> error;
+      for_each_record(
+          [&](std::uint64_t, Record&& record) {
+            auto added = builder.add(record.key, record.value, time, record.diff);
+            if (!added) error = added.error();
+            return added.has_value();
+          },
+          &failure);
+      if (!failure.empty()) error = corruption(failure + " (the input changed)").error();
+      if (error) return report(*error);
+      auto batch = builder.finish(Frontier::at(time + 1));
+      if (!batch) return report(batch.error());
+      std::vector<Batch> batches;
+      batches.push_back(std::move(*batch));
+      auto appended = (*writer)->compare_and_append(batches, upper, Frontier::at(time + 1));
+      if (appended) {
+        std::printf("{\"count\":%llu,\"time\":%llu,\"upper\":%llu}\n",
+                    static_cast<unsigned long long>(count), static_cast<unsigned long long>(time),
+                    static_cast<unsigned long long>(time + 1));
+        std::fflush(stdout);
+        break;
       }
-      if (queued) return true;
-      if (!queued.error().is(ErrorKind::kFull)) {
-        error = queued.error();
-        return false;
+      if (!appended.error().is(ErrorKind::kUpperMismatch) || mismatches >= kMaxMismatches) {
+        return report(appended.error());
       }
-      sender.wait_for_capacity();
     }
-  });
-  if (error) return report(*error);
-  auto flushed = (*appender)->flush();
-  if (!flushed) return report(flushed.error());
-  (*appender)->close();
-  std::string out = "{\"count\":" + std::to_string(count);
-  if (last) {
+    writer->reset();
+    maintain(**shard);
+    return kExitOk;
+  }
+
+  // A producer: skip what the shard has committed for it.
+  auto lookup = (*shard)->lookup_producer(*producer, true);
+  if (!lookup) return report(lookup.error());
+  const std::uint64_t committed = lookup->producer ? lookup->producer->sequence + 1 : 0;
+  const std::uint64_t skip = std::min(committed, count);
+  std::string out;
+  if (skip == count) {
+    out = "{\"count\":" + std::to_string(count);
+    if (count > 0) out += ",\"time\":" + std::to_string(lookup->producer->time);
+  } else {
+    auto appender = Appender::open(*shard);
+    if (!appender) return report(appender.error());
+    auto sender = (*appender)->sender(*producer, skip);
+    if (!sender) return report(sender.error());
+    std::optional<Error> error;
+    std::optional<CommitToken> last;
+    std::uint64_t seen = 0;
+    for_each_record(
+        [&](std::uint64_t, Record&& record) {
+          if (seen++ < skip) return true;
+          AppendRecord r{std::move(record.key), std::move(record.value), record.diff};
+          const bool is_last = seen == count;
+          for (;;) {
+            Status queued;
+            if (is_last) {
+              auto token = sender->enqueue_with_token(&r);
+              if (token) last = *token;
+              if (!token) queued = std::unexpected(token.error());
+            } else {
+              queued = sender->enqueue_many(std::span<AppendRecord>(&r, 1));
+            }
+            if (queued) return true;
+            if (!queued.error().is(ErrorKind::kFull)) {
+              error = queued.error();
+              return false;
+            }
+            sender->wait_for_capacity();
+          }
+        },
+        &failure);
+    if (!failure.empty()) error = corruption(failure + " (the input changed)").error();
+    if (error) return report(*error);
+    auto flushed = (*appender)->flush();
+    if (!flushed) return report(flushed.error());
+    (*appender)->close();
+    out = "{\"count\":" + std::to_string(count);
     auto time = last->wait();
     if (!time) return report(time.error());
     out += ",\"time\":" + std::to_string(*time);
   }
   auto upper = (*shard)->upper();
   if (upper) out += ",\"upper\":" + upper->to_json();
+  out += ",\"producer\":";
+  append_json_string(&out, *producer);
+  out += ",\"duplicates\":" + std::to_string(skip);
   std::printf("%s}\n", out.c_str());
   std::fflush(stdout);
   maintain(**shard);
@@ -320,9 +393,12 @@ int run_managed_append(const Globals& globals, const Args& args) {
 }  // namespace
 
 int run_append(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--input", "--lower", "--upper"}, {});
+  auto args = Args::parse(argv, {"--input", "--lower", "--upper", "--producer"}, {});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1) return usage_error("append takes one NAME");
+  if (args->has("--producer") && args->has("--lower")) {
+    return usage_error("--producer is for managed appends (without --lower/--upper)");
+  }
   auto lower = args->frontier("--lower", false);
   if (!lower) return usage_error(lower.error().message);
   auto upper = args->frontier("--upper", true);

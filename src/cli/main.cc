@@ -13,11 +13,11 @@ namespace {
 constexpr const char* kUsage =
     R"(usage: tidemark [--data DIR] [--blob URL] [--consensus URL] COMMAND
   shard create NAME | shard list | shard inspect NAME [--json]
-  append NAME [--input FILE|-] [--lower T --upper T]
+  append NAME [--input FILE|-] [--lower T --upper T | --producer ID]
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
-  serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE]
+  serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] [--lease MS]
   sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
       [--sink-name S] [--as-of T] [--until T]
       URL: file:///DIR | s3://BUCKET/PREFIX?endpoint=http://HOST:PORT[&region=R]

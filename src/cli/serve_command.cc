@@ -1,4 +1,5 @@
 // `tidemark serve`: the HTTP server on the configured location (DESIGN.md 9).
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -17,7 +18,7 @@ namespace {
 
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
-    "[--max-record-bytes BYTES] (benchmarks: "
+    "[--max-record-bytes BYTES] [--lease MS] (benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
 // This server's id among servers sharing a blob store (it owns the sinks
@@ -56,7 +57,7 @@ ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_lim
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
-                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
+                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
                            "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
@@ -127,6 +128,19 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     }
   }
 
+  // --lease: how long this server's writers and readers keep their leases
+  // without a heartbeat (a paused or cut-off server's are dropped then).
+  std::optional<std::chrono::milliseconds> lease;
+  if (auto text = args->get("--lease")) {
+    std::uint64_t ms = 0;
+    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), ms);
+    if (ec != std::errc{} || end != text->data() + text->size() || ms < 100 ||
+        ms > 24ull * 3600 * 1000) {
+      return usage_error("--lease takes milliseconds from 100 to a day, got " + *text);
+    }
+    lease = std::chrono::milliseconds(ms);
+  }
+
   // TIDEMARK_RANDOM_CONFIG (testing): client, appender and fault knobs
   // drawn from a seed, printed first so a failing run can be repeated.
   auto random_seed = random_config_seed_from_env();
@@ -170,9 +184,10 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   }
   // A long-running server compacts in the background (unless a random
   // configuration drew otherwise).
-  auto client = Client::open(
-      Location{served_blob, served_consensus},
-      fit_to_memory_limit(random ? random->client : ClientOptions{}, options.memory_limit));
+  ClientOptions client_options =
+      fit_to_memory_limit(random ? random->client : ClientOptions{}, options.memory_limit);
+  if (lease) client_options.writer_lease = client_options.reader_lease = *lease;
+  auto client = Client::open(Location{served_blob, served_consensus}, client_options);
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);
   if (!server) return report(server.error());

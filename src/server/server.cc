@@ -32,6 +32,9 @@ using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::chrono::seconds kIdleTimeout{60};
+// An idempotent producer's managed append names it and numbers its records.
+constexpr std::string_view kProducerHeader = "Tidemark-Producer";
+constexpr std::string_view kSequenceHeader = "Tidemark-Sequence";
 constexpr std::chrono::milliseconds kListenRetry{50};
 // A connection keeps a body buffer this small between requests.
 constexpr std::uint64_t kSmallChunkBytes = 4 << 10;
@@ -64,6 +67,7 @@ unsigned status_of(const Error& error) {
     // or a queue with no room: the client should retry later.
     case ErrorKind::kDeterminate:
     case ErrorKind::kIndeterminate:
+    case ErrorKind::kLeaseExpired:
     case ErrorKind::kFull:
     case ErrorKind::kClosed:
       return 503;
@@ -587,6 +591,11 @@ class Session : public std::enable_shared_from_this<Session> {
         route_ = "listen";
         return read_small_body([self = shared_from_this()] { self->listen(); });
       }
+      if (action.starts_with("producers/") && method == http::verb::get) {
+        route_ = "producer";
+        producer_ = std::string(action.substr(std::string_view("producers/").size()));
+        return read_small_body([self = shared_from_this()] { self->inspect_producer(); });
+      }
       if (action.empty() || action == "append" || action == "snapshot" || action == "listen") {
         return method_not_allowed();
       }
@@ -686,6 +695,33 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
+  // {"producer", "sequence" (the last committed; null when unknown),
+  // "time", "expires_ms"}: what a producer's next request starts after.
+  void inspect_producer() {
+    if (auto valid = validate_producer_id(*producer_); !valid) {
+      return respond(400, error_json(valid.error().message));
+    }
+    blocking<std::string>(
+        [server = server_, n = name_, p = *producer_]() -> Result<std::string> {
+          TM_ASSIGN(auto s, server->shard(n));
+          TM_ASSIGN(ProducerLookup lookup, s->lookup_producer(p, true));
+          std::string out = "{\"producer\":";
+          append_json_string(&out, p);
+          if (lookup.producer) {
+            out += ",\"sequence\":" + std::to_string(lookup.producer->sequence) +
+                   ",\"time\":" + std::to_string(lookup.producer->time) +
+                   ",\"expires_ms\":" + std::to_string(lookup.producer->expires_ms);
+          } else {
+            out += ",\"sequence\":null,\"time\":null,\"expires_ms\":null";
+          }
+          return out + "}";
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(200, std::move(*r));
+        });
+  }
+
   void inspect_shard() {
     blocking<std::string>(
         [server = server_, n = name_]() -> Result<std::string> {
@@ -713,6 +749,15 @@ class Session : public std::enable_shared_from_this<Session> {
     carry_.clear();
     last_token_.reset();
     max_time_.reset();
+    producer_.reset();
+    first_sequence_ = 0;
+    skip_ = 0;
+    skipped_ = 0;
+    producer_time_.reset();
+    group_.clear();
+    group_bytes_ = 0;
+    group_charge_ = 0;
+    group_lease_.release();
     const bool has_lower = query_.contains("lower"), has_upper = query_.contains("upper");
     if (has_lower != has_upper) {
       keep_alive_ = false;
@@ -739,25 +784,112 @@ class Session : public std::enable_shared_from_this<Session> {
             self->read_explicit();
           });
     }
-    // The shard's appender, opened once (by a worker: it blocks).
-    {
+    // A managed append names an idempotent producer, or is all or nothing.
+    auto& request = parser_->get();
+    const auto producer = request.find(beast::string_view(kProducerHeader.data(), kProducerHeader.size()));
+    const auto sequence = request.find(beast::string_view(kSequenceHeader.data(), kSequenceHeader.size()));
+    if (producer != request.end()) {
+      const std::string id(producer->value().data(), producer->value().size());
+      if (auto valid = validate_producer_id(id); !valid) {
+        keep_alive_ = false;
+        return respond(400, error_json(valid.error().message));
+      }
+      std::optional<Time> first;
+      if (sequence != request.end()) {
+        first = parse_time(std::string(sequence->value().data(), sequence->value().size()));
+      }
+      if (!first) {
+        keep_alive_ = false;
+        return respond(400, error_json(std::string(kProducerHeader) + " needs " +
+                                       std::string(kSequenceHeader) +
+                                       ": the sequence number of the body's first record"));
+      }
+      producer_ = id;
+      first_sequence_ = *first;
+    } else if (sequence != request.end()) {
+      keep_alive_ = false;
+      return respond(400, error_json(std::string(kSequenceHeader) + " needs " +
+                                     std::string(kProducerHeader)));
+    }
+    // The shard's appender, opened once (by a worker: it blocks), and where
+    // the producer stands.
+    if (!producer_) {
       std::lock_guard lock(server_->mutex);
       auto it = server_->shard_appenders.find(name_);
       if (it != server_->shard_appenders.end() && !it->second->failure()) appender_ = it->second;
     }
     if (appender_) {
       sender_.emplace(appender_->sender());
-      return read_managed();
+      return start_atomic();
     }
-    blocking<std::shared_ptr<Appender>>(
-        [server = server_, n = name_] { return server->appender(n); },
-        [self = shared_from_this()](Result<std::shared_ptr<Appender>> a) {
-          if (!a) {
-            self->keep_alive_ = false;
-            return self->respond_error(a.error());
+    struct Opened {
+      std::shared_ptr<Appender> appender;
+      std::optional<ProducerLookup> lookup;
+    };
+    blocking<Opened>(
+        [server = server_, n = name_, producer = producer_,
+         first = first_sequence_]() -> Result<Opened> {
+          Opened out;
+          TM_ASSIGN(out.appender, server->appender(n));
+          if (producer) {
+            TM_ASSIGN(auto s, server->shard(n));
+            // The last state this process saw, unless that would refuse
+            // the request: then the shard's own.
+            TM_ASSIGN(ProducerLookup lookup, s->lookup_producer(*producer, false));
+            const std::uint64_t expected = lookup.producer ? lookup.producer->sequence + 1 : 0;
+            if (first > expected || (!lookup.producer && lookup.max_producers > 0 &&
+                                     lookup.producers >= lookup.max_producers)) {
+              TM_ASSIGN(lookup, s->lookup_producer(*producer, true));
+            }
+            out.lookup = lookup;
           }
-          self->appender_ = std::move(*a);
-          self->sender_.emplace(self->appender_->sender());
+          return out;
+        },
+        [self = shared_from_this()](Result<Opened> opened) {
+          if (!opened) {
+            self->keep_alive_ = false;
+            return self->respond_error(opened.error());
+          }
+          self->appender_ = std::move(opened->appender);
+          if (!self->producer_) {
+            self->sender_.emplace(self->appender_->sender());
+            return self->start_atomic();
+          }
+          const ProducerLookup& lookup = *opened->lookup;
+          const std::uint64_t expected = lookup.producer ? lookup.producer->sequence + 1 : 0;
+          if (self->first_sequence_ > expected) {
+            self->keep_alive_ = false;
+            std::string body = "{\"error\":";
+            append_json_string(
+                &body, "producer " + *self->producer_ + ": the body starts at sequence " +
+                           std::to_string(self->first_sequence_) + " but shard " + self->name_ +
+                           (lookup.producer ? " has committed up to " +
+                                                  std::to_string(lookup.producer->sequence)
+                                            : " does not know it (new, or expired): it starts at 0") +
+                           "; send from sequence " + std::to_string(expected));
+            body += ",\"producer\":";
+            append_json_string(&body, *self->producer_);
+            body += ",\"expected_sequence\":" + std::to_string(expected) + "}";
+            return self->respond(409, std::move(body));
+          }
+          if (!lookup.producer && lookup.max_producers > 0 &&
+              lookup.producers >= lookup.max_producers) {
+            self->keep_alive_ = false;
+            return self->respond(
+                503, error_json("shard " + self->name_ + " keeps " +
+                                std::to_string(lookup.max_producers) +
+                                " producers already (its most); a new one can start once one "
+                                "expires"));
+          }
+          // Records before `expected` are committed already: skipped.
+          self->skip_ = expected - self->first_sequence_;
+          if (lookup.producer) self->producer_time_ = lookup.producer->time;
+          auto sender = self->appender_->sender(*self->producer_, expected);
+          if (!sender) {
+            self->keep_alive_ = false;
+            return self->respond_error(sender.error());
+          }
+          self->sender_.emplace(std::move(*sender));
           self->read_managed();
         });
   }
@@ -850,10 +982,14 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // Managed: enqueue as the body arrives.
+  // Managed: with a producer, records are enqueued as the body arrives
+  // (a prefix may commit before the body ends; the producer's next request
+  // learns how much). Without one, the whole body is read and checked
+  // first, then enqueued as one group: all of it commits, or none.
   void read_managed() { read_body_piece(&Session::process_managed); }
 
   void process_managed() {
+    if (!producer_) return process_atomic();
     if (stalled_) {
       // A record the appender had no room for: offer it again.
       auto token = sender_->enqueue_with_token(&*stalled_);
@@ -875,6 +1011,12 @@ class Session : public std::enable_shared_from_this<Session> {
             failure = record.error();
             failed_line = line_;
             return false;
+          }
+          if (skipped_ < skip_) {
+            // Committed by an earlier request of this producer.
+            ++skipped_;
+            ++count_;
+            return true;
           }
           AppendRecord r{std::move(record->key), std::move(record->value), record->diff};
           auto token = sender_->enqueue_with_token(&r);
@@ -899,6 +1041,131 @@ class Session : public std::enable_shared_from_this<Session> {
     finish_managed();
   }
 
+  // Without a producer, a body with a Content-Length first reserves what
+  // its records will take once parsed (twice its length: the JSON around
+  // each key and value goes, a record's header comes; beyond that the
+  // charge is forced) and the chunk it is read through, in one reservation
+  // that waits its turn in the requests pool. A connection then never waits
+  // for room while holding some: no deadlock. A chunked body's records are
+  // charged as they are parsed (forced: up to twice max_record_bytes per
+  // such connection beyond the pool).
+  void start_atomic() {
+    const auto length = parser_->content_length();
+    if (!length) return read_managed();
+    if (*length > *server_->options.max_record_bytes) return atomic_too_large();
+    const std::uint64_t chunk = std::clamp<std::uint64_t>(*length, kSmallChunkBytes,
+                                                          Server::kBodyChunkBytes);
+    const std::uint64_t want = 2 * *length + chunk;
+    if (want > server_->requests->capacity()) return atomic_too_large();
+    chunk_.reset();
+    chunk_size_ = 0;
+    chunk_lease_.release();
+    auto install = [self = shared_from_this(), chunk](Lease lease) {
+      self->chunk_lease_ = lease.split(chunk);
+      self->chunk_ = std::make_unique_for_overwrite<char[]>(chunk);
+      self->chunk_size_ = chunk;
+      self->group_lease_ = std::move(lease);
+      self->read_managed();
+    };
+    if (auto lease = server_->requests->try_reserve(want)) return install(std::move(*lease));
+    server_->requests->reserve_async(
+        want, [self = shared_from_this(), install](Result<Lease> lease) mutable {
+          net::post(self->stream_.get_executor(),
+                    [self, install, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
+                      if (!*lease) return self->respond_error(lease->error());
+                      install(std::move(**lease));
+                    });
+        });
+  }
+
+  // Without a producer: every line parsed into group_ (charged to the
+  // requests pool) before anything is enqueued.
+  void process_atomic() {
+    std::optional<Error> failure;
+    std::uint64_t failed_line = 0;
+    bool too_large = false;
+    const Step step = split_lines(
+        [&](std::string_view text) {
+          if (is_blank_line(text)) return true;
+          group_bytes_ += text.size() + 1;
+          if (group_bytes_ > *server_->options.max_record_bytes) {
+            too_large = true;
+            return false;
+          }
+          auto record = parse_record_line(text, RecordMode::kManaged);
+          if (!record) {
+            failure = record.error();
+            failed_line = line_;
+            return false;
+          }
+          group_charge_ += record->key.size() + record->value.size() + sizeof(AppendRecord);
+          if (group_charge_ > group_lease_.size()) {
+            const std::uint64_t missing = group_charge_ - group_lease_.size();
+            if (group_lease_.pool()) {
+              group_lease_.force_grow(missing);
+            } else {
+              group_lease_ = server_->requests->force_reserve(missing);
+            }
+          }
+          group_.push_back(
+              AppendRecord{std::move(record->key), std::move(record->value), record->diff});
+          return true;
+        },
+        finished_);
+    if (step == Step::kError) return record_too_large();
+    if (too_large) return atomic_too_large();
+    if (failure) {
+      // Nothing was enqueued: nothing of the body is appended.
+      keep_alive_ = false;
+      group_.clear();
+      group_lease_.release();
+      std::string body = "{\"error\":";
+      append_json_string(&body, "line " + std::to_string(failed_line) + ": " + failure->message +
+                                    "; nothing was appended");
+      body += ",\"line\":" + std::to_string(failed_line) + ",\"appended\":0}";
+      return respond(status_of(*failure), std::move(body));
+    }
+    if (!finished_) return read_managed();
+    enqueue_group();
+  }
+
+  void atomic_too_large() {
+    keep_alive_ = false;
+    group_.clear();
+    group_lease_.release();
+    respond(413, error_json("a managed append without a producer is committed all at once, so "
+                            "its body is at most " +
+                            std::to_string(*server_->options.max_record_bytes) +
+                            " bytes and must fit the shard's appender queue; nothing was "
+                            "appended. Split it, or name a producer (" +
+                            std::string(kProducerHeader) + ", " + std::string(kSequenceHeader) +
+                            ") to stream any size"));
+  }
+
+  void enqueue_group() {
+    release_body();
+    count_ = group_.size();
+    if (group_.empty()) return finish_managed();
+    auto token = sender_->enqueue_group(group_);
+    if (!token) {
+      if (token.error().is(ErrorKind::kFull)) {
+        // Offered again once the queue has room (the group is intact).
+        return appender_->pool()->when_available([self = shared_from_this()] {
+          net::post(self->stream_.get_executor(), [self] { self->enqueue_group(); });
+        });
+      }
+      if (token.error().is(ErrorKind::kTooLarge)) return atomic_too_large();
+      group_.clear();
+      group_lease_.release();
+      keep_alive_ = false;
+      return respond_error(token.error());
+    }
+    last_token_ = *token;
+    group_.clear();
+    group_lease_.release();
+    finish_managed();
+  }
+
   void wait_for_appender() {
     appender_->pool()->when_available([self = shared_from_this()] {
       net::post(self->stream_.get_executor(), [self] { self->process_managed(); });
@@ -906,7 +1173,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // Once what was enqueued is durable, answers 400/413 for the bad line,
-  // 503 when the appender refused it.
+  // 503 when the appender refused it. (A producer's request: the lines
+  // before the bad one are appended.)
   void fail_managed(const Error& error, std::uint64_t line) {
     keep_alive_ = false;
     auto answer = [self = shared_from_this(), error, line](std::optional<Error> commit_error) {
@@ -916,7 +1184,9 @@ class Session : public std::enable_shared_from_this<Session> {
         message += "; and committing the lines before it failed: " + commit_error->message;
       append_json_string(&body, message);
       body += ",\"line\":" + std::to_string(line) +
-              ",\"appended\":" + std::to_string(commit_error ? 0 : self->count_) + "}";
+              ",\"appended\":" + std::to_string(commit_error ? 0 : self->count_);
+      self->append_producer_fields(&body);
+      body += "}";
       // A bad line is 400 (413 when too large); an appender that stopped
       // (a backend down past its retries, or shutdown) is not the
       // client's fault: 503, like any other Closed.
@@ -931,9 +1201,19 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // ,"producer":P,"sequence":S,"duplicates":D for a producer's request.
+  void append_producer_fields(std::string* body) {
+    if (!producer_) return;
+    *body += ",\"producer\":";
+    append_json_string(body, *producer_);
+    *body += ",\"sequence\":" + std::to_string(first_sequence_) +
+             ",\"duplicates\":" + std::to_string(skipped_ + (sender_ ? sender_->duplicates() : 0));
+  }
+
   void finish_managed() {
     release_body();
     if (!last_token_) {
+      // Nothing enqueued: an empty body, or records all committed before.
       return blocking<Frontier>(
           [server = server_, n = name_]() -> Result<Frontier> {
             TM_ASSIGN(auto s, server->shard(n));
@@ -941,7 +1221,12 @@ class Session : public std::enable_shared_from_this<Session> {
           },
           [self = shared_from_this()](Result<Frontier> upper) {
             if (!upper) return self->respond_error(upper.error());
-            self->respond(200, "{\"time\":null,\"count\":0,\"upper\":" + upper->to_json() + "}");
+            std::string body = "{\"time\":";
+            body += self->producer_time_ && self->count_ > 0 ? std::to_string(*self->producer_time_)
+                                                              : "null";
+            body += ",\"count\":" + std::to_string(self->count_) + ",\"upper\":" + upper->to_json();
+            self->append_producer_fields(&body);
+            self->respond(200, body + "}");
           });
     }
     const auto started = Clock::now();
@@ -949,11 +1234,18 @@ class Session : public std::enable_shared_from_this<Session> {
       self->server_->metrics.commit_latency().observe(
           std::chrono::duration<double>(Clock::now() - started).count());
       net::post(self->stream_.get_executor(), [self, r] {
-        if (!r) return self->respond_error(r.error());
+        if (!r) {
+          std::string body = "{\"error\":";
+          append_json_string(&body, r.error().message);
+          self->append_producer_fields(&body);
+          return self->respond(status_of(r.error()), body + "}");
+        }
         // Committed at *r: the upper is past it.
-        self->respond(200, "{\"time\":" + std::to_string(*r) +
-                               ",\"count\":" + std::to_string(self->count_) +
-                               ",\"upper\":" + std::to_string(*r + 1) + "}");
+        std::string body = "{\"time\":" + std::to_string(*r) +
+                           ",\"count\":" + std::to_string(self->count_) +
+                           ",\"upper\":" + std::to_string(*r + 1);
+        self->append_producer_fields(&body);
+        self->respond(200, body + "}");
       });
     });
   }
@@ -1496,6 +1788,19 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<AppendSender> sender_;
   std::optional<AppendRecord> stalled_;
   std::optional<CommitToken> last_token_;
+  // A producer's request: its id, the body's first sequence number, how
+  // many leading records the shard had committed already (skipped, not
+  // enqueued) and when the last of them was committed.
+  std::optional<std::string> producer_;
+  std::uint64_t first_sequence_ = 0;
+  std::uint64_t skip_ = 0;
+  std::uint64_t skipped_ = 0;
+  std::optional<Time> producer_time_;
+  // Without a producer: the body's records, enqueued once all are read.
+  std::vector<AppendRecord> group_;
+  std::uint64_t group_bytes_ = 0;   // of its lines
+  std::uint64_t group_charge_ = 0;  // of its records, held by group_lease_
+  Lease group_lease_;
   std::shared_ptr<Server::Impl::SharedWriter> shared_writer_;
   std::optional<BatchBuilder> builder_;
   Time lower_ = 0;

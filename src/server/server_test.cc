@@ -179,14 +179,14 @@ TEST_F(ServerTest, ManagedAppendsAnswerOnceDurable) {
   Reply snapshot = get("/v1/shards/s/snapshot?as_of=" + std::to_string(time));
   EXPECT_EQ(snapshot.body,
             "{\"key\":1,\"value\":\"a\",\"diff\":1}\n{\"key\":2,\"value\":\"b\",\"diff\":1}\n");
-  // A time in a managed append is refused, with its line; the lines before
-  // it are appended and said so.
+  // A time in a managed append is refused, with its line; without a
+  // producer the append is all or nothing: none of it is appended.
   Reply bad = post("/v1/shards/s/append",
                    "{\"key\": 3, \"value\": \"c\"}\n{\"key\": 4, \"value\": \"d\", \"time\": 1}\n");
   EXPECT_EQ(bad.status, 400u);
-  EXPECT_NE(bad.body.find("\"line\":2,\"appended\":1"), std::string::npos) << bad.body;
+  EXPECT_NE(bad.body.find("\"line\":2,\"appended\":0"), std::string::npos) << bad.body;
   Reply latest = get("/v1/shards/s/snapshot");
-  EXPECT_EQ(lines_of(latest.body).size(), 3u) << latest.body;
+  EXPECT_EQ(lines_of(latest.body).size(), 2u) << latest.body;
   Reply empty = post("/v1/shards/s/append", "\n\n");
   EXPECT_EQ(empty.status, 200u);
   EXPECT_EQ(empty.body.rfind("{\"time\":null,\"count\":0,", 0), 0u) << empty.body;
@@ -779,35 +779,43 @@ TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
 // With a small budget, many large bodies at once: the server reads only
 // while its pools have room, so every request succeeds and no pool goes
 // past its capacity by more than one chunk and one record per connection.
+// Bodies this large stream with a producer; without one they are bounded
+// (all or nothing), and each waits for room for all of it before it is read.
 TEST_F(ServerTest, BackpressureKeepsThePoolsWithinTheirBudget) {
-  options_.memory_limit = 4 << 20;  // requests 1 MiB, appenders 1.5 MiB
+  options_.memory_limit = 4 << 20;  // requests 1 MiB, appenders 1.5 MiB; records 512 KiB
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
-  constexpr int kClients = 24, kRecords = 10000;  // ~0.6 MB per body
-  std::atomic<int> ok{0};
-  std::vector<std::thread> clients;
-  for (int c = 0; c < kClients; ++c) {
-    clients.emplace_back([&, c] {
-      std::string body;
-      for (int i = 0; i < kRecords; ++i) {
-        body += "{\"key\": \"c" + std::to_string(c) + "-" + std::to_string(i) +
-                "\", \"value\": \"0123456789abcdef0123456789\"}\n";
-      }
-      Reply reply = post("/v1/shards/s/append", body);
-      if (reply.status == 200) ++ok;
-    });
-  }
-  for (auto& t : clients) t.join();
-  EXPECT_EQ(ok.load(), kClients);
-  Reply snapshot = get("/v1/shards/s/snapshot");
-  EXPECT_EQ(lines_of(snapshot.body).size(), static_cast<std::size_t>(kClients * kRecords));
-  Reply metrics = get("/metrics");
+  constexpr int kClients = 24;
+  auto body_of = [](int c, int records) {
+    std::string body;
+    for (int i = 0; i < records; ++i) {
+      body += "{\"key\": \"c" + std::to_string(c) + "-" + std::to_string(i) +
+              "\", \"value\": \"0123456789abcdef0123456789\"}\n";
+    }
+    return body;
+  };
   auto peak = [&](const std::string& pool) -> std::uint64_t {
+    Reply metrics = get("/metrics");
     const std::string name = "tidemark_pool_peak_bytes{pool=\"" + pool + "\"} ";
     const auto at = metrics.body.find(name);
     EXPECT_NE(at, std::string::npos) << name;
     return at == std::string::npos ? 0 : std::stoull(metrics.body.substr(at + name.size()));
   };
+  std::atomic<int> ok{0};
+  std::vector<std::thread> clients;
+  // ~0.6 MB a body, streamed by producers.
+  constexpr int kStreamed = 10000, kAtomic = 4000;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      Reply reply = post("/v1/shards/s/append", body_of(c, kStreamed),
+                         {{"Tidemark-Producer", "p" + std::to_string(c)},
+                          {"Tidemark-Sequence", "0"}});
+      if (reply.status == 200) ++ok;
+    });
+  }
+  for (auto& t : clients) t.join();
+  clients.clear();
+  EXPECT_EQ(ok.load(), kClients);
   // More connections than chunks fit (24 x 64 KiB > 1 MiB): a connection
   // reads only once its chunk's bytes are reserved (the others wait in
   // line), so the pool goes past its capacity only by the partial lines
@@ -817,10 +825,138 @@ TEST_F(ServerTest, BackpressureKeepsThePoolsWithinTheirBudget) {
   // request in flight.
   EXPECT_LE(peak("appenders"), (4u << 20) / 8 * 3 + kClients * 256);
   EXPECT_GT(peak("appenders"), 0u);
-  std::printf("peak requests %llu, appenders %llu, server %llu bytes\n",
-              static_cast<unsigned long long>(peak("requests")),
-              static_cast<unsigned long long>(peak("appenders")),
-              static_cast<unsigned long long>(peak("server")));
+
+  // ~0.25 MB a body, all or nothing: each reserves room for all its
+  // records before it is read.
+  ok = 0;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      Reply reply = post("/v1/shards/s/append", body_of(100 + c, kAtomic));
+      if (reply.status == 200) ++ok;
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+  EXPECT_LE(peak("requests"), (1u << 20) + kClients * 256);
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  EXPECT_EQ(lines_of(snapshot.body).size(),
+            static_cast<std::size_t>(kClients * (kStreamed + kAtomic)));
+  // Larger than the record limit: refused before it is read.
+  Reply large = post("/v1/shards/s/append", body_of(999, 10000));
+  EXPECT_EQ(large.status, 413u) << large.body;
+  EXPECT_NE(large.body.find("name a producer"), std::string::npos) << large.body;
+}
+
+// Idempotent producers over HTTP: a retry of the same records appends
+// nothing again and says how many were committed already; a gap is 409
+// with the sequence to send from.
+TEST_F(ServerTest, AProducersRetriesAreExactlyOnce) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto body = [](int from, int to) {
+    std::string out;
+    for (int i = from; i < to; ++i) out += "{\"key\": " + std::to_string(i) + ", \"value\": 1}\n";
+    return out;
+  };
+  auto send = [&](int from, int to) {
+    return post("/v1/shards/s/append", body(from, to),
+                {{"Tidemark-Producer", "orders-1"}, {"Tidemark-Sequence", std::to_string(from)}});
+  };
+  Reply first = send(0, 10);
+  ASSERT_EQ(first.status, 200u) << first.body;
+  EXPECT_NE(first.body.find("\"count\":10"), std::string::npos) << first.body;
+  EXPECT_NE(first.body.find("\"producer\":\"orders-1\",\"sequence\":0,\"duplicates\":0"),
+            std::string::npos)
+      << first.body;
+  // The same request again (its answer was lost, say): nothing appended.
+  Reply again = send(0, 10);
+  ASSERT_EQ(again.status, 200u) << again.body;
+  EXPECT_NE(again.body.find("\"duplicates\":10"), std::string::npos) << again.body;
+  auto time_of = [](const Reply& r) { return *parse_json(r.body)->find("time")->as_u64(); };
+  EXPECT_EQ(time_of(again), time_of(first));
+  // Overlapping: 5..14, of which 5..9 are committed.
+  Reply overlap = send(5, 15);
+  ASSERT_EQ(overlap.status, 200u) << overlap.body;
+  EXPECT_NE(overlap.body.find("\"duplicates\":5"), std::string::npos) << overlap.body;
+  Reply state = get("/v1/shards/s/producers/orders-1");
+  EXPECT_EQ(state.status, 200u);
+  EXPECT_NE(state.body.find("\"sequence\":14"), std::string::npos) << state.body;
+  // A gap: the shard expects 15.
+  Reply gap = send(20, 21);
+  EXPECT_EQ(gap.status, 409u);
+  EXPECT_NE(gap.body.find("\"expected_sequence\":15"), std::string::npos) << gap.body;
+  // An unknown producer starts at 0.
+  Reply unknown = post("/v1/shards/s/append", body(0, 1),
+                       {{"Tidemark-Producer", "new"}, {"Tidemark-Sequence", "3"}});
+  EXPECT_EQ(unknown.status, 409u);
+  EXPECT_NE(unknown.body.find("\"expected_sequence\":0"), std::string::npos) << unknown.body;
+  EXPECT_EQ(get("/v1/shards/s/producers/new").body,
+            "{\"producer\":\"new\",\"sequence\":null,\"time\":null,\"expires_ms\":null}\n");
+  // Headers that do not go together, or a bad id.
+  EXPECT_EQ(post("/v1/shards/s/append", body(0, 1), {{"Tidemark-Producer", "x"}}).status, 400u);
+  EXPECT_EQ(post("/v1/shards/s/append", body(0, 1), {{"Tidemark-Sequence", "0"}}).status, 400u);
+  EXPECT_EQ(post("/v1/shards/s/append", body(0, 1),
+                 {{"Tidemark-Producer", "a/b"}, {"Tidemark-Sequence", "0"}})
+                .status,
+            400u);
+  // Every record once.
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  auto lines = lines_of(snapshot.body);
+  EXPECT_EQ(lines.size(), 15u);
+  for (const auto& line : lines) EXPECT_NE(line.find("\"diff\":1}"), std::string::npos) << line;
+}
+
+// A request cut short by its client: with a producer, what was committed
+// of its body is found by the producer's next request (duplicates), and
+// the retry appends exactly the rest; without one, nothing of it is.
+TEST_F(ServerTest, ARequestCutShortLeavesNothingTheClientCannotFindOut) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const int records = 20000;
+  std::string body;
+  for (int i = 0; i < records; ++i) {
+    body += "{\"key\": " + std::to_string(i) + ", \"value\": \"" + std::string(40, 'v') + "\"}\n";
+  }
+  // Sends the header and the first `sent` bytes of the body, waits for
+  // the server to take them, then drops the connection.
+  auto cut = [&](const std::map<std::string, std::string>& headers, std::size_t sent) {
+    net::io_context ioc;
+    tcp::socket socket(ioc);
+    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    std::string request = "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                          std::to_string(body.size()) + "\r\n";
+    for (const auto& [name, value] : headers) request += name + ": " + value + "\r\n";
+    request += "\r\n" + body.substr(0, sent);
+    net::write(socket, net::buffer(request));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    socket.close();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  // No producer: nothing.
+  cut({}, body.size() / 2);
+  EXPECT_EQ(post("/v1/shards/s/append", "").status, 200u);
+  Reply empty = get("/v1/shards/s");
+  EXPECT_NE(empty.body.find("\"updates\":0"), std::string::npos) << empty.body;
+
+  // A producer: a prefix may be committed; the retry finds it.
+  const std::map<std::string, std::string> producer{{"Tidemark-Producer", "p"},
+                                                    {"Tidemark-Sequence", "0"}};
+  cut(producer, body.size() / 2);
+  Reply state = get("/v1/shards/s/producers/p");
+  auto json = parse_json(state.body);
+  ASSERT_TRUE(json);
+  const JsonValue* committed = json->find("sequence");
+  const std::uint64_t prefix = committed->is_null() ? 0 : *committed->as_u64() + 1;
+  EXPECT_GT(prefix, 0u) << "nothing of the first half was committed: the test proves little";
+  EXPECT_LT(prefix, static_cast<std::uint64_t>(records));
+  Reply retry = post("/v1/shards/s/append", body, producer);
+  ASSERT_EQ(retry.status, 200u) << retry.body;
+  EXPECT_NE(retry.body.find("\"duplicates\":" + std::to_string(prefix)), std::string::npos)
+      << retry.body;
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  auto lines = lines_of(snapshot.body);
+  EXPECT_EQ(lines.size(), static_cast<std::size_t>(records));
+  for (const auto& line : lines) ASSERT_NE(line.find("\"diff\":1}"), std::string::npos) << line;
 }
 
 }  // namespace

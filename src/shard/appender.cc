@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/ids.h"
@@ -30,6 +31,10 @@ namespace {
 constexpr std::size_t kMaxBuiltBatches = 16;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
+// Commits in a row that met producer records another process committed
+// meanwhile, before the appender gives up (each one drops those records,
+// so this is a livelock guard, not a retry budget).
+constexpr int kMaxSequenceConflicts = 1000;
 
 }  // namespace
 
@@ -79,19 +84,29 @@ void CommitToken::on_complete(std::function<void(const Result<Time>&)> done) con
   done(*state_->outcome);
 }
 
+struct AppendSender::ProducerTag {
+  std::string id;
+  std::atomic<std::uint64_t> duplicates{0};
+};
+
 // --- Appender::Impl ---------------------------------------------------------
 
 struct Appender::Impl {
   struct Record {
-    std::uint64_t seq = 0;
+    std::uint64_t seq = 0;  // this appender's order of records
     std::string key;
     std::string value;
     Diff diff = 1;
     Lease lease;
     std::shared_ptr<CommitToken::State> token;
+    std::shared_ptr<AppendSender::ProducerTag> producer;  // null: none
+    std::uint64_t sequence = 0;                           // the producer's number for it
+    bool group_end = true;  // false inside a group: no batch ends after it
   };
   struct Built {
     std::vector<Record> records;
+    // Of the last record cut into it (its records may be settled early).
+    std::optional<std::uint64_t> last_seq;
     Time time = 0;
     std::optional<Batch> batch;
     std::future<Status> upload;  // the batch's first build, running
@@ -137,6 +152,7 @@ struct Appender::Impl {
   Time now() const { return options.clock ? options.clock() : wall_clock_millis(); }
 
   static_assert(sizeof(Record) <= kRecordOverheadBytes);
+  static_assert(sizeof(AppendSender::ProducerTag) <= kRecordOverheadBytes);
   static_assert(sizeof(CommitToken::State) + 32 <= kTokenOverheadBytes);  // + the control block
   static std::uint64_t charge(const AppendRecord& r, bool with_token = false) {
     return r.key.size() + r.value.size() + kRecordOverheadBytes +
@@ -175,17 +191,25 @@ struct Appender::Impl {
   }
 
   // Queues records already charged to `lease`; fails if closed meanwhile.
+  // A producer's records are numbered from `first_sequence`; a group's end
+  // only after its last record.
   Status push(std::span<AppendRecord> records, Lease lease,
-              std::shared_ptr<CommitToken::State> token) {
+              std::shared_ptr<CommitToken::State> token,
+              const std::shared_ptr<AppendSender::ProducerTag>& producer = nullptr,
+              std::uint64_t first_sequence = 0, bool group = false) {
     std::vector<Record> staged;
     staged.reserve(records.size());
     for (AppendRecord& r : records) {
       Record record;
-      const bool with_token = token && &r == &records.back();
+      const bool last = &r == &records.back();
+      const bool with_token = token && last;
       record.lease = lease.split(std::min(lease.size(), charge(r, with_token)));
       record.key = std::move(r.key);
       record.value = std::move(r.value);
       record.diff = r.diff;
+      record.producer = producer;
+      record.sequence = first_sequence + staged.size();
+      record.group_end = !group || last;
       staged.push_back(std::move(record));
     }
     if (!staged.empty()) staged.back().token = std::move(token);
@@ -252,8 +276,10 @@ struct Appender::Impl {
         std::unique_lock lock(mu);
         if (!wait_for_batch(lock)) break;
         std::uint64_t bytes = 0;
-        while (!queue.empty() && records.size() < options.batch_max_records &&
-               bytes < options.batch_max_bytes) {
+        // A batch never ends inside a group (a group is queued whole).
+        while (!queue.empty() &&
+               ((records.size() < options.batch_max_records && bytes < options.batch_max_bytes) ||
+                (!records.empty() && !records.back().group_end))) {
           bytes += queue.front().key.size() + queue.front().value.size();
           records.push_back(std::move(queue.front()));
           queue.pop_front();
@@ -262,6 +288,7 @@ struct Appender::Impl {
         if (!queue.empty()) queue_since = std::chrono::steady_clock::now();
       }
       auto batch = std::make_shared<Built>();
+      batch->last_seq = records.back().seq;
       batch->records = std::move(records);
       batch->time = take_time(0);
       Built* raw = batch.get();
@@ -375,7 +402,21 @@ struct Appender::Impl {
       stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
     }
     Backoff failures_in_a_row(options.retry);
+    // After an indeterminate attempt the batches stay as they were: a retry
+    // with the same token finds them committed, or commits them.
+    bool maybe_committed = false;
+    bool fresh_producers = false;
+    int sequence_conflicts = 0;
     for (;;) {
+      if (group.empty()) return;  // every record was settled
+      if (!maybe_committed) {
+        auto filtered = filter_producers(group, fresh_producers);
+        if (!filtered) {
+          set_fatal(filtered.error(), nullptr, &group);
+          return;
+        }
+        if (group.empty()) return;  // every record was settled
+      }
       // Every batch must lie at or above the upper, in increasing time.
       Frontier upper = writer->upper();
       if (upper.is_closed()) {
@@ -395,9 +436,11 @@ struct Appender::Impl {
         }
         required = batch.time + 1;
       }
+      const std::vector<ProducerRange> ranges = producer_ranges(group);
       std::vector<Batch> batches;
       for (Built& batch : group) batches.push_back(std::move(*batch.batch));
-      auto result = writer->compare_and_append(batches, upper, Frontier::at(required), token);
+      auto result =
+          writer->compare_and_append(batches, upper, Frontier::at(required), token, ranges);
       for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
       if (result) {
         {
@@ -409,6 +452,51 @@ struct Appender::Impl {
         return;
       }
       const Error& error = result.error();
+      const bool was_maybe_committed = maybe_committed;
+      maybe_committed = error.is(ErrorKind::kIndeterminate);
+      if (error.is(ErrorKind::kLeaseExpired) && was_maybe_committed) {
+        // An earlier attempt may have landed, and the writer's memory of it
+        // went with its lease. A producer's records can still be told (the
+        // shard records them); the others cannot.
+        fail_unproduced(group, Error{ErrorKind::kIndeterminate,
+                                     "this append may have been committed before its writer "
+                                     "lost its lease (" +
+                                         error.message + ")",
+                                     std::nullopt, std::nullopt});
+        fresh_producers = true;
+        if (!failures_in_a_row.next()) {
+          set_fatal(error, nullptr, &group);
+          return;
+        }
+        continue;
+      }
+      if (error.is(ErrorKind::kLeaseExpired)) {
+        // The writer lost its lease (this process was paused, or cut off
+        // from consensus, past it): nothing was appended, and the handle
+        // registered a writer of a new id. Build every batch again under it.
+        for (Built& batch : group) {
+          batch.batch.reset();
+          if (auto rebuilt = build(batch); !rebuilt) {
+            set_fatal(rebuilt.error(), nullptr, &group);
+            return;
+          }
+        }
+        if (!failures_in_a_row.next()) {
+          set_fatal(error, nullptr, &group);
+          return;
+        }
+        continue;
+      }
+      if (error.is(ErrorKind::kSequenceMismatch)) {
+        // Another process committed some of these producers' records: look
+        // again (the state as it is now) and drop them.
+        fresh_producers = true;
+        if (++sequence_conflicts > kMaxSequenceConflicts) {
+          set_fatal(error, nullptr, &group);
+          return;
+        }
+        continue;
+      }
       if (error.is(ErrorKind::kUpperMismatch)) {
         {
           std::lock_guard lock(mu);
@@ -433,6 +521,146 @@ struct Appender::Impl {
     }
   }
 
+  // Settles every record without a producer in `group` with `error`, and
+  // rebuilds (or retires) the batches that held them.
+  void fail_unproduced(std::vector<Built>& group, const Error& error) {
+    for (auto batch = group.begin(); batch != group.end();) {
+      std::vector<Record> kept;
+      for (Record& r : batch->records) {
+        if (r.producer) {
+          kept.push_back(std::move(r));
+        } else {
+          settle(r, std::unexpected(error));
+        }
+      }
+      batch->records = std::move(kept);
+      batch->batch.reset();
+      if (batch->records.empty()) {
+        retire_empty(*batch);
+        batch = group.erase(batch);
+        continue;
+      }
+      if (auto rebuilt = build(*batch); !rebuilt) {
+        settle_all(*batch, rebuilt.error());
+        retire_empty(*batch);
+        batch = group.erase(batch);
+        continue;
+      }
+      ++batch;
+    }
+  }
+
+  void settle_all(Built& batch, const Error& error) {
+    for (Record& r : batch.records) settle(r, std::unexpected(error));
+    batch.records.clear();
+  }
+
+  // The producers' records in `group`, as the ranges the commit records:
+  // each a run of consecutive numbers of one producer, in commit order.
+  static std::vector<ProducerRange> producer_ranges(const std::vector<Built>& group) {
+    std::vector<ProducerRange> ranges;
+    for (const Built& batch : group) {
+      for (const Record& r : batch.records) {
+        if (!r.producer) continue;
+        if (!ranges.empty() && ranges.back().producer == r.producer->id &&
+            ranges.back().last + 1 == r.sequence) {
+          ranges.back().last = r.sequence;
+          ranges.back().time = batch.time;
+        } else {
+          ranges.push_back(ProducerRange{r.producer->id, r.sequence, r.sequence, batch.time});
+        }
+      }
+    }
+    return ranges;
+  }
+
+  // Checks the producers' records in `group` against the shard (its last
+  // known state, or a fresh one): settles those it has committed already
+  // (duplicates) and fails those that do not follow their producer's
+  // sequence or would make one producer too many; rebuilds the batches
+  // that lost records and drops the ones left empty. An error is fatal.
+  Status filter_producers(std::vector<Built>& group, bool fresh) {
+    struct Expected {
+      std::uint64_t next = 0;  // the sequence number the shard expects
+      Time time = 0;           // when its last committed record was
+      bool known = false;      // the shard keeps this producer already
+      bool counted = false;    // counted as new against max_producers
+    };
+    std::map<std::string, Expected, std::less<>> expected;
+    for (const Built& batch : group) {
+      for (const Record& r : batch.records) {
+        if (r.producer) expected.try_emplace(r.producer->id);
+      }
+    }
+    if (expected.empty()) return {};
+    std::size_t producers = 0, max_producers = 0;
+    for (auto& [id, e] : expected) {
+      TM_ASSIGN(ProducerLookup lookup, with_retries(options.retry, [&] {
+                  return shard->lookup_producer(id, fresh);
+                }));
+      producers = lookup.producers;
+      max_producers = lookup.max_producers;
+      if (lookup.producer) e = Expected{lookup.producer->sequence + 1, lookup.producer->time, true};
+    }
+    std::size_t new_producers = 0;
+    for (auto batch = group.begin(); batch != group.end();) {
+      std::vector<Record> kept;
+      kept.reserve(batch->records.size());
+      bool changed = false;
+      for (Record& r : batch->records) {
+        if (!r.producer) {
+          kept.push_back(std::move(r));
+          continue;
+        }
+        Expected& e = expected.find(r.producer->id)->second;
+        if (r.sequence < e.next) {
+          ++r.producer->duplicates;
+          settle(r, e.time, /*duplicate=*/true);
+          changed = true;
+          continue;
+        }
+        if (r.sequence > e.next) {
+          settle(r,
+                 make_error(ErrorKind::kSequenceMismatch,
+                            "producer " + r.producer->id + ": record " +
+                                std::to_string(r.sequence) + " does not follow what shard " +
+                                shard->name() + " has committed (it expects " +
+                                std::to_string(e.next) + ")"));
+          changed = true;
+          continue;
+        }
+        if (!e.known && !e.counted) {
+          if (max_producers > 0 && producers + new_producers >= max_producers) {
+            settle(r, make_error(ErrorKind::kFull,
+                                 "shard " + shard->name() + " keeps " +
+                                     std::to_string(max_producers) +
+                                     " producers already (its most): producer " + r.producer->id +
+                                     " cannot start until one expires"));
+            changed = true;
+            continue;
+          }
+          e.counted = true;
+          ++new_producers;
+        }
+        ++e.next;
+        kept.push_back(std::move(r));
+      }
+      batch->records = std::move(kept);
+      if (!changed) {
+        ++batch;
+        continue;
+      }
+      if (batch->records.empty()) {
+        retire_empty(*batch);
+        batch = group.erase(batch);
+        continue;
+      }
+      batch->batch.reset();
+      TM_TRY(build(*batch));
+      ++batch;
+    }
+    return {};
+  }
   // Rebuilds `batch` at a time >= at_least (after a definite mismatch: its
   // old parts were never committed and are deleted when replaced).
   Status retime(Built& batch, Time at_least) {
@@ -445,9 +673,42 @@ struct Appender::Impl {
     return build(batch);
   }
 
+  // Resolves one record ahead of its batch (a producer's duplicate, or a
+  // record refused): its lease, then its token. The batch still counts it
+  // for canaries when it finishes.
+  void settle(Record& r, Result<Time> outcome, bool duplicate = false) {
+    r.lease.release();
+    {
+      std::lock_guard lock(mu);
+      --in_flight;
+      if (duplicate) ++stats.duplicates;
+      if (!outcome) {
+        failures.emplace_back(r.seq, outcome.error());
+        if (failures.size() > kMaxRememberedFailures) failures.pop_front();
+      }
+    }
+    capacity_cv.notify_all();
+    if (r.token) r.token->resolve(outcome);
+  }
+
+  // A batch whose every record was settled early: only canaries are left.
+  void retire_empty(Built& batch) {
+    batch.batch.reset();
+    std::vector<Canary> ready;
+    {
+      std::lock_guard lock(mu);
+      if (batch.last_seq) done_seq = std::max(done_seq, *batch.last_seq + 1);
+      collect_ready_canaries(&ready);
+    }
+    resolve_canaries(ready);
+  }
+
   // Resolves a batch's records: leases first, then tokens and canaries.
   void finish(Built& batch, Result<Time> outcome) {
-    std::uint64_t last_seq = batch.records.empty() ? 0 : batch.records.back().seq;
+    std::optional<std::uint64_t> last_seq = batch.last_seq;
+    if (!batch.records.empty()) {
+      last_seq = std::max(last_seq.value_or(0), batch.records.back().seq);
+    }
     std::vector<std::shared_ptr<CommitToken::State>> tokens;
     // One release for the whole batch: each release wakes the pool's
     // waiters, and a batch may hold thousands of records.
@@ -481,7 +742,7 @@ struct Appender::Impl {
     std::vector<Canary> ready;
     {
       std::lock_guard lock(mu);
-      if (count > 0) done_seq = std::max(done_seq, last_seq + 1);
+      if (last_seq) done_seq = std::max(done_seq, *last_seq + 1);
       collect_ready_canaries(&ready);
     }
     resolve_canaries(ready);
@@ -602,7 +863,14 @@ void Appender::close() {
 }
 
 AppendSender Appender::sender() {
-  return AppendSender(shared_from_this());
+  return AppendSender(shared_from_this(), nullptr, 0);
+}
+
+Result<AppendSender> Appender::sender(std::string producer, std::uint64_t first_sequence) {
+  TM_TRY(validate_producer_id(producer));
+  auto tag = std::make_shared<AppendSender::ProducerTag>();
+  tag->id = std::move(producer);
+  return AppendSender(shared_from_this(), std::move(tag), first_sequence);
 }
 
 Status Appender::flush() {
@@ -633,7 +901,11 @@ const std::shared_ptr<MemoryPool>& Appender::pool() const {
 
 // --- AppendSender -----------------------------------------------------------
 
-AppendSender::AppendSender(std::shared_ptr<Appender> appender) : appender_(std::move(appender)) {}
+AppendSender::AppendSender(std::shared_ptr<Appender> appender, std::shared_ptr<ProducerTag> producer,
+                           std::uint64_t first_sequence)
+    : appender_(std::move(appender)),
+      producer_(std::move(producer)),
+      next_sequence_(first_sequence) {}
 AppendSender::AppendSender(AppendSender&&) noexcept = default;
 AppendSender& AppendSender::operator=(AppendSender&&) noexcept = default;
 AppendSender::~AppendSender() = default;
@@ -651,7 +923,27 @@ Status AppendSender::enqueue_many(std::span<AppendRecord> records) {
     largest = std::max(largest, Appender::Impl::charge(r));
   }
   TM_ASSIGN(Lease lease, impl.admit(records.size(), largest, total));
-  return impl.push(records, std::move(lease), nullptr);
+  TM_TRY(impl.push(records, std::move(lease), nullptr, producer_, next_sequence_));
+  if (producer_) next_sequence_ += records.size();
+  return {};
+}
+
+Result<CommitToken> AppendSender::enqueue_group(std::span<AppendRecord> records) {
+  if (producer_) return invalid_usage("a producer's records are not queued as a group");
+  if (records.empty()) return invalid_usage("a group needs records");
+  Appender::Impl& impl = *appender_->impl_;
+  std::uint64_t total = Appender::Impl::charge(records.back(), /*with_token=*/true);
+  for (std::size_t i = 0; i + 1 < records.size(); ++i) total += Appender::Impl::charge(records[i]);
+  // The whole group is one unit for the queue bound: it is committed at
+  // once, so all of it waits in the queue together.
+  TM_ASSIGN(Lease lease, impl.admit(records.size(), total, total));
+  auto state = std::make_shared<CommitToken::State>();
+  TM_TRY(impl.push(records, std::move(lease), state, nullptr, 0, /*group=*/true));
+  return CommitToken(state);
+}
+
+std::uint64_t AppendSender::duplicates() const {
+  return producer_ ? producer_->duplicates.load() : 0;
 }
 
 Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord record) {
@@ -663,7 +955,9 @@ Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord* record) {
   std::uint64_t size = Appender::Impl::charge(*record, /*with_token=*/true);
   TM_ASSIGN(Lease lease, impl.admit(1, size, size));
   auto state = std::make_shared<CommitToken::State>();
-  TM_TRY(impl.push(std::span<AppendRecord>(record, 1), std::move(lease), state));
+  TM_TRY(impl.push(std::span<AppendRecord>(record, 1), std::move(lease), state, producer_,
+                   next_sequence_));
+  if (producer_) ++next_sequence_;
   return CommitToken(state);
 }
 

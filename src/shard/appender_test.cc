@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 #include <thread>
 
 #include "location/faulty.h"
@@ -16,13 +17,15 @@
 namespace tidemark {
 namespace {
 
+using testing::Collection;
 using testing::read_snapshot;
 
 class AppenderTest : public ::testing::Test {
  protected:
   void SetUp() override {
     blob_ = std::make_shared<FaultyBlob>(std::make_shared<MemBlob>());
-    consensus_ = std::make_shared<FaultyConsensus>(std::make_shared<MemConsensus>());
+    mem_consensus_ = std::make_shared<MemConsensus>();
+    consensus_ = std::make_shared<FaultyConsensus>(mem_consensus_);
     ClientOptions options;
     options.part_target_bytes = 64 << 10;
     client_ = *Client::open(Location{blob_, consensus_}, options);
@@ -48,6 +51,7 @@ class AppenderTest : public ::testing::Test {
   }
 
   std::shared_ptr<FaultyBlob> blob_;
+  std::shared_ptr<MemConsensus> mem_consensus_;
   std::shared_ptr<FaultyConsensus> consensus_;
   std::shared_ptr<Client> client_;
   std::shared_ptr<Shard> shard_;
@@ -437,6 +441,200 @@ TEST_F(AppenderTest, ManySendersFromManyThreads) {
   for (auto& t : producers) t.join();
   EXPECT_EQ(ok.load(), 800);
   EXPECT_EQ(contents().size(), 800u);
+}
+
+
+// --- Idempotent producers ----------------------------------------------------
+
+// Sends records [from, to) of `producer` through `appender`; the tokens.
+std::vector<CommitToken> send(Appender& appender, const std::string& producer, int from, int to,
+                              std::uint64_t* duplicates = nullptr, bool flush = true) {
+  AppendSender sender = *appender.sender(producer, static_cast<std::uint64_t>(from));
+  std::vector<CommitToken> tokens;
+  for (int i = from; i < to; ++i) {
+    AppendRecord r{"\"" + producer + "-" + std::to_string(i) + "\"", "1", 1};
+    for (;;) {
+      auto token = sender.enqueue_with_token(&r);
+      if (token) {
+        tokens.push_back(*token);
+        break;
+      }
+      EXPECT_TRUE(token.error().is(ErrorKind::kFull)) << token.error().to_string();
+      sender.wait_for_capacity();
+    }
+  }
+  if (flush) (void)appender.flush();  // the tokens say how each record ended
+  if (duplicates) *duplicates = sender.duplicates();
+  return tokens;
+}
+
+TEST_F(AppenderTest, AProducersRetryCommitsEachRecordOnce) {
+  auto first = open();
+  for (const CommitToken& t : send(*first, "p", 0, 300)) ASSERT_TRUE(t.wait());
+  first->close();
+  ASSERT_EQ(shard_->lookup_producer("p")->producer->sequence, 299u);
+  // A retry of records 200..500 (its first try committed 200..299, say, and
+  // its answer was lost) from another process: 100 duplicates.
+  auto retry_client = *Client::open(client_->location(), client_->options());
+  auto retry_shard = *retry_client->open_shard("s");
+  auto second = *Appender::open(retry_shard);
+  std::uint64_t duplicates = 0;
+  auto tokens = send(*second, "p", 200, 500, &duplicates);
+  for (const CommitToken& t : tokens) ASSERT_TRUE(t.wait()) << t.wait().error().to_string();
+  EXPECT_EQ(duplicates, 100u);
+  EXPECT_EQ(second->stats().duplicates, 100u);
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 500u);
+  for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
+  EXPECT_EQ(shard_->lookup_producer("p")->producer->sequence, 499u);
+}
+
+// Two processes commit the same producer's records at once (a client's
+// retry on another server while the first is still committing): each
+// record once, whichever wins, and every token resolves.
+TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
+  AppenderOptions options;
+  options.batch_max_records = 37;  // many commits, so they interleave
+  std::vector<std::shared_ptr<Appender>> appenders;
+  for (int i = 0; i < 2; ++i) {
+    auto client = *Client::open(client_->location(), client_->options());
+    appenders.push_back(*Appender::open(*client->open_shard("s"), options));
+  }
+  std::uint64_t duplicates[2] = {0, 0};
+  std::thread a([&] {
+    for (const CommitToken& t : send(*appenders[0], "p", 0, 2000, &duplicates[0])) {
+      EXPECT_TRUE(t.wait());
+    }
+  });
+  std::thread b([&] {
+    for (const CommitToken& t : send(*appenders[1], "p", 0, 2000, &duplicates[1])) {
+      EXPECT_TRUE(t.wait());
+    }
+  });
+  a.join();
+  b.join();
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 2000u);
+  for (const auto& [kv, diff] : seen) ASSERT_EQ(diff, 1) << kv.first << " committed twice";
+  EXPECT_EQ(duplicates[0] + duplicates[1], 2000u) << "each record committed by one of the two";
+}
+
+TEST_F(AppenderTest, AProducerCannotSkipNumbersOrOverflowTheTable) {
+  ClientOptions options = client_->options();
+  options.max_producers = 2;
+  auto client = *Client::open(client_->location(), options);
+  auto shard = *client->open_shard("s");
+  auto appender = *Appender::open(shard);
+  for (const CommitToken& t : send(*appender, "a", 0, 5)) ASSERT_TRUE(t.wait());
+  // A gap: the shard expects 5.
+  auto gap = send(*appender, "a", 7, 8);
+  ASSERT_EQ(gap.size(), 1u);
+  auto outcome = gap[0].wait();
+  ASSERT_FALSE(outcome);
+  EXPECT_EQ(outcome.error().kind, ErrorKind::kSequenceMismatch);
+  EXPECT_NE(outcome.error().message.find("expects 5"), std::string::npos) << outcome.error().message;
+  // A new producer must start at 0.
+  EXPECT_FALSE(send(*appender, "b", 3, 4)[0].wait());
+  for (const CommitToken& t : send(*appender, "b", 0, 2)) ASSERT_TRUE(t.wait());
+  // A third producer is one too many.
+  auto third = send(*appender, "c", 0, 1)[0].wait();
+  ASSERT_FALSE(third);
+  EXPECT_EQ(third.error().kind, ErrorKind::kFull);
+  // Nothing of the refused records was appended, and the appender goes on.
+  EXPECT_EQ(contents().size(), 7u);
+  EXPECT_FALSE(appender->failure());
+  for (const CommitToken& t : send(*appender, "a", 5, 6)) ASSERT_TRUE(t.wait());
+}
+
+TEST_F(AppenderTest, AGroupIsCommittedWholeByOneCommit) {
+  AppenderOptions options;
+  options.batch_max_records = 10;  // groups are far larger than a batch
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int g = 0; g < 20; ++g) {
+    std::vector<AppendRecord> group;
+    for (int i = 0; i < 55; ++i) group.push_back(record(g * 1000 + i));
+    tokens.push_back(*sender.enqueue_group(group));
+  }
+  std::set<Time> times;
+  for (const CommitToken& t : tokens) {
+    auto time = t.wait();
+    ASSERT_TRUE(time);
+    times.insert(*time);
+  }
+  EXPECT_EQ(contents().size(), 20u * 55);
+  // No batch ended inside a group: the records at each time are whole
+  // groups.
+  for (Time t : times) {
+    auto rows = *read_snapshot(*shard_, t);
+    Collection before = t == 0 ? Collection{} : *read_snapshot(*shard_, t - 1);
+    EXPECT_EQ((rows.size() - before.size()) % 55, 0u) << "a group split at time " << t;
+  }
+  // A producer's sender does not take groups.
+  auto producer = *appender->sender("p", 0);
+  std::vector<AppendRecord> group{record(1)};
+  EXPECT_EQ(producer.enqueue_group(group).error().kind, ErrorKind::kInvalidUsage);
+}
+
+
+// --- Leases that expire while a process is cut off ---------------------------
+
+// Cut off from consensus past its lease (another process drops it
+// meanwhile), a writer registers anew: the append that found it gone fails
+// once with LeaseExpired, then appends go on. An appender rides it out.
+TEST_F(AppenderTest, HandlesWhoseLeaseExpiredRegisterAgain) {
+  ClientOptions options = client_->options();
+  options.writer_lease = std::chrono::milliseconds(300);
+  options.background_compaction = false;
+  auto cut_off_client = *Client::open(client_->location(), options);
+  auto shard = *cut_off_client->open_shard("s");
+  auto writer = *shard->open_writer();
+  const std::string first_id = writer->writer_id();
+  AppenderOptions appender_options;  // retries outlast the cut
+  appender_options.retry = RetryPolicy{std::chrono::milliseconds(10),
+                                       std::chrono::milliseconds(100), 0, std::chrono::seconds(20)};
+  auto appender = *Appender::open(shard, appender_options);
+  for (const CommitToken& t : send(*appender, "p", 0, 10)) ASSERT_TRUE(t.wait());
+
+  // The cut: every consensus call fails for a second. Another process
+  // (healthy) drops the expired writers meanwhile.
+  consensus_->set_config(FaultConfig{.determinate_rate = 1});
+  auto other_client = *Client::open(Location{blob_, mem_consensus_}, options);
+  auto other = *other_client->open_shard("s");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(other->collect_garbage()) << "expires the cut-off writers";
+  // Records sent during the cut wait in the appender, a batch is built.
+  auto pending = send(*appender, "p", 10, 20, nullptr, /*flush=*/false);
+  const Time at = *other->upper() == Frontier::at(0) ? 0 : other->upper()->time();
+  std::vector<Batch> batches;
+  const std::vector<Update> early{Update{"\"explicit\"", "1", at, 1}};
+  batches.push_back(*writer->batch(early, Frontier::at(at), Frontier::at(at + 1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  consensus_->set_config(FaultConfig{});
+
+  // The explicit append built under the lost writer fails once, clearly...
+  auto lost = writer->compare_and_append(batches, Frontier::at(at), Frontier::at(at + 1));
+  Frontier upper = *shard->upper();
+  if (!lost) {
+    EXPECT_TRUE(lost.error().is(ErrorKind::kLeaseExpired) ||
+                lost.error().is(ErrorKind::kUpperMismatch))
+        << lost.error().to_string();
+  }
+  EXPECT_NE(writer->writer_id(), first_id) << "the handle registered a new writer";
+  // ...and a batch built again appends.
+  batches.clear();
+  const Time now = upper.time();
+  const std::vector<Update> later{Update{"\"explicit\"", "1", now, 1}};
+  batches.push_back(*writer->batch(later, Frontier::at(now), Frontier::at(now + 1)));
+  ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(now), Frontier::at(now + 1)));
+  // The appender committed what was sent during the cut.
+  for (const CommitToken& t : pending) ASSERT_TRUE(t.wait()) << t.wait().error().to_string();
+  for (const CommitToken& t : send(*appender, "p", 20, 30)) ASSERT_TRUE(t.wait());
+  EXPECT_FALSE(appender->failure());
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 31u);
+  for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
 }
 
 }  // namespace

@@ -137,6 +137,18 @@ Result<Frontier> Shard::upper() {
   return state->upper;
 }
 
+Result<ProducerLookup> Shard::lookup_producer(std::string_view producer, bool fresh) {
+  TM_TRY(validate_producer_id(producer));
+  TM_ASSIGN(StatePtr state, fresh ? context_->machine->fetch() : context_->machine->latest_known());
+  ProducerLookup out;
+  out.producers = state->producers.size();
+  out.max_producers = context_->options.max_producers;
+  if (auto it = state->producers.find(producer); it != state->producers.end()) {
+    out.producer = ProducerInfo{it->second.sequence, it->second.time, it->second.expires_ms};
+  }
+  return out;
+}
+
 Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
   std::string writer_id = "w" + random_id();
   const auto lease = static_cast<std::uint64_t>(context_->options.writer_lease.count());

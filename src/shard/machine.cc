@@ -13,6 +13,10 @@ namespace {
 // unknown.
 constexpr RetryPolicy kIndeterminateRetry{std::chrono::milliseconds(2),
                                           std::chrono::milliseconds(64), 9, {}};
+// How a rollup's upload is retried: its key is this attempt's own, so
+// writing it again is harmless.
+constexpr RetryPolicy kRollupUploadRetry{std::chrono::milliseconds(10),
+                                         std::chrono::milliseconds(100), 5, {}};
 
 }  // namespace
 
@@ -138,7 +142,13 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
     auto result = transition(*next);
     if (!result) {
       // Judged on a fresh state, which includes our own write if it landed,
-      // the transition's verdict is definite.
+      // the transition's verdict is definite. Except that a lost lease
+      // takes the writer's memory of its own write (its last token) with
+      // it: after an indeterminate attempt, that verdict is a "maybe".
+      if (fresh && uncertain && result.error().is(ErrorKind::kLeaseExpired)) {
+        return infrastructure_error(Error{ErrorKind::kIndeterminate, result.error().message,
+                                          std::nullopt, std::nullopt});
+      }
       if (fresh) return std::unexpected(result.error());
     } else if (*result == TransitionResult::kUnchanged) {
       return current;
@@ -153,8 +163,9 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
         rollup = RollupRef{next->seqno, {}};
       } else if (rollup.seqno == 0 || next->seqno - rollup.seqno >= kRollupInterval) {
         rollup = RollupRef{current->seqno, random_id()};
-        auto written =
-            blob_->set(rollup_key(shard_, rollup.seqno, rollup.id), encode_state(*current));
+        const std::string key = rollup_key(shard_, rollup.seqno, rollup.id);
+        const std::string bytes = encode_state(*current);
+        auto written = with_retries(kRollupUploadRetry, [&] { return blob_->set(key, bytes); });
         if (!written) return infrastructure_error(written.error());
       }
       next->rollup = rollup.seqno;

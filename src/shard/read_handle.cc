@@ -36,6 +36,16 @@ struct ReadHandle::Impl {
     if (pins && it != state->readers.end()) pins->set_recorded(it->second.seqno);
   }
 
+  Status reregister() {
+    auto lock = pins->lock_for_heartbeat();
+    TM_ASSIGN(StatePtr state, apply([&](ShardState& s, std::uint64_t now) -> Status {
+                register_reader(s, id, false, expiry(), now);
+                return {};
+              }));
+    record_hold(state);
+    return {};
+  }
+
   Status heartbeat() {
     if (critical) return {};
     auto lock = pins->lock_for_heartbeat();
@@ -147,7 +157,12 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
     if (options.heartbeat) {
       raw->heartbeats.start(std::max(raw->lease / 3, std::chrono::milliseconds(1)), [raw] {
         auto beat = raw->heartbeat();
-        return beat || !beat.error().is(ErrorKind::kNotFound);  // expired: nothing to keep
+        // Expired (this process was paused or cut off past the lease): hold
+        // again from the shard's since now. Cursors opened before may find
+        // parts garbage collection deleted meanwhile (a "not found" naming
+        // the part); reads from now on are protected again.
+        if (!beat && beat.error().is(ErrorKind::kNotFound)) (void)raw->reregister();
+        return true;
       });
     }
   }

@@ -673,6 +673,12 @@ ProducerCheck check_producer(const ShardState& state, std::string_view producer,
 Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request) {
   auto writer = state.writers.find(request.writer_id);
   if (writer == state.writers.end()) {
+    if (request.writer_registered) {
+      return make_error(ErrorKind::kLeaseExpired,
+                        "writer " + std::string(request.writer_id) + " of shard " + state.name +
+                            " lost its lease (no heartbeat for the lease time: its process was "
+                            "paused or cut off); nothing was appended");
+    }
     return invalid_usage("unknown writer " + std::string(request.writer_id) + " for shard " +
                          state.name);
   }
@@ -682,6 +688,18 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
   }
   if (state.upper != request.expected_upper) {
     return upper_mismatch(request.expected_upper, state.upper);
+  }
+  // A part whose writer is gone may be deleted by garbage collection at any
+  // moment: never registered.
+  const std::string part_prefix = shard_part_prefix(state.name);
+  for (const PartRef& part : request.parts) {
+    const std::string_view part_writer = part_key_writer(part.key, part_prefix);
+    if (!part_writer.empty() && !state.writers.contains(part_writer)) {
+      return make_error(ErrorKind::kLeaseExpired,
+                        "part " + part.key + " was written by writer " + std::string(part_writer) +
+                            ", whose lease has expired (garbage collection may delete its "
+                            "parts): build the batch again; nothing was appended");
+    }
   }
   // Producers first: the transition changes nothing unless all continue.
   for (const ProducerRange& range : request.producers) {

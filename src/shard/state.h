@@ -288,6 +288,9 @@ struct AppendRequest {
   std::span<const ProducerRange> producers;
   std::uint64_t producer_expires_ms = 0;
   std::size_t max_producers = 0;
+  // The writer was registered (by the handle appending): if it is gone, its
+  // lease expired, which is LeaseExpired rather than InvalidUsage.
+  bool writer_registered = false;
 };
 
 enum class AppendOutcome : std::uint8_t {
@@ -296,7 +299,9 @@ enum class AppendOutcome : std::uint8_t {
 };
 
 // compare_and_append as a transition, with every rule of DESIGN.md 3:
-// unknown writer is InvalidUsage; an upper that is not `expected_upper` is
+// unknown writer is InvalidUsage (LeaseExpired when it was registered); a
+// part written by a writer that is gone is LeaseExpired (garbage
+// collection may have deleted it: the batch must be built again); an upper that is not `expected_upper` is
 // UpperMismatch{expected, current}; a producer range that does not continue
 // its producer's sequence is SequenceMismatch (nothing changes: the caller
 // re-checks its records against the state and drops or fails the ones

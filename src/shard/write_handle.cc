@@ -15,21 +15,45 @@ WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writ
       heartbeat_(std::make_unique<PeriodicTask>()) {
   heartbeat_->start(
       std::max(context_->options.writer_lease / 3, std::chrono::milliseconds(1)), [this] {
+        const std::string id = this->writer_id();
         auto beat = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-          TM_TRY(heartbeat_writer(state, writer_id_, lease_expiry(), wall_clock_millis()));
+          TM_TRY(heartbeat_writer(state, id, lease_expiry(), wall_clock_millis()));
           return TransitionResult::kWrite;
         });
-        // Expired: appends fail from now on; nothing to keep.
-        return beat || !beat.error().is(ErrorKind::kNotFound);
+        // Expired (the process was paused or cut off past the lease): a
+        // writer of a new id takes its place, so appends go on.
+        if (!beat && beat.error().is(ErrorKind::kNotFound)) (void)reregister(id);
+        return true;
       });
 }
 
 WriteHandle::~WriteHandle() {
   heartbeat_->stop();
+  const std::string id = writer_id();
   (void)context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-    remove_writer(state, writer_id_, wall_clock_millis());
+    remove_writer(state, id, wall_clock_millis());
     return TransitionResult::kWrite;
   });
+}
+
+std::string WriteHandle::writer_id() const {
+  std::lock_guard lock(mu_);
+  return writer_id_;
+}
+
+Status WriteHandle::reregister(const std::string& expired_id) {
+  std::lock_guard lock(mu_);
+  if (writer_id_ != expired_id) return {};  // done already
+  // Never the old id: its parts are orphans garbage collection may delete,
+  // and its record of its last append is gone.
+  std::string fresh = "w" + random_id();
+  TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    const std::uint64_t now = wall_clock_millis();
+    register_writer(state, fresh, lease_expiry(), now);
+    return TransitionResult::kWrite;
+  }));
+  writer_id_ = std::move(fresh);
+  return {};
 }
 
 std::uint64_t WriteHandle::lease_expiry() const {
@@ -43,7 +67,7 @@ Result<Frontier> WriteHandle::fetch_upper() {
 }
 
 BatchBuilder WriteHandle::builder(Frontier lower) {
-  return BatchBuilder(context_, writer_id_, lower);
+  return BatchBuilder(context_, writer_id(), lower);
 }
 
 Result<Batch> WriteHandle::batch(std::span<const Update> updates, Frontier lower, Frontier upper) {
@@ -104,8 +128,9 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
 
   for (const ProducerRange& range : producers) TM_TRY(validate_producer_id(range.producer));
   const ClientOptions& options = context_->options;
+  const std::string id = writer_id();
   AppendRequest request{
-      .writer_id = writer_id_,
+      .writer_id = id,
       .idempotency_token = idempotency_token,
       .expected_upper = expected_upper,
       .new_upper = new_upper,
@@ -114,7 +139,8 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
       .producers = producers,
       .producer_expires_ms =
           wall_clock_millis() + static_cast<std::uint64_t>(options.producer_expiry.count()),
-      .max_producers = options.max_producers};
+      .max_producers = options.max_producers,
+      .writer_registered = true};
   auto applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
     TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
     return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
@@ -129,6 +155,12 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   const Error& error = applied.error();
   if (error.is(ErrorKind::kUpperMismatch)) {
     upper_ = Frontier::from_optional(error.current_upper);
+  } else if (error.is(ErrorKind::kLeaseExpired)) {
+    // Register anew for the retry (whose batches are built under the new id).
+    if (auto again = reregister(id); !again) {
+      return make_error(ErrorKind::kLeaseExpired,
+                        error.message + "; registering again failed too: " + again.error().message);
+    }
   } else if (error.is(ErrorKind::kIndeterminate)) {
     for (Batch& batch : batches) batch.mark_maybe_committed();
   }

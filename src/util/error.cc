@@ -30,6 +30,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "record too large";
     case ErrorKind::kSequenceMismatch:
       return "sequence mismatch";
+    case ErrorKind::kLeaseExpired:
+      return "lease expired";
   }
   return "unknown error";
 }
