@@ -17,6 +17,9 @@
 //   - Closed: the appender (or other queue) no longer accepts work.
 //   - Full: a bounded queue has no room now; wait for capacity and retry.
 //   - TooLarge: a record that can never fit the budget it must fit in.
+//   - Held: someone else holds what only one may hold at a time (a data
+//     directory, a sink, a sink's destination); the message names the
+//     holder. Retry once it is gone.
 //
 // Thread-safety: Error is a plain value type.
 #pragma once
@@ -42,6 +45,7 @@ enum class ErrorKind : std::uint8_t {
   kClosed,
   kFull,
   kTooLarge,
+  kHeld,
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -54,6 +54,7 @@ unsigned status_of(const Error& error) {
     case ErrorKind::kNotFound:
       return 404;
     case ErrorKind::kAlreadyExists:
+    case ErrorKind::kHeld:
     case ErrorKind::kUpperMismatch:
     case ErrorKind::kNotReady:
       return 409;

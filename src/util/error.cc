@@ -28,6 +28,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "full";
     case ErrorKind::kTooLarge:
       return "record too large";
+    case ErrorKind::kHeld:
+      return "held";
   }
   return "unknown error";
 }
