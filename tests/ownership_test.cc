@@ -1,6 +1,10 @@
 // One owner at a time, with real processes: a data directory has one
-// `tidemark serve`. A second server on it exits at once naming the first,
-// and a SIGKILLed server's successor starts at once.
+// `tidemark serve`, a sink one runner, a destination one sink. Each test
+// starts the real binaries and checks what the second comer gets (exit 1
+// naming the holder) and that a SIGKILLed holder's successor starts at once
+// (no wait for a lease to run out). Kafka through tidemark-kafka-mock; S3
+// and PostgreSQL through the servers of TIDEMARK_TEST_S3 and
+// TIDEMARK_TEST_POSTGRES (skipped without).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -8,12 +12,17 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "location/postgres_test_schema.h"
+#include "location/s3_test_prefix.h"
 #include "server/test_client.h"
 #include "server_process.h"
+#include "sink/file_destination.h"
+#include "sink/kafka_mock_process.h"
 
 namespace {
 
@@ -85,7 +94,75 @@ class OwnershipTest : public ::testing::Test {
   CommandOutcome run(const std::vector<std::string>& words, const std::string& tag = "cmd") {
     return tidemark::testing::run_tidemark(with_location(words), scratch_, tag);
   }
+
+  // `tidemark LOCATION words...` in the background, stderr to <tag>.err.
+  Child spawn(const std::vector<std::string>& words, const std::string& tag) {
+    return Child(tidemark::testing::spawn_tidemark(with_location(words), err(tag)));
+  }
   fs::path err(const std::string& tag) const { return scratch_ / (tag + ".err"); }
+
+  // Waits until <tag>.err holds `text`.
+  bool wait_for(const std::string& tag, const std::string& text,
+                std::chrono::seconds timeout = std::chrono::seconds(30)) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (slurp(err(tag)).find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  // A shard `name` whose times [0, upper) hold one record each.
+  void make_shard(const std::string& name, int upper) {
+    ASSERT_EQ(run({"shard", "create", name}).status, 0);
+    append(name, 0, upper);
+  }
+  void append(const std::string& name, int lower, int upper) {
+    std::string records;
+    for (int t = lower; t < upper; ++t) {
+      records +=
+          "{\"key\":" + std::to_string(t) + ",\"value\":1,\"time\":" + std::to_string(t) + "}\n";
+    }
+    std::ofstream(scratch_ / "records.ndjson") << records;
+    auto appended = run({"append", name, "--lower", std::to_string(lower), "--upper",
+                         std::to_string(upper), "--input", (scratch_ / "records.ndjson").string()});
+    ASSERT_EQ(appended.status, 0) << appended.err;
+  }
+
+  // Runs a sink `name` of shard s into `to` until it is killed; returns once
+  // it has committed (its first progress line).
+  Child start_sink(const std::string& name, const std::string& to, const std::string& shard = "s") {
+    Child sink = spawn({"sink", "run", shard, "--to", to, "--sink-name", name}, "sink-" + name);
+    EXPECT_TRUE(wait_for("sink-" + name, "sink " + name + ": frontier"))
+        << slurp(err("sink-" + name));
+    return sink;
+  }
+
+  // The second runner of a destination, or a sink's second runner: exits 1
+  // at once, naming the holder.
+  void expect_refused(const std::vector<std::string>& words,
+                      const std::vector<std::string>& named) {
+    const auto started = Clock::now();
+    CommandOutcome outcome = run(words, "refused");
+    EXPECT_EQ(outcome.status, 1) << outcome.err;
+    EXPECT_LT(Clock::now() - started, std::chrono::seconds(10)) << "not at once";
+    for (const std::string& text : named) {
+      EXPECT_NE(outcome.err.find(text), std::string::npos) << outcome.err << "\nnames no " << text;
+    }
+  }
+
+  // A SIGKILLed sink's restart takes over at once: with the shard moved
+  // on to `until`, the restarted run reaches it and exits 0 well within the
+  // lease's 30 s.
+  void expect_restart_takes_over(const std::string& name, const std::string& to, int until,
+                                 const std::string& shard = "s") {
+    const auto started = Clock::now();
+    CommandOutcome outcome = run(
+        {"sink", "run", shard, "--to", to, "--sink-name", name, "--until", std::to_string(until)},
+        "restart-" + name);
+    EXPECT_EQ(outcome.status, 0) << outcome.err;
+    EXPECT_LT(Clock::now() - started, std::chrono::seconds(20)) << outcome.err;
+  }
 
   fs::path scratch_;
   std::vector<std::string> location_;
@@ -120,6 +197,77 @@ TEST_F(OwnershipTest, ASecondServerOnOneDataDirectoryExitsAtOnceNamingTheFirst) 
   ASSERT_GT(third.port, 0) << slurp(err("serve-3"));
   EXPECT_LT(Clock::now() - restarted, std::chrono::seconds(3));
   EXPECT_EQ(third_child.stop(), 0);
+}
+
+TEST_F(OwnershipTest, TwoSinkNamesOnOneDirectoryAndAKilledHoldersRestart) {
+  ASSERT_NO_FATAL_FAILURE(make_shard("s", 2));
+  const std::string to = "file://" + (scratch_ / "out").string();
+  Child a = start_sink("a", to);
+  expect_refused({"sink", "run", "s", "--to", to, "--sink-name", "b"},
+                 {"is written by sink a of shard s, run by tidemark sink run",
+                  "pid " + std::to_string(a.pid())});
+  expect_refused(
+      {"sink", "run", "s", "--to", "file://" + (scratch_ / "other").string(), "--sink-name", "a"},
+      {"sink a of shard s is held by tidemark sink run", "pid " + std::to_string(a.pid())});
+  a.kill();
+  ASSERT_NO_FATAL_FAILURE(append("s", 2, 3));
+  expect_restart_takes_over("a", to, 3);
+}
+
+TEST_F(OwnershipTest, TwoSinkNamesOnOneKafkaTopicAndAKilledHoldersRestart) {
+  if (tidemark::kUnderTsan) GTEST_SKIP() << tidemark::kKafkaUnderTsan;
+  auto broker = tidemark::KafkaMockProcess::start(
+      TIDEMARK_KAFKA_MOCK, {"--topic", "out:2", "--topic", "out-progress:1"});
+  ASSERT_TRUE(broker) << broker.error().message;
+  ASSERT_NO_FATAL_FAILURE(make_shard("s", 2));
+  const std::string to = "kafka://" + (*broker)->brokers() + "/out";
+  Child a = start_sink("a", to);
+  expect_refused({"sink", "run", "s", "--to", to, "--sink-name", "b"},
+                 {"destination kafka://" + (*broker)->brokers() +
+                      "/out (written by sink a of shard s) is held by tidemark sink run",
+                  "pid " + std::to_string(a.pid())});
+  a.kill();
+  ASSERT_NO_FATAL_FAILURE(append("s", 2, 3));
+  expect_restart_takes_over("a", to, 3);
+}
+
+TEST_F(OwnershipTest, TwoSinkNamesOnOneS3PrefixAndAKilledHoldersRestart) {
+  auto server = tidemark::s3_test_server();
+  if (!server) GTEST_SKIP() << tidemark::no_s3_server_message();
+  auto url = tidemark::parse_s3_url(*server);
+  ASSERT_TRUE(url) << url.error().message;
+  url->prefix =
+      (url->prefix.empty() ? "" : url->prefix + "/") + "ownership-" + std::to_string(getpid());
+  ASSERT_NO_FATAL_FAILURE(make_shard("s", 2));
+  const std::string to = url->to_string();
+  Child a = start_sink("a", to);
+  expect_refused({"sink", "run", "s", "--to", to, "--sink-name", "b"},
+                 {"(written by sink a of shard s) is held by tidemark sink run",
+                  "pid " + std::to_string(a.pid())});
+  a.kill();
+  ASSERT_NO_FATAL_FAILURE(append("s", 2, 3));
+  expect_restart_takes_over("a", to, 3);
+}
+
+TEST_F(OwnershipTest, ALeaseIsHonouredAcrossProcessesSharingPostgres) {
+  auto postgres = tidemark::postgres_test_server();
+  if (!postgres) GTEST_SKIP() << tidemark::no_postgres_server_message();
+  location_.insert(location_.end(), {"--consensus", *postgres});
+  // The database outlives the test: names of this run's own.
+  const std::string shard = "own" + std::to_string(getpid()) + "-" +
+                            std::to_string(std::chrono::system_clock::now().time_since_epoch() /
+                                           std::chrono::milliseconds(1));
+  ASSERT_NO_FATAL_FAILURE(make_shard(shard, 2));
+  Child a = start_sink("a", "file://" + (scratch_ / "a").string(), shard);
+  // Its lease lives in PostgreSQL: a process whose directory differs still
+  // finds the sink held.
+  expect_refused(
+      {"sink", "run", shard, "--to", "file://" + (scratch_ / "b").string(), "--sink-name", "a"},
+      {"sink a of shard " + shard + " is held by tidemark sink run",
+       "pid " + std::to_string(a.pid())});
+  a.kill();
+  ASSERT_NO_FATAL_FAILURE(append(shard, 2, 3));
+  expect_restart_takes_over("a", "file://" + (scratch_ / "a").string(), 3, shard);
 }
 
 }  // namespace

@@ -126,8 +126,8 @@ struct SinkManager::Task {
       shard = opened;
     }
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
-    TM_ASSIGN(auto destination,
-              open_sink_destination(url, spec.envelope, spec.format, spec.shard, spec.name, pool));
+    TM_ASSIGN(auto destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
+                                                      spec.name, pool, nullptr));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();

@@ -261,8 +261,8 @@ TEST_F(KafkaDestinationTest, ASinkURLSizesTheQueueToFitItsPool) {
   ASSERT_TRUE(url) << url.error().message;
   for (const std::uint64_t capacity : {std::uint64_t{12} << 20, std::uint64_t{64} << 20}) {
     pool_ = MemoryPool::create("sinks", capacity);
-    auto destination =
-        open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s", "fits", pool_);
+    auto destination = open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s",
+                                             "fits", pool_, nullptr);
     ASSERT_TRUE(destination) << destination.error().message;
     EXPECT_EQ(pool_->used(), std::min(kKafkaQueueBytes, capacity / 2));
   }

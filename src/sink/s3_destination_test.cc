@@ -487,7 +487,7 @@ TEST(S3DestinationUrlTest, OpeningNeedsCredentialsFromTheEnvironment) {
   auto url = parse_sink_url("s3://bucket/p?endpoint=http://127.0.0.1:1", SinkFormat::kJson);
   ASSERT_TRUE(url.has_value());
   auto opened = open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s", "s",
-                                      MemoryPool::create("sink", 64 * kMiB));
+                                      MemoryPool::create("sink", 64 * kMiB), nullptr);
   ASSERT_FALSE(opened.has_value());
   EXPECT_EQ(opened.error().kind, ErrorKind::kInvalidUsage);
   EXPECT_NE(opened.error().message.find("AWS_ACCESS_KEY_ID"), std::string::npos);
