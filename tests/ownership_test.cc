@@ -1,10 +1,10 @@
 // One owner at a time, with real processes: a data directory has one
 // `tidemark serve`, a sink one runner, a destination one sink. Each test
-// starts the real binaries and checks what the second comer gets (exit 1
-// naming the holder) and that a SIGKILLed holder's successor starts at once
-// (no wait for a lease to run out). Kafka through tidemark-kafka-mock; S3
-// and PostgreSQL through the servers of TIDEMARK_TEST_S3 and
-// TIDEMARK_TEST_POSTGRES (skipped without).
+// starts the real binaries and checks what the second comer gets (exit 1 or
+// a 409 naming the holder, nothing of the holder's touched) and that a
+// SIGKILLed holder's successor starts at once (no wait for a lease to run
+// out). Kafka through tidemark-kafka-mock; S3 and PostgreSQL through the
+// servers of TIDEMARK_TEST_S3 and TIDEMARK_TEST_POSTGRES (skipped without).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -197,6 +197,62 @@ TEST_F(OwnershipTest, ASecondServerOnOneDataDirectoryExitsAtOnceNamingTheFirst) 
   ASSERT_GT(third.port, 0) << slurp(err("serve-3"));
   EXPECT_LT(Clock::now() - restarted, std::chrono::seconds(3));
   EXPECT_EQ(third_child.stop(), 0);
+}
+
+TEST_F(OwnershipTest, ServerFileSinkDirectoryIsRefusedToSinkRunAndItsTemporariesKept) {
+  ServerProcess server = tidemark::testing::start_server(location_, err("serve"));
+  Child server_child(server.pid);
+  ASSERT_GT(server.port, 0) << slurp(err("serve"));
+  auto call = [&](http::verb verb, const std::string& target, const std::string& body = "") {
+    return tidemark::testing::http_call(server.port, verb, target, body);
+  };
+  ASSERT_EQ(call(http::verb::post, "/v1/shards", R"({"name":"s"})").status, 201u);
+  ASSERT_EQ(call(http::verb::post, "/v1/shards/s/append", "{\"key\":1,\"value\":1}\n").status,
+            200u);
+  const fs::path dir = scratch_ / "data" / "sinks" / "files";
+  const std::string to = "file://" + dir.string();
+  auto created = call(http::verb::post, "/v1/sinks",
+                      "{\"name\":\"files\",\"shard\":\"s\",\"to\":\"" + to + "\"}");
+  ASSERT_EQ(created.status, 201u) << created.body;
+  bool running = false;
+  for (int i = 0; i < 500 && !running; ++i) {
+    running = call(http::verb::get, "/v1/sinks/files").body.find("\"frontier\":null") ==
+              std::string::npos;
+    if (!running) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(running) << call(http::verb::get, "/v1/sinks/files").body;
+  // A temporary the server's sink could be writing.
+  const fs::path temporary = dir / ".00000000000000000042-being-written.tmp";
+  std::ofstream(temporary) << "half a line";
+
+  const std::string holder = "tidemark serve on 127.0.0.1:" + std::to_string(server.port);
+  const std::string pid = "pid " + std::to_string(server.pid);
+  // Another sink name into its directory: refused before anything is deleted.
+  expect_refused(
+      {"sink", "run", "s", "--to", to, "--sink-name", "other"},
+      {"file destination " + dir.string() + " is written by sink files of shard s", holder, pid});
+  EXPECT_TRUE(fs::exists(temporary)) << "sink run deleted the server sink's temporary";
+  // The same sink name elsewhere: the sink has its runner already.
+  expect_refused({"sink", "run", "s", "--to", "file://" + (scratch_ / "elsewhere").string(),
+                  "--sink-name", "files"},
+                 {"sink files of shard s is held by " + holder, pid});
+  // A second server sink into the directory: 409 naming the holder.
+  auto taken = call(http::verb::post, "/v1/sinks",
+                    "{\"name\":\"copy\",\"shard\":\"s\",\"to\":\"" + to + "\"}");
+  EXPECT_EQ(taken.status, 409u) << taken.body;
+  EXPECT_NE(taken.body.find("is written by sink files of shard s"), std::string::npos)
+      << taken.body;
+  EXPECT_EQ(call(http::verb::get, "/v1/sinks/copy").status, 404u);
+  EXPECT_TRUE(fs::exists(temporary));
+
+  // Deleted from the server, the sink is free for a `sink run` at once
+  // (whose open deletes the leftover temporary: the directory is its now).
+  ASSERT_EQ(call(http::verb::delete_, "/v1/sinks/files").status, 200u);
+  CommandOutcome freed =
+      run({"sink", "run", "s", "--to", to, "--sink-name", "files", "--until", "1"}, "freed");
+  EXPECT_EQ(freed.status, 0) << freed.err;
+  EXPECT_FALSE(fs::exists(temporary));
+  EXPECT_EQ(server_child.stop(), 0);
 }
 
 TEST_F(OwnershipTest, TwoSinkNamesOnOneDirectoryAndAKilledHoldersRestart) {

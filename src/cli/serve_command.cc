@@ -27,7 +27,8 @@ constexpr const char* kServeUsage =
 // dies), and naming it for a second server, which exits at once. Taken
 // before anything in the directory is touched. Other commands do not take
 // it: shards may be shared (SQLite and file blobs are safe for many
-// processes).
+// processes), and what is the server's alone, its sinks, is claimed sink
+// by sink (sink/sink_claim.h).
 constexpr const char* kDataLockName = "server.lock";
 
 std::string lock_holder_line(const ProcessIdentity& process, const std::string& listening) {
