@@ -133,9 +133,15 @@ struct SinkManager::Task {
       shard = opened;
     }
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
-    // A claim lost while the sink failed (its leases not renewed, or taken
-    // over) is claimed again, or this run fails naming the new holder.
-    if (claim && !claim->check()) claim.reset();
+    // A claim taken over (after its leases went unrenewed) is claimed
+    // again, or this run fails naming the new holder. One that only could
+    // not be checked is kept: its leases renew once the Consensus is back.
+    if (claim) {
+      if (auto held = claim->check(); !held) {
+        if (!held.error().is(ErrorKind::kHeld)) return std::unexpected(held.error());
+        claim.reset();
+      }
+    }
     if (!claim) {
       TM_ASSIGN(claim, SinkClaim::acquire(client->location().consensus, spec.shard, spec.name, url,
                                           runner));

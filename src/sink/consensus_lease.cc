@@ -98,12 +98,15 @@ Result<LeaseRecord> LeaseRecord::parse(std::string_view json) {
 Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord& candidate,
                    std::uint64_t now_ms, Liveness holder) {
   if (!current || current->released()) return Takeover::kFree;
-  if (now_ms > current->expires_at_ms) return Takeover::kExpired;
   if (holder == Liveness::kDead) return Takeover::kHolderDead;
   if (!candidate.owner.empty() && candidate.owner == current->owner &&
       candidate.sink == current->sink) {
     return Takeover::kSameRunner;
   }
+  // A live holder on this machine keeps it, renewed or not: it may be
+  // paused between its check and its write.
+  if (holder == Liveness::kAlive) return Takeover::kRefused;
+  if (now_ms > current->expires_at_ms) return Takeover::kExpired;
   return Takeover::kRefused;
 }
 
@@ -221,7 +224,10 @@ Status ConsensusLease::check() {
     error.message = record_.subject + ": checking the lease: " + error.message;
     return std::unexpected(std::move(error));
   }
-  if (!*head) return determinate(record_.subject + ": the lease " + key_ + " was deleted");
+  if (!*head) {
+    return make_error(ErrorKind::kHeld,
+                      record_.subject + ": the lease " + key_ + " was deleted: it is not ours");
+  }
   auto current = LeaseRecord::parse((*head)->data);
   if (!current) return corruption("lease " + key_ + ": " + current.error().message);
   if (current->token != record_.token) {

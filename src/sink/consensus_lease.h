@@ -9,7 +9,6 @@
 // acquisition). Every change is a compare_and_set on the head, so two
 // candidates never both win. A candidate takes the lease (take_over) when
 //   - it is free: no record, or released by its holder;
-//   - it expired: now > expires_at_ms (each machine's wall clock);
 //   - its holder is dead: a process of this machine (same boot and pid
 //     namespace) that no longer runs, its pid and start time checked, so
 //     a restart after a SIGKILL takes over at once and a reused pid cannot
@@ -17,10 +16,11 @@
 //   - its holder is the same sink of the same server (same non-empty
 //     owner and sink): a previous life of the candidate's server, which
 //     holds its data directory's lock, so none other is alive (one server
-//     runs one sink of a name at a time).
-// A live process's record is never taken before it expires, not even by
-// the same process (a claim it dropped without releasing it, say while the
-// Consensus was unreachable, is free once expired).
+//     runs one sink of a name at a time);
+//   - it expired (now > expires_at_ms, by each machine's wall clock) and
+//     its holder is not a live process of this machine. A live holder here
+//     keeps it however long it stalls: it may be paused between its check
+//     and its write, and it can be killed (the refusal names its pid).
 // Otherwise acquire() is Held, naming the holder and its expiry.
 //
 // The holder renews every `renew_every` (expires_at = now + duration) on a
@@ -99,8 +99,9 @@ class ConsensusLease {
       std::shared_ptr<Consensus> consensus, std::string key, LeaseRecord holder,
       LeaseOptions options = {});
 
-  // OK while this lease holds; Held naming who took it over; Determinate
-  // when it was not renewed in time or the head cannot be read.
+  // OK while this lease holds; Held when it is lost for good (taken over,
+  // naming the new holder, or deleted); Determinate or Indeterminate when
+  // it cannot tell now (not renewed in time, the head cannot be read).
   [[nodiscard]] Status check();
 
   // The record as acquired (token, epoch).

@@ -79,7 +79,9 @@ TEST(TakeOverTest, WhenALeaseMayBeTaken) {
   EXPECT_EQ(take_over(std::nullopt, me, 500, Liveness::kUnknown), Takeover::kFree);
   EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kRefused);
   EXPECT_EQ(take_over(current, me, 500, Liveness::kAlive), Takeover::kRefused);
-  EXPECT_EQ(take_over(current, me, 1001, Liveness::kAlive), Takeover::kExpired);
+  EXPECT_EQ(take_over(current, me, 1001, Liveness::kUnknown), Takeover::kExpired);
+  // A live holder of this machine keeps it even expired (it may be paused).
+  EXPECT_EQ(take_over(current, me, 1001, Liveness::kAlive), Takeover::kRefused);
   EXPECT_EQ(take_over(current, me, 500, Liveness::kDead), Takeover::kHolderDead);
   current.owner = "server-1";  // a previous life of this server's same sink
   EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kSameRunner);
@@ -87,11 +89,12 @@ TEST(TakeOverTest, WhenALeaseMayBeTaken) {
   EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kRefused);
   current.token.clear();  // released
   EXPECT_EQ(take_over(current, me, 500, Liveness::kAlive), Takeover::kFree);
-  // A live command's record, even this process's: refused until it expires.
+  // A live command's record, even this process's, is not taken.
   LeaseRecord mine = holder("me");
   mine.token = "old";
   mine.expires_at_ms = 1000;
   EXPECT_EQ(take_over(mine, holder("me"), 500, Liveness::kAlive), Takeover::kRefused);
+  EXPECT_EQ(take_over(mine, holder("me"), 2000, Liveness::kAlive), Takeover::kRefused);
 }
 
 TEST(LeaseRecordTest, RoundTripsAndRefusesGarbage) {
@@ -140,6 +143,19 @@ TEST(ConsensusLeaseTest, ADeadHolderOfThisMachineIsTakenOverAtOnce) {
   auto lease = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
   ASSERT_TRUE(lease) << lease.error().message;
   EXPECT_EQ((*lease)->record().epoch, 5u);
+}
+
+TEST(ConsensusLeaseTest, ALiveHolderOfThisMachineKeepsItEvenExpired) {
+  auto consensus = std::make_shared<MemConsensus>();
+  LeaseRecord stalled = holder("tidemark sink run", "", "s/b");  // this (live) process
+  stalled.token = "t";
+  stalled.expires_at_ms = wall_clock_millis() - 60'000;
+  ASSERT_TRUE(consensus->compare_and_set("lease/x", std::nullopt, {1, stalled.to_json()}));
+  auto refused = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(refused.error().message.find("pid " + std::to_string(::getpid())), std::string::npos)
+      << refused.error().message;
 }
 
 TEST(ConsensusLeaseTest, AnotherMachinesHolderWaitsForItsExpiry) {

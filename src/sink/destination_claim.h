@@ -30,8 +30,10 @@ class DestinationClaim {
   // destination_identity): "file:///abs/dir", "s3://...", "kafka://...".
   virtual const std::string& destination() const = 0;
 
-  // OK while the claim holds. Held (naming who took it) or Determinate
-  // (it cannot tell) otherwise: the caller must not make output visible.
+  // OK while the claim holds. Otherwise the caller must not make output
+  // visible: Held when the claim is lost for good (taken over, naming the
+  // new holder), Determinate or Indeterminate when it cannot tell now (a
+  // runner keeps such a claim and checks it again later).
   [[nodiscard]] virtual Status check() = 0;
 };
 

@@ -42,8 +42,9 @@ Status SinkClaim::check() {
   TM_TRY(sink_->check());
   if (destination_lease_) TM_TRY(destination_lease_->check());
   if (directory_ && !directory_->still_at_path()) {
-    return determinate(directory_->path() +
-                       " was deleted or replaced: another sink may hold the directory now");
+    return make_error(
+        ErrorKind::kHeld,
+        directory_->path() + " was deleted or replaced: another sink may hold the directory now");
   }
   return {};
 }

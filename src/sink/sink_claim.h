@@ -11,20 +11,22 @@
 //       s3://, kafka://  a ConsensusLease on
 //                "lease/destination/<sha256 of destination_identity>".
 // acquire() is Held, naming the holder, when another runner holds either
-// (consensus_lease.h says when a lease is taken over instead: free,
-// expired, its holder a dead process of this machine, or a previous life
-// of the same server's same sink). check() is the DestinationClaim every
-// destination calls before making output visible: both leases still ours
-// (one Consensus read each) and the lock file still the one locked.
-// Destroying the claim releases everything.
+// (consensus_lease.h says when a lease is taken over instead: free, its
+// holder a dead process of this machine, a previous life of the same
+// server's same sink, or expired and not held by a live process of this
+// machine). check() is the DestinationClaim every destination calls before
+// making output visible: both leases still ours (one Consensus read each)
+// and the lock file still the one locked. Destroying the claim releases
+// everything.
 //
-// Residual window: a runner paused after check() and before its write
-// lands (a stopped process, a long GC-like stall, a slow S3 copy) for
+// Residual window: a runner on one machine paused after check() and before
+// its write lands (a stopped process, a long stall, a slow S3 copy) for
 // longer than its lease's margin (LeaseOptions: 10 s by default) can
-// overlap a successor that took the expired lease. File destinations have
-// no such window (the kernel holds the flock while the process lives), and
-// two runners of one Kafka sink cannot both commit (its transactional id
-// fences the older producer).
+// overlap a successor on another machine that took the expired lease.
+// A successor on the same machine never takes a live holder's lease; file
+// destinations have no window at all (the kernel holds the flock while the
+// process lives); and two runners of one Kafka sink cannot both commit
+// (its transactional id fences the older producer).
 //
 // Thread-safety: check() from the sink's thread; the leases renew on
 // threads of their own. Memory: two leases (a thread each) or a lease and

@@ -116,6 +116,16 @@ TEST_F(SinkClaimTest, TwoSinksNeverShareATopicOrAPrefix) {
   EXPECT_TRUE(claim("b", "kafka://b1:9092,b2:9092/out"));
 }
 
+TEST_F(SinkClaimTest, ALockFileDeletedUnderneathIsAClaimLost) {
+  auto claimed = claim("a", "file://" + directory_);
+  ASSERT_TRUE(claimed) << claimed.error().message;
+  EXPECT_TRUE((*claimed)->check());
+  fs::remove(directory_ + "/" + std::string(FileDestination::kLockFileName));
+  auto checked = (*claimed)->check();
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error().kind, ErrorKind::kHeld) << "lost for good: claim again";
+}
+
 TEST_F(SinkClaimTest, OpeningWithAClaimOfAnotherDestinationIsInvalidUsage) {
   auto claim = std::make_shared<ToggledClaim>(file_destination_identity(scratch_.path() + "/x"));
   auto opened = open_sink_destination(url_of("file://" + directory_), Envelope::kUpsert,
