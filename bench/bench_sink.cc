@@ -50,6 +50,7 @@
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 #include "sink/runner.h"
+#include "sink/sink_claim.h"
 #include "tidemark/write.h"
 
 namespace tidemark::cli {
@@ -114,9 +115,11 @@ Result<SinkRun> sink_once(const std::filesystem::path& dir, Envelope envelope) {
   const std::string url = brokers ? "kafka://" + *brokers + "/" + kTopic
                                   : "file://" + std::filesystem::absolute(dir / "out").string();
   TM_ASSIGN(SinkUrl parsed, parse_sink_url(url, SinkFormat::kJson));
+  TM_ASSIGN(auto claim, SinkClaim::acquire(client->location().consensus, kShardName, kSinkName,
+                                           parsed, SinkRunner{"tidemark bench sink", ""}));
   TM_ASSIGN(auto destination,
             open_sink_destination(parsed, envelope, SinkFormat::kJson, kShardName, kSinkName,
-                                  MemoryPool::create("sink", kSinkPoolBytes)));
+                                  MemoryPool::create("sink", kSinkPoolBytes), claim));
   SinkOptions options;
   options.sink_name = kSinkName;
   options.as_of = 0;

@@ -7,6 +7,7 @@
 
 #include "scenarios/http.h"
 #include "scenarios/workload.h"
+#include "sink/committed_name.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 
@@ -89,7 +90,7 @@ std::vector<fs::path> committed_files(const fs::path& dir) {
 bool has_file_in_progress(const fs::path& dir) {
   std::error_code error;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
-    if (entry.path().filename().string().starts_with('.') && entry.file_size(error) > 0)
+    if (is_temporary_name(entry.path().filename().string()) && entry.file_size(error) > 0)
       return true;
   }
   return false;

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "server_process.h"
+#include "sink/file_destination.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 
@@ -294,6 +295,7 @@ Listing list_destination(const fs::path& dir) {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     std::error_code ec;
+    if (name == tidemark::FileDestination::kLockFileName) continue;  // held by each run
     if (name.starts_with(".")) {
       listing.temporaries.push_back(name);
     } else if (auto committed = parse_name(name)) {

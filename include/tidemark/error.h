@@ -23,6 +23,9 @@
 //   - SequenceMismatch: an idempotent producer's records do not continue
 //     what the shard has committed for it (some are committed already, or
 //     some before them are missing).
+//   - Held: someone else holds what only one may hold at a time (a data
+//     directory, a sink, a sink's destination); the message names the
+//     holder. Retry once it is gone.
 //
 // Thread-safety: Error is a plain value type.
 #pragma once
@@ -50,6 +53,7 @@ enum class ErrorKind : std::uint8_t {
   kTooLarge,
   kSequenceMismatch,
   kLeaseExpired,
+  kHeld,
 };
 
 const char* error_kind_name(ErrorKind kind);

@@ -8,9 +8,11 @@
 
 #include "cli/cli.h"
 #include "location/faulty.h"
+#include "location/file_lock.h"
 #include "server/server.h"
 #include "shard/random_config.h"
 #include "util/ids.h"
+#include "util/process_identity.h"
 #include "util/size.h"
 
 namespace tidemark::cli {
@@ -20,6 +22,34 @@ constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
     "[--max-record-bytes BYTES] [--lease MS] (benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
+
+// The data directory is one server's: <data>/server.lock, flocked for the
+// server's life (the kernel releases it when the process dies, however it
+// dies), and naming it for a second server, which exits at once. Taken
+// before anything in the directory is touched. Other commands do not take
+// it: shards may be shared (SQLite and file blobs are safe for many
+// processes), and what is the server's alone, its sinks, is claimed sink
+// by sink (sink/sink_claim.h).
+constexpr const char* kDataLockName = "server.lock";
+
+std::string lock_holder_line(const ProcessIdentity& process, const std::string& listening) {
+  return "tidemark serve (" + describe(process) + ", " + listening + ")";
+}
+
+Result<FileLock> lock_data_directory(const std::string& data_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(data_dir, error);
+  if (error) return determinate("create " + data_dir + ": " + error.message());
+  const std::string path = std::filesystem::absolute(data_dir).lexically_normal().string();
+  auto lock = FileLock::acquire(path + "/" + kDataLockName,
+                                lock_holder_line(this_process(), "not listening yet"));
+  if (!lock && lock.error().is(ErrorKind::kHeld)) {
+    return make_error(ErrorKind::kHeld, "data directory " + path + " is used by " +
+                                            lock.error().message +
+                                            ": stop it first, or give this server another --data");
+  }
+  return lock;
+}
 
 // This server's id among servers sharing a blob store (it owns the sinks
 // it creates): <data>/server-id, made on first start.
@@ -160,6 +190,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread starts
 
+  auto data_lock = lock_data_directory(globals.data_dir);
+  if (!data_lock) return report(data_lock.error());
   auto urls = location_urls(globals);
   if (!urls) return report(urls.error());
   // File sinks write under the data directory only.
@@ -191,6 +223,12 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);
   if (!server) return report(server.error());
+  const std::string listening =
+      "listening on " + options.host + ":" + std::to_string((*server)->port());
+  if (auto described = data_lock->describe(lock_holder_line(this_process(), listening));
+      !described) {
+    std::fprintf(stderr, "tidemark: warning: %s\n", described.error().message.c_str());
+  }
   std::fprintf(stderr, "tidemark: serving on http://%s:%u (memory limit %s)%s\n",
                options.host.c_str(), static_cast<unsigned>((*server)->port()),
                format_size(options.memory_limit).c_str(),

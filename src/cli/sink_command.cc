@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "sink/destination_url.h"
 #include "sink/runner.h"
+#include "sink/sink_claim.h"
 
 namespace tidemark::cli {
 namespace {
@@ -144,8 +145,14 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard(shard_name);
   if (!shard) return report(shard.error());
+  // One runner per sink and one sink per destination: claimed before the
+  // destination is opened (which deletes a crashed run's temporaries). A
+  // live holder is named and this run exits 1 at once.
+  auto claim = SinkClaim::acquire((*client)->location().consensus, shard_name, sink_name, *url,
+                                  SinkRunner{"tidemark sink run", ""});
+  if (!claim) return report(claim.error());
   auto destination = open_sink_destination(*url, *envelope, *format, shard_name, sink_name,
-                                           MemoryPool::create("sink", kSinkPoolBytes));
+                                           MemoryPool::create("sink", kSinkPoolBytes), *claim);
   if (!destination) return report(destination.error());
 
   SinkOptions options;

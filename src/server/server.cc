@@ -57,6 +57,7 @@ unsigned status_of(const Error& error) {
     case ErrorKind::kNotFound:
       return 404;
     case ErrorKind::kAlreadyExists:
+    case ErrorKind::kHeld:
     case ErrorKind::kUpperMismatch:
     case ErrorKind::kNotReady:
     case ErrorKind::kSequenceMismatch:
@@ -176,7 +177,6 @@ struct Server::Impl {
     appenders = root->child("appenders", options.memory_limit / 8 * 3);
     reads = root->child("reads", options.memory_limit / 8);
     sink_pool = root->child("sinks", options.memory_limit / 4);
-    sinks = std::make_unique<SinkManager>(client, sink_pool, options.sink_owner);
   }
 
   std::shared_ptr<Client> client;
@@ -191,7 +191,7 @@ struct Server::Impl {
   net::thread_pool workers;
   std::vector<std::thread> threads;
   std::shared_ptr<MemoryPool> root, requests, appenders, reads, sink_pool;
-  std::unique_ptr<SinkManager> sinks;
+  std::unique_ptr<SinkManager> sinks;  // made once the port is bound (claims name it)
   Metrics metrics;
 
   struct SharedWriter {
@@ -1859,6 +1859,10 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
                        std::to_string(impl->options.port) + ": " + ec.message());
   }
   impl->bound_port = impl->acceptor.local_endpoint(ec).port();
+  impl->sinks = std::make_unique<SinkManager>(
+      impl->client, impl->sink_pool,
+      SinkRunner{"tidemark serve on " + impl->options.host + ":" + std::to_string(impl->bound_port),
+                 impl->options.sink_owner});
   if (auto resumed = impl->sinks->resume_all(); !resumed) {
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());

@@ -22,7 +22,10 @@
 #include <thread>
 
 #include "location/faulty.h"
+#include "server/sinks.h"
 #include "server/test_client.h"
+#include "sink/file_destination.h"
+#include "sink/sink_claim.h"
 #include "util/json.h"
 
 namespace tidemark {
@@ -557,6 +560,7 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   std::size_t files = 0;
   for (const auto& entry : fs::directory_iterator(out)) {
     const std::string name = entry.path().filename().string();
+    if (name == FileDestination::kLockFileName) continue;
     ASSERT_FALSE(name.starts_with(".")) << "a temporary left: " << name;
     ++files;
     std::ifstream in(entry.path());
@@ -638,6 +642,72 @@ TEST_F(ServerTest, ASinkRunsOnlyOnTheServerThatCreatedIt) {
   server_.reset();
   ASSERT_NO_FATAL_FAILURE(start());
   EXPECT_EQ(get("/v1/sinks/files").status, 200u);
+}
+
+// A sink's destination held by another runner (here a claim this test
+// holds, as `tidemark sink run` would): POST answers 409 naming it, and
+// nothing is stored.
+TEST_F(ServerTest, ASinkWhoseDestinationIsHeldIsRefusedNamingTheHolder) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string to = "file://" + (dir_ / "sinks" / "out").string();
+  auto url = parse_sink_url(to, SinkFormat::kJson);
+  ASSERT_TRUE(url);
+  auto held = SinkClaim::acquire(client_->location().consensus, "s", "cli", *url,
+                                 SinkRunner{"tidemark sink run", ""});
+  ASSERT_TRUE(held) << held.error().message;
+  Reply refused =
+      post("/v1/sinks", "{\"name\": \"files\", \"shard\": \"s\", \"to\": \"" + to + "\"}");
+  EXPECT_EQ(refused.status, 409u) << refused.body;
+  EXPECT_NE(refused.body.find("is written by sink cli of shard s, run by tidemark sink run"),
+            std::string::npos)
+      << refused.body;
+  EXPECT_EQ(get("/v1/sinks/files").status, 404u);
+  // The sink name is held too while its runner runs, wherever it writes.
+  Reply named = post("/v1/sinks", "{\"name\": \"cli\", \"shard\": \"s\", \"to\": \"file://" +
+                                      (dir_ / "sinks" / "other").string() + "\"}");
+  EXPECT_EQ(named.status, 409u) << named.body;
+  EXPECT_NE(named.body.find("sink cli of shard s is held by tidemark sink run"), std::string::npos)
+      << named.body;
+  // Nothing was stored: a restart resumes nothing.
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+}
+
+// A stored sink whose destination another runner took while the server was
+// down: resumed as "failed" naming the holder, and running once it is gone.
+TEST_F(ServerTest, AResumedSinkWaitsForTheHolderOfItsDestination) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string to = "file://" + (dir_ / "sinks" / "out").string();
+  ASSERT_EQ(
+      post("/v1/sinks", "{\"name\": \"files\", \"shard\": \"s\", \"to\": \"" + to + "\"}").status,
+      201u);
+  server_.reset();
+  auto url = parse_sink_url(to, SinkFormat::kJson);
+  ASSERT_TRUE(url);
+  auto held = SinkClaim::acquire(client_->location().consensus, "s", "cli", *url,
+                                 SinkRunner{"tidemark sink run", ""});
+  ASSERT_TRUE(held) << held.error().message;
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto status_has = [&](const std::string& text, std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (get("/v1/sinks/files").body.find(text) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  EXPECT_TRUE(status_has("\"status\":\"failed\"", std::chrono::seconds(10)))
+      << get("/v1/sinks/files").body;
+  EXPECT_NE(get("/v1/sinks/files").body.find("is written by sink cli of shard s"),
+            std::string::npos)
+      << get("/v1/sinks/files").body;
+  held->reset();
+  // Retried every SinkManager::kRetryInterval.
+  EXPECT_TRUE(status_has("\"status\":\"running\"", SinkManager::kRetryInterval * 3))
+      << get("/v1/sinks/files").body;
 }
 
 TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {

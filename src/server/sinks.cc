@@ -79,6 +79,9 @@ struct SinkManager::Task {
   std::optional<Frontier> frontier;
   std::optional<std::string> error;
   std::shared_ptr<Shard> shard;
+  // Held from the sink's start (or its first run, when resumed) until it
+  // stops; used by the task's thread only once started.
+  std::shared_ptr<SinkClaim> claim;
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
     std::lock_guard lock(mutex);
@@ -103,31 +106,48 @@ struct SinkManager::Task {
     return out + "}";
   }
 
-  void run(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool) {
+  void run(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
+           const SinkRunner& runner) {
     while (!stop) {
       set("starting");
-      auto ran = run_once(client, pool);
+      auto ran = run_once(client, pool, runner);
       if (stop) break;
       if (ran) {
         set("done");
+        claim.reset();
         return;
       }
       set("failed", ran.error().message);
       std::unique_lock lock(mutex);
       wake.wait_for(lock, kRetryInterval, [&] { return stop.load(); });
     }
+    claim.reset();  // released: a restarted server takes it back at once
     set("stopped");
   }
 
-  Status run_once(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool) {
+  Status run_once(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
+                  const SinkRunner& runner) {
     TM_ASSIGN(auto opened, client->open_shard(spec.shard));
     {
       std::lock_guard lock(mutex);
       shard = opened;
     }
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
-    TM_ASSIGN(auto destination,
-              open_sink_destination(url, spec.envelope, spec.format, spec.shard, spec.name, pool));
+    // A claim taken over (after its leases went unrenewed) is claimed
+    // again, or this run fails naming the new holder. One that only could
+    // not be checked is kept: its leases renew once the Consensus is back.
+    if (claim) {
+      if (auto held = claim->check(); !held) {
+        if (!held.error().is(ErrorKind::kHeld)) return std::unexpected(held.error());
+        claim.reset();
+      }
+    }
+    if (!claim) {
+      TM_ASSIGN(claim, SinkClaim::acquire(client->location().consensus, spec.shard, spec.name, url,
+                                          runner));
+    }
+    TM_ASSIGN(auto destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
+                                                      spec.name, pool, claim));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();
@@ -147,17 +167,20 @@ struct SinkManager::Task {
 };
 
 SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
-                         std::string owner)
-    : client_(std::move(client)), pool_(std::move(pool)), owner_(std::move(owner)) {}
+                         SinkRunner runner)
+    : client_(std::move(client)), pool_(std::move(pool)), runner_(std::move(runner)) {}
 
 SinkManager::~SinkManager() {
   stop_all();
 }
 
-void SinkManager::start(const SinkSpec& spec) {
+void SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim) {
   auto task = std::make_shared<Task>();
   task->spec = spec;
-  task->thread = std::thread([task, client = client_, pool = pool_] { task->run(client, pool); });
+  task->claim = std::move(claim);
+  task->thread = std::thread([task, client = client_, pool = pool_, runner = runner_] {
+    task->run(client, pool, runner);
+  });
   std::lock_guard lock(mutex_);
   tasks_[spec.name] = std::move(task);
 }
@@ -171,8 +194,8 @@ Status SinkManager::resume_all() {
     if (!bytes) continue;
     auto spec = SinkSpec::parse(*bytes);
     if (!spec) return corruption("sink definition " + key + ": " + spec.error().message);
-    if (!spec->owner.empty() && spec->owner != owner_) continue;  // another server's
-    start(*spec);
+    if (!spec->owner.empty() && spec->owner != runner_.owner) continue;  // another server's
+    start(*spec, nullptr);
   }
   return {};
 }
@@ -200,8 +223,13 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
     if (auto stored = SinkSpec::parse(*existing)) return taken(*stored);
     return taken(SinkSpec{});
   }
+  // The sink and its destination, before anything is stored: a runner
+  // elsewhere is named in the 409.
+  TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
+  TM_ASSIGN(auto claim,
+            SinkClaim::acquire(client_->location().consensus, spec.shard, spec.name, url, runner_));
   SinkSpec owned = spec;
-  owned.owner = owner_;
+  owned.owner = runner_.owner;
   TM_TRY(blob.set(spec_key(spec.name), owned.to_json()));
   TM_ASSIGN(auto written, blob.get(spec_key(spec.name)));
   if (!written) return make_error(ErrorKind::kNotFound, "sink " + spec.name + " was deleted");
@@ -209,7 +237,7 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
     auto stored = SinkSpec::parse(*written);
     return taken(stored ? *stored : SinkSpec{});
   }
-  start(owned);
+  start(owned, std::move(claim));
   return status_json(spec.name);
 }
 

@@ -19,6 +19,16 @@
 // AlreadyExists on every server. GET and DELETE see the sinks this server
 // runs.
 //
+// A running sink holds a SinkClaim (sink/sink_claim.h) on itself and its
+// destination, from its start until it is stopped or deleted (across its
+// retries), so no other runner (a `tidemark sink run`, another server, or
+// another sink of this server) writes its destination meanwhile. create()
+// claims before it stores anything: a sink or destination held elsewhere
+// is Held naming the holder (409). A resumed sink claims on its thread; a
+// previous life of this server (same owner and sink), or a dead process of
+// this machine, is taken over at once; a claim held by a live runner makes
+// the sink "failed" with the holder named, retried every kRetryInterval.
+//
 // Status: "starting", "running" (snapshot or following), "failed" (with
 // error; retried), "done" (the shard closed), "stopped".
 //
@@ -35,6 +45,7 @@
 #include <string>
 
 #include "sink/envelope.h"
+#include "sink/sink_claim.h"
 #include "tidemark/client.h"
 #include "tidemark/memory_pool.h"
 
@@ -57,16 +68,18 @@ class SinkManager {
  public:
   static constexpr std::chrono::seconds kRetryInterval{5};
 
-  // `owner`: this server's id, written into the sinks it creates; "" runs
-  // every stored sink.
-  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
-              std::string owner = "");
+  // `runner.owner`: this server's id, written into the sinks it creates;
+  // "" runs every stored sink. `runner.label` names this server in claims
+  // ("tidemark serve on HOST:PORT").
+  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner);
   ~SinkManager();  // stop_all()
 
   // Starts every stored sink this server owns (see above).
   [[nodiscard]] Status resume_all();
-  // Stores and starts a sink, owned by this server; AlreadyExists (here or
-  // on another server sharing the blob store), NotFound (no such shard).
+  // Claims, stores and starts a sink, owned by this server; AlreadyExists
+  // (here or on another server sharing the blob store), NotFound (no such
+  // shard), Held (the sink or its destination is run by another runner,
+  // named).
   [[nodiscard]] Result<std::string> create(const SinkSpec& spec);
   // {"name", "shard", "to", "status", "frontier", "error"}; NotFound.
   [[nodiscard]] Result<std::string> status_json(const std::string& name) const;
@@ -80,11 +93,11 @@ class SinkManager {
   struct Task;
 
  private:
-  void start(const SinkSpec& spec);
+  void start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim);
 
   std::shared_ptr<Client> client_;
   std::shared_ptr<MemoryPool> pool_;
-  const std::string owner_;
+  const SinkRunner runner_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
 };

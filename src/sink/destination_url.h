@@ -6,12 +6,26 @@
 //   kafka://host:port[,host:port]/topic[?progress_topic=NAME]   KafkaDestination
 //
 // parse_sink_url checks a URL and a format without touching anything
-// (InvalidUsage naming what is wrong); open_sink_destination opens it for
-// the sink `sink_name` of shard `shard`: the Kafka producer id is
-// "tidemark/<shard>/<sink_name>" and its queue (kKafkaQueueBytes, or half
-// the pool's capacity when that is less) is reserved from `pool`; an S3 destination's buffer (part_size + 64 KiB) is
-// reserved from `pool` too, and its credentials come from the environment
-// (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY).
+// (InvalidUsage naming what is wrong); destination_identity names the
+// place it writes, normalised, so that two URLs of one destination compare
+// equal; open_sink_destination opens it for the sink `sink_name` of shard
+// `shard`: the Kafka producer id is "tidemark/<shard>/<sink_name>" and its
+// queue (kKafkaQueueBytes, or half the pool's capacity when that is less)
+// is reserved from `pool`; an S3 destination's buffer (part_size + 64 KiB)
+// is reserved from `pool` too, and its credentials come from the
+// environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY). `claim` (a
+// SinkClaim of this URL, sink_claim.h) is checked before every commit;
+// without one the caller promises that nothing else writes the
+// destination (a file destination then locks its directory itself).
+//
+// Identities: file:///<absolute, lexically normal directory>;
+// s3://<endpoint, scheme and host lowercased>/<bucket>[/<prefix>];
+// kafka://<brokers lowercased, sorted, without repeats>/<topic> (the
+// progress topic is not part of it: two sinks never share a data topic).
+// One place reached by two spellings (a symlinked directory, a host name
+// and its address, another bootstrap list of one cluster) has two
+// identities: the flock of a file destination still sees one directory,
+// but leases of the others are per spelling.
 #pragma once
 
 #include <memory>
@@ -21,6 +35,7 @@
 
 #include "location/s3_client.h"
 #include "sink/destination.h"
+#include "sink/destination_claim.h"
 #include "sink/envelope.h"
 #include "sink/kafka_destination.h"
 #include "tidemark/memory_pool.h"
@@ -41,8 +56,11 @@ struct SinkUrl {
 
 [[nodiscard]] Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format);
 
+[[nodiscard]] Result<std::string> destination_identity(const SinkUrl& url);
+
 [[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
-    const std::string& sink_name, std::shared_ptr<MemoryPool> pool);
+    const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
+    std::shared_ptr<DestinationClaim> claim);
 
 }  // namespace tidemark

@@ -16,6 +16,7 @@
 #include "location/posix_io.h"
 #include "sink/committed_name.h"
 #include "util/ids.h"
+#include "util/process_identity.h"
 
 namespace tidemark {
 namespace {
@@ -43,6 +44,16 @@ struct FileDestination::State {
       : directory(std::move(directory)),
         encoder(envelope, format),
         extension(extension_of(format)) {}
+
+  // OK while this destination still owns the directory.
+  Status check_ownership() {
+    if (claim) return claim->check();
+    if (!lock->still_at_path()) {
+      return determinate("file destination: " + lock->path() +
+                         " was deleted or replaced: another sink may hold the directory now");
+    }
+    return {};
+  }
 
   // Writes out the buffer. REQUIRES: open_file.
   Status flush() {
@@ -73,6 +84,9 @@ struct FileDestination::State {
   }
 
   const std::string directory;
+  // What makes the directory this destination's: a claim, or its own lock.
+  std::shared_ptr<DestinationClaim> claim;
+  std::optional<FileLock> lock;
   MessageEncoder encoder;
   const std::string_view extension;
   std::optional<OpenFile> open_file;
@@ -84,18 +98,50 @@ struct FileDestination::State {
   bool abandoned_after_error = false;
 };
 
-Result<std::unique_ptr<FileDestination>> FileDestination::open(std::string directory,
-                                                               Envelope envelope,
-                                                               SinkFormat format) {
+Result<std::string> FileDestination::normalize_directory(std::string_view directory) {
   if (directory.empty()) return invalid_usage("file destination: empty directory");
   std::error_code error;
   std::filesystem::path absolute = std::filesystem::absolute(directory, error);
-  if (error) return determinate("file destination: resolve " + directory + ": " + error.message());
+  if (error) {
+    return determinate("file destination: resolve " + std::string(directory) + ": " +
+                       error.message());
+  }
   std::string root = absolute.lexically_normal().string();
   while (root.size() > 1 && root.ends_with('/')) root.pop_back();
+  return root;
+}
+
+Result<FileLock> FileDestination::lock_directory(const std::string& directory,
+                                                 std::string_view holder) {
+  TM_ASSIGN(const std::string root, normalize_directory(directory));
+  if (auto created = create_directories(root); !created) return in_destination(created.error());
+  auto lock = FileLock::acquire(root + "/" + std::string(kLockFileName), holder);
+  if (!lock && lock.error().is(ErrorKind::kHeld)) {
+    return make_error(ErrorKind::kHeld,
+                      "file destination " + root + " is written by " + lock.error().message);
+  }
+  if (!lock) return in_destination(lock.error());
+  return std::move(*lock);
+}
+
+Result<std::unique_ptr<FileDestination>> FileDestination::open(
+    std::string directory, Envelope envelope, SinkFormat format,
+    std::shared_ptr<DestinationClaim> claim) {
+  TM_ASSIGN(const std::string root, normalize_directory(directory));
   if (auto created = create_directories(root); !created) return in_destination(created.error());
 
   auto state = std::make_unique<State>(root, envelope, format);
+  // The directory must be ours before anything in it is deleted.
+  if (claim) {
+    if (claim->destination() != file_destination_identity(root)) {
+      return invalid_usage("file destination " + root + ": the claim given covers " +
+                           claim->destination());
+    }
+    state->claim = std::move(claim);
+  } else {
+    TM_ASSIGN(state->lock,
+              lock_directory(root, "a file destination of " + describe(this_process())));
+  }
   std::vector<CommittedRange> committed;
   bool removed_temporaries = false;
   {
@@ -113,8 +159,8 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(std::string direc
       }
       std::string_view name = entry->d_name;
       if (is_temporary_name(name)) {
-        // The directory belongs to this sink alone, so no other writer can
-        // be using it: a crashed run's leftover.
+        // The directory is this sink's (claimed or locked above), so no
+        // other writer can be using it: a crashed run's leftover.
         if (::unlinkat(::dirfd(listing.get()), entry->d_name, 0) != 0 && errno != ENOENT) {
           return determinate(errno_message("file destination: delete leftover temporary",
                                            root + "/" + std::string(name), errno));
@@ -234,6 +280,10 @@ Status FileDestination::commit(Frontier upper) {
   if (int error_number = file.file.close(); error_number != 0) {
     return state.fail(
         determinate(errno_message("file destination: close", file.temporary_path, error_number)));
+  }
+  // The directory must still be ours when a committed name appears.
+  if (auto owned = state.check_ownership(); !owned) {
+    return state.fail(std::unexpected(owned.error()));
   }
   const std::string target =
       state.directory + "/" + committed_name(file.lower, upper.time(), state.extension);

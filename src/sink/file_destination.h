@@ -13,11 +13,18 @@
 // kWriteBufferBytes (so it holds at most that plus one message); a file of
 // any size streams through it.
 //
-// The directory belongs to this sink: open() deletes every ".*.tmp" in it.
-// Files that are not `<20 digits>-<20 digits>.<ext>` with this sink's
-// extension (another format's files, unrelated names, other dot-files) are
-// ignored. A pair at time 2^64-1 can never be committed: no finite upper is
-// above it.
+// The directory belongs to one sink at a time: open() takes an exclusive
+// flock on `<dir>/.tidemark-sink.lock` (kLockFileName; location/file_lock.h)
+// before anything else, or is given a DestinationClaim that holds it
+// (sink_claim.h), and only then deletes every ".*.tmp" in it: a directory
+// another process writes is refused (Held, naming the holder from the lock
+// file) with its temporaries untouched. The kernel releases the lock when
+// the holder dies, so a restart after a crash takes the directory at once.
+// commit() checks the claim (or that the lock file is still the one
+// locked) right before its rename. Files that are not `<20 digits>-<20
+// digits>.<ext>` with this sink's extension (another format's files,
+// unrelated names, other dot-files, the lock file) are ignored. A pair at
+// time 2^64-1 can never be committed: no finite upper is above it.
 //
 // Errors: usage errors (a broken REQUIRES) are InvalidUsage and change
 // nothing. File-system errors are Determinate with the errno text and the
@@ -26,8 +33,7 @@
 // (the temporary is deleted); write() and commit() then fail until the next
 // begin().
 //
-// Thread-safety: one sink uses a destination from one thread; two sinks
-// must not share a directory.
+// Thread-safety: one sink uses a destination from one thread.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +41,9 @@
 #include <optional>
 #include <string>
 
+#include "location/file_lock.h"
 #include "sink/destination.h"
+#include "sink/destination_claim.h"
 #include "sink/envelope.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
@@ -46,14 +54,28 @@ class FileDestination final : public SinkDestination {
  public:
   static constexpr std::size_t kWriteBufferBytes = 64 << 10;
   static constexpr std::size_t kLineSlackBytes = 64 << 10;
+  // Never a committed name nor a temporary: starts with '.', not ".tmp".
+  static constexpr std::string_view kLockFileName = ".tidemark-sink.lock";
 
-  // Creates the directory if needed, deletes temporaries a crashed sink left
-  // ("." files), and reads the progress from the committed names. A
-  // committed-looking name that does not parse, or committed ranges that
+  // `directory` made absolute and lexically normal, without a trailing '/':
+  // the form locks and claims name it by. InvalidUsage when empty.
+  [[nodiscard]] static Result<std::string> normalize_directory(std::string_view directory);
+
+  // Creates the directory (normalised) if needed and locks it for
+  // `holder` (one line naming the sink and its runner, which a refused
+  // opener reports). Held: "file destination DIR is written by <holder>".
+  [[nodiscard]] static Result<FileLock> lock_directory(const std::string& directory,
+                                                       std::string_view holder);
+
+  // Creates the directory if needed, locks it (or checks that `claim`
+  // covers it: InvalidUsage otherwise), then deletes temporaries a crashed
+  // sink left (".*.tmp" files) and reads the progress from the committed
+  // names. Held when another process holds the directory (nothing deleted).
+  // A committed-looking name that does not parse, or committed ranges that
   // overlap, is a Corruption error naming the file.
-  [[nodiscard]] static Result<std::unique_ptr<FileDestination>> open(std::string directory,
-                                                                     Envelope envelope,
-                                                                     SinkFormat format);
+  [[nodiscard]] static Result<std::unique_ptr<FileDestination>> open(
+      std::string directory, Envelope envelope, SinkFormat format,
+      std::shared_ptr<DestinationClaim> claim = nullptr);
   ~FileDestination() override;  // an open file not committed is deleted
 
   // The largest committed upper: everything before it is in committed
@@ -70,7 +92,8 @@ class FileDestination final : public SinkDestination {
   // Bytes written to the open file so far (for rolling).
   std::uint64_t open_bytes() const override;
   // Makes the open file [lower, upper) durable and visible; progress()
-  // becomes upper. REQUIRES: a file open; upper > every time written;
+  // becomes upper. Held or Determinate, with nothing visible, when the
+  // claim (or the lock) no longer holds. REQUIRES: a file open; upper > every time written;
   // upper > lower; upper is not closed (a name needs a finite bound: a
   // runner whose shard closed commits at the last finite frontier). An
   // Indeterminate error means the file may be visible: progress() is upper

@@ -41,11 +41,13 @@ void write_file(const std::string& path, std::string_view contents) {
   ASSERT_TRUE(file.good()) << "cannot write " << path;
 }
 
-// The names in `directory`, sorted as bytes.
+// The names in `directory` but the destination's lock file, sorted as
+// bytes.
 std::vector<std::string> names_in(const std::string& directory) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(directory)) {
-    names.push_back(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    if (name != FileDestination::kLockFileName) names.push_back(name);
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -395,6 +397,64 @@ TEST_F(FileDestinationTest, EmptyDirectoryIsInvalidUsage) {
 }
 
 // ---------------------------------------------------------------------------
+// One sink per directory.
+
+TEST_F(FileDestinationTest, ASecondOpenOfTheDirectoryIsRefusedAndDeletesNothing) {
+  auto first = open_destination();
+  ASSERT_NE(first, nullptr);
+  const std::string temporary = directory_ + "/.00000000000000000003-abc.tmp";
+  write_file(temporary, "a line being written");
+  auto second = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
+  ASSERT_FALSE(second.has_value());
+  EXPECT_EQ(second.error().kind, ErrorKind::kHeld);
+  const std::string holder = "file destination " + directory_ +
+                             " is written by a file destination of pid " +
+                             std::to_string(::getpid());
+  EXPECT_NE(second.error().message.find(holder), std::string::npos) << second.error().message;
+  EXPECT_TRUE(fs::exists(temporary)) << "a refused opener deleted the holder's temporary";
+  first.reset();
+  // Free once the first is gone, and the lock file is no output.
+  auto third = open_destination();
+  ASSERT_NE(third, nullptr);
+  EXPECT_FALSE(fs::exists(temporary));
+  EXPECT_TRUE(fs::exists(directory_ + "/" + std::string(FileDestination::kLockFileName)));
+  EXPECT_EQ(third->progress(), std::nullopt);
+}
+
+TEST_F(FileDestinationTest, AClaimThatFailsItsCheckCommitsNothing) {
+  auto claim = std::make_shared<testing::ToggledClaim>(file_destination_identity(directory_));
+  auto destination = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson, claim);
+  ASSERT_TRUE(destination) << destination.error().message;
+  // Given a claim, it takes no lock of its own.
+  EXPECT_FALSE(fs::exists(directory_ + "/" + std::string(FileDestination::kLockFileName)));
+  commit_file(**destination, 0, 1);
+  ASSERT_TRUE((*destination)->begin(Frontier::at(1)));
+  ASSERT_TRUE((*destination)->write(insert("1", 1, "2")));
+  claim->lost = true;
+  expect_error((*destination)->commit(Frontier::at(2)), ErrorKind::kHeld, "taken by someone else");
+  EXPECT_EQ((*destination)->progress(), Frontier::at(1));
+  EXPECT_EQ(names_in(directory_), std::vector<std::string>{name_of(0, 1, "json")});
+}
+
+TEST_F(FileDestinationTest, AClaimOfAnotherDirectoryIsInvalidUsage) {
+  auto claim = std::make_shared<testing::ToggledClaim>(
+      file_destination_identity(scratch_.path() + "/elsewhere"));
+  auto destination = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson, claim);
+  ASSERT_FALSE(destination);
+  EXPECT_EQ(destination.error().kind, ErrorKind::kInvalidUsage);
+}
+
+TEST_F(FileDestinationTest, ALockFileReplacedUnderneathStopsTheCommit) {
+  auto destination = open_destination();
+  ASSERT_NE(destination, nullptr);
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  fs::remove(directory_ + "/" + std::string(FileDestination::kLockFileName));
+  expect_error(destination->commit(Frontier::at(1)), ErrorKind::kDeterminate,
+               "was deleted or replaced");
+  EXPECT_EQ(names_in(directory_), std::vector<std::string>{});
+}
+
+// ---------------------------------------------------------------------------
 // File-system errors.
 
 TEST_F(FileDestinationTest, ADirectoryThatIsAFileIsInvalidUsage) {
@@ -407,7 +467,7 @@ TEST_F(FileDestinationTest, ADirectoryThatIsAFileIsInvalidUsage) {
 
 TEST_F(FileDestinationTest, ADirectoryRemovedUnderneathFailsBeginNamingThePath) {
   auto destination = open_destination();
-  fs::remove(directory_);
+  fs::remove_all(directory_);
   auto begun = destination->begin(Frontier::at(0));
   expect_error(begun, ErrorKind::kDeterminate, directory_ + "/.");
   expect_error(begun, ErrorKind::kDeterminate, "No such file or directory");
@@ -416,6 +476,18 @@ TEST_F(FileDestinationTest, ADirectoryRemovedUnderneathFailsBeginNamingThePath) 
 TEST_F(FileDestinationTest, AReadOnlyDirectoryIsAClearError) {
   if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
   fs::create_directories(directory_);
+  ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
+  auto unlockable = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
+  ASSERT_FALSE(unlockable.has_value());
+  EXPECT_EQ(unlockable.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(unlockable.error().message.find(directory_ + "/" +
+                                            std::string(FileDestination::kLockFileName)),
+            std::string::npos)
+      << unlockable.error().message;
+  ASSERT_EQ(::chmod(directory_.c_str(), 0755), 0);
+
+  // With its lock file made, the directory made read-only.
+  open_destination().reset();
   write_file(directory_ + "/.leftover.tmp", "");
   ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
   auto opened = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);

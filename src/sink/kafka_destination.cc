@@ -413,6 +413,9 @@ Status KafkaDestination::commit(Frontier upper) {
     return s.abort(std::move(produced));
   }
 
+  if (s.options.claim) {
+    if (Status owned = s.options.claim->check(); !owned) return s.abort(std::move(owned));
+  }
   const auto deadline = Clock::now() + s.options.operation_timeout;
   for (;;) {
     rd_kafka_error_t* error = rd_kafka_commit_transaction(s.producer.get(), s.timeout_ms());

@@ -19,6 +19,13 @@
 // read with isolation.level=read_committed to its end; the last record with
 // this sink's key is the progress. A restarted sink resumes there.
 //
+// One sink per topic: the transactional id fences only a producer with the
+// same id, so the runner claims the topic before open() (options.claim, a
+// lease in the location's Consensus keyed by brokers and topic: see
+// sink_claim.h) and commit() checks the claim right before
+// commit_transaction (the transaction is aborted when it fails). Without a
+// claim the caller promises that no other sink writes the topic.
+//
 // Ordering inside a commit: every data message is acknowledged (flush)
 // before the progress record is produced. A real broker needs only the
 // transaction for exactness; the flush also makes librdkafka's mock cluster
@@ -61,6 +68,7 @@
 #include <vector>
 
 #include "sink/destination.h"
+#include "sink/destination_claim.h"
 #include "sink/envelope.h"
 #include "tidemark/memory_pool.h"
 
@@ -82,6 +90,8 @@ struct KafkaDestinationOptions {
   std::string sink_id;
   // The pool the producer's queue is reserved from (unlimited if null).
   std::shared_ptr<MemoryPool> pool;
+  // Checked before each commit_transaction (none: unclaimed).
+  std::shared_ptr<DestinationClaim> claim = nullptr;
   std::uint64_t queue_bytes = 16ull << 20;
   std::chrono::milliseconds transaction_timeout{600'000};
   std::chrono::milliseconds operation_timeout{30'000};

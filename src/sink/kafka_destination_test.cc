@@ -184,6 +184,31 @@ TEST_F(KafkaDestinationTest, AnAbandonedTransactionIsNeitherProgressNorOutput) {
   EXPECT_EQ(got, want);
 }
 
+TEST_F(KafkaDestinationTest, AClaimLostBeforeTheCommitAbortsTheTransaction) {
+  auto claim = std::make_shared<testing::ToggledClaim>("kafka://" + mock_->brokers() + "/out");
+  KafkaDestinationOptions options;
+  options.sink_id = "sink-a";
+  options.operation_timeout = kTimeout;
+  options.claim = claim;
+  {
+    auto destination = KafkaDestination::open(address_, Envelope::kUpsert, options);
+    ASSERT_TRUE(destination) << destination.error().message;
+    ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+    ASSERT_TRUE((*destination)->write(insert("1", 1, "10")));
+    ASSERT_TRUE((*destination)->commit(Frontier::at(2)));
+    ASSERT_TRUE((*destination)->begin(Frontier::at(2)));
+    ASSERT_TRUE((*destination)->write(insert("2", 3, "20")));
+    claim->lost = true;
+    auto committed = (*destination)->commit(Frontier::at(4));
+    ASSERT_FALSE(committed);
+    EXPECT_EQ(committed.error().kind, ErrorKind::kHeld);
+    EXPECT_EQ((*destination)->progress(), Frontier::at(2));
+  }
+  auto [audit, messages] = committed();
+  EXPECT_EQ(audit.frontier, Frontier::at(2));
+  EXPECT_EQ(messages, (std::vector<Received>{{"1", "10", "1"}}));
+}
+
 TEST_F(KafkaDestinationTest, SinksWithDifferentIdsKeepTheirOwnProgress) {
   auto a = open(Envelope::kUpsert, "sink-a");
   auto b = open(Envelope::kUpsert, "sink-b");
@@ -236,8 +261,8 @@ TEST_F(KafkaDestinationTest, ASinkURLSizesTheQueueToFitItsPool) {
   ASSERT_TRUE(url) << url.error().message;
   for (const std::uint64_t capacity : {std::uint64_t{12} << 20, std::uint64_t{64} << 20}) {
     pool_ = MemoryPool::create("sinks", capacity);
-    auto destination =
-        open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s", "fits", pool_);
+    auto destination = open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s",
+                                             "fits", pool_, nullptr);
     ASSERT_TRUE(destination) << destination.error().message;
     EXPECT_EQ(pool_->used(), std::min(kKafkaQueueBytes, capacity / 2));
   }

@@ -83,6 +83,7 @@ class FileSinkTest : public ::testing::Test {
     std::vector<std::string> names;
     for (const auto& entry : fs::directory_iterator(dir_)) {
       std::string name = entry.path().filename().string();
+      if (name == FileDestination::kLockFileName) continue;
       EXPECT_FALSE(name.starts_with(".")) << "a temporary was left: " << name;
       if (name.ends_with(".json")) names.push_back(name);
     }

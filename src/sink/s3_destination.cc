@@ -94,6 +94,13 @@ struct S3Destination::State {
     return {};
   }
 
+  // OK while the claim (if any) holds: checked right before a committed
+  // name can appear.
+  Status check_claim() {
+    if (options.claim) return options.claim->check();
+    return {};
+  }
+
   // Deletes the object `name`. A missing object is fine.
   Status delete_object(const std::string& name, std::string_view operation) {
     S3Request request{.method = "DELETE", .target = client.object_path(name)};
@@ -222,8 +229,9 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
   std::vector<CommittedRange> committed;
   for (const std::string& name : names) {
     if (is_temporary_name(name)) {
-      // The prefix belongs to this sink alone, so no other writer can be
-      // using it: a crashed run's leftover.
+      // The prefix is this sink's (claimed before open, or promised by an
+      // unclaimed caller), so no other writer is using it: a crashed run's
+      // leftover.
       TM_TRY(state->delete_object(name, "s3 destination: open (delete leftover temporary)"));
       continue;
     }
@@ -339,6 +347,7 @@ Status S3Destination::commit(Frontier upper) {
                 .subject = target,
                 .mutates = true,
                 .accepted = {200}};
+    if (auto owned = state.check_claim(); !owned) return state.fail(std::unexpected(owned.error()));
     if (auto put = state.client.exchange(request, call); !put) {
       return state.fail(std::unexpected(put.error()));
     }
@@ -360,6 +369,7 @@ Status S3Destination::commit(Frontier upper) {
       error.message += " (nothing was committed: only the temporary may have appeared)";
       return state.fail(std::unexpected(std::move(error)));
     }
+    if (auto owned = state.check_claim(); !owned) return state.fail(std::unexpected(owned.error()));
     if (auto copied = state.copy_object(temporary, open.uploaded_bytes, target); !copied) {
       return state.fail(std::unexpected(copied.error()));
     }

@@ -37,7 +37,12 @@
 // same bound holds, unaccounted. The URL's multipart_threshold does not
 // apply: part_size is the threshold.
 //
-// The prefix belongs to this sink alone: open() lists it, deletes every
+// The prefix belongs to one sink at a time: the runner claims it before
+// open() (options.claim, a lease in the location's Consensus: see
+// sink_claim.h), and commit() checks the claim right before the PUT or
+// the copy that makes a committed name appear (nothing appears when it
+// fails). Without a claim the caller promises that no other sink writes
+// the prefix. open() lists it, deletes every
 // temporary (".*.tmp": a crashed sink's, left between completing and
 // deleting it) and reads the progress from the committed names. Names that
 // are not `<20 digits>-<20 digits>.<ext>` with this sink's extension, and
@@ -74,8 +79,7 @@
 // (501: a temporary above 5 GiB cannot be committed on it) nor
 // AbortMultipartUpload (405: abandoned uploads stay in its directory).
 //
-// Thread-safety: one sink uses a destination from one thread; two sinks
-// must not share a prefix.
+// Thread-safety: one sink uses a destination from one thread.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +89,7 @@
 
 #include "location/s3_client.h"
 #include "sink/destination.h"
+#include "sink/destination_claim.h"
 #include "sink/envelope.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
@@ -98,6 +103,8 @@ struct S3DestinationOptions {
 
   // The buffer's bytes are reserved from it (unaccounted if null).
   std::shared_ptr<MemoryPool> pool;
+  // Checked before each commit's PUT or copy (none: unclaimed).
+  std::shared_ptr<DestinationClaim> claim = nullptr;
   // Temporaries up to this size are copied with one CopyObject, larger ones
   // with UploadPartCopy ranges of copy_part_bytes (raised to fit S3's 10000
   // parts). Tests lower both.

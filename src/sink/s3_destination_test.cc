@@ -19,6 +19,7 @@
 #include "location/s3_test_prefix.h"
 #include "location/scratch_directory.h"
 #include "location/scripted_http_server.h"
+#include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/file_destination.h"
 #include "sink/test_util.h"
@@ -290,6 +291,37 @@ TEST_F(S3DestinationTest, ALargeUncommittedIntervalIsNeverVisibleEither) {
   EXPECT_EQ(reopened->progress(), std::nullopt);
 }
 
+TEST_F(S3DestinationTest, AClaimLostBeforeTheCommitMakesNothingAppear) {
+  for (const bool large : {false, true}) {
+    SCOPED_TRACE(large ? "uploaded in parts" : "one PUT");
+    prefix_ = fresh_prefix("&part_size=5MiB");
+    auto claim = std::make_shared<testing::ToggledClaim>("s3://any");
+    S3DestinationOptions options;
+    options.claim = claim;
+    auto destination = open_destination(Envelope::kUpsert, SinkFormat::kJson, options);
+    ASSERT_NE(destination, nullptr);
+    commit_interval(*destination, 0, 1);
+    std::vector<std::string> storage;
+    auto pairs = many_pairs(large ? 60'000 : 10, 100, &storage);
+    ASSERT_TRUE(destination->begin(Frontier::at(1)).has_value());
+    for (const DiffPair& pair : pairs) {
+      ASSERT_TRUE(destination->write(DiffPair{pair.key, pair.time + 1, pair.before, pair.after, 0})
+                      .has_value());
+    }
+    claim->lost = true;
+    auto committed = destination->commit(Frontier::at(1000));
+    ASSERT_FALSE(committed.has_value());
+    EXPECT_EQ(committed.error().kind, ErrorKind::kHeld);
+    EXPECT_EQ(destination->progress(), Frontier::at(1));
+    // Nothing but the first interval, whatever s3rver kept of the temporary.
+    std::vector<std::string> visible;
+    for (const std::string& name : names()) {
+      if (!is_temporary_name(name)) visible.push_back(name);
+    }
+    EXPECT_EQ(visible, std::vector<std::string>{name_of(0, 1, "json")});
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Large intervals and memory.
 
@@ -455,7 +487,7 @@ TEST(S3DestinationUrlTest, OpeningNeedsCredentialsFromTheEnvironment) {
   auto url = parse_sink_url("s3://bucket/p?endpoint=http://127.0.0.1:1", SinkFormat::kJson);
   ASSERT_TRUE(url.has_value());
   auto opened = open_sink_destination(*url, Envelope::kUpsert, SinkFormat::kJson, "s", "s",
-                                      MemoryPool::create("sink", 64 * kMiB));
+                                      MemoryPool::create("sink", 64 * kMiB), nullptr);
   ASSERT_FALSE(opened.has_value());
   EXPECT_EQ(opened.error().kind, ErrorKind::kInvalidUsage);
   EXPECT_NE(opened.error().message.find("AWS_ACCESS_KEY_ID"), std::string::npos);

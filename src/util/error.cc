@@ -32,6 +32,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "sequence mismatch";
     case ErrorKind::kLeaseExpired:
       return "lease expired";
+    case ErrorKind::kHeld:
+      return "held";
   }
   return "unknown error";
 }

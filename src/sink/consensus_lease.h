@@ -1,0 +1,131 @@
+// ConsensusLease: one holder at a time for a Consensus key, across the
+// processes and machines that share the Consensus (SQLite on one machine,
+// PostgreSQL across machines). Sinks hold one for themselves and one for
+// each s3:// or kafka:// destination (sink_claim.h).
+//
+// The key's head is a LeaseRecord: who holds it (a random token per
+// acquisition, the runner, its server id, its process), until when
+// (expires_at_ms, wall clock) and its epoch (one more at every
+// acquisition). Every change is a compare_and_set on the head, so two
+// candidates never both win. A candidate takes the lease (take_over) when
+//   - it is free: no record, or released by its holder;
+//   - its holder is dead: a process of this machine (same boot and pid
+//     namespace) that no longer runs, its pid and start time checked, so
+//     a restart after a SIGKILL takes over at once and a reused pid cannot
+//     pass for the holder;
+//   - its holder is the same sink of the same server (same non-empty
+//     owner and sink): a previous life of the candidate's server, which
+//     holds its data directory's lock, so none other is alive (one server
+//     runs one sink of a name at a time);
+//   - it expired (now > expires_at_ms, by each machine's wall clock) and
+//     its holder is not a live process of this machine. A live holder here
+//     keeps it however long it stalls: it may be paused between its check
+//     and its write, and it can be killed (the refusal names its pid).
+// Otherwise acquire() is Held, naming the holder and its expiry.
+//
+// The holder renews every `renew_every` (expires_at = now + duration) on a
+// thread of its own, and trusts the lease only until `duration - margin`
+// after the start of its last renewal that landed: `margin` covers clock
+// skew between machines and the time between check() and the write it
+// guards. check() also reads the head, so a lease taken over is noticed at
+// the next check even when clocks disagree. Destroying the lease stops the
+// renewal and releases the record (best effort; an unreleased one expires
+// or is found dead).
+//
+// Versions do not pile up: each landed write truncates the versions below.
+//
+// Thread-safety: check() and record() may be called from any thread, the
+// renewal runs on its own. Memory: one record and one thread per lease.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tidemark/location.h"
+#include "util/periodic.h"
+#include "util/process_identity.h"
+
+namespace tidemark {
+
+struct LeaseRecord {
+  std::string token;    // this acquisition's random id; "" once released
+  std::string subject;  // what is held, for messages: "sink files of shard s"
+  std::string sink;     // "<shard>/<sink name>" of the holder
+  std::string owner;    // the holder's server id; "" for a command
+  std::string runner;   // "tidemark sink run", "tidemark serve on 127.0.0.1:6875"
+  ProcessIdentity process;
+  std::uint64_t epoch = 0;
+  std::uint64_t acquired_at_ms = 0;
+  std::uint64_t expires_at_ms = 0;
+
+  bool released() const { return token.empty(); }
+  // "<runner> (server <owner>; pid P on host H, started T), since A, lease until E".
+  std::string describe_holder() const;
+
+  std::string to_json() const;
+  // Corruption naming what is wrong.
+  [[nodiscard]] static Result<LeaseRecord> parse(std::string_view json);
+};
+
+enum class Takeover : std::uint8_t { kFree, kExpired, kHolderDead, kSameRunner, kRefused };
+
+// Whether `candidate` may take the lease whose head is `current` at
+// `now_ms`, given the liveness of current's process (see above). Pure.
+Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord& candidate,
+                   std::uint64_t now_ms, Liveness holder);
+
+struct LeaseOptions {
+  std::chrono::milliseconds duration{30'000};
+  std::chrono::milliseconds renew_every{10'000};
+  std::chrono::milliseconds margin{10'000};
+};
+
+class ConsensusLease {
+ public:
+  ConsensusLease(const ConsensusLease&) = delete;
+  ConsensusLease& operator=(const ConsensusLease&) = delete;
+  ~ConsensusLease();  // stops renewing, releases the lease
+
+  // Takes the lease on `key` for `holder` (its subject, sink, owner,
+  // runner and process; token, epoch and times are set here). Held naming
+  // the holder when it may not; infrastructure errors as Consensus gives
+  // them. REQUIRES: options.margin < options.duration.
+  [[nodiscard]] static Result<std::unique_ptr<ConsensusLease>> acquire(
+      std::shared_ptr<Consensus> consensus, std::string key, LeaseRecord holder,
+      LeaseOptions options = {});
+
+  // OK while this lease holds; Held when it is lost for good (taken over,
+  // naming the new holder, or deleted); Determinate or Indeterminate when
+  // it cannot tell now (not renewed in time, the head cannot be read).
+  [[nodiscard]] Status check();
+
+  // The record as acquired (token, epoch).
+  const LeaseRecord& record() const { return record_; }
+  const std::string& key() const { return key_; }
+
+ private:
+  ConsensusLease(std::shared_ptr<Consensus> consensus, std::string key, LeaseRecord record,
+                 LeaseOptions options, SeqNo seqno, std::chrono::steady_clock::time_point landed);
+  // One renewal; false once the lease is lost (the task stops).
+  bool renew();
+  void release();
+  // Held: the lease went to `holder`.
+  std::unexpected<Error> taken_over(const LeaseRecord& holder) const;
+
+  const std::shared_ptr<Consensus> consensus_;
+  const std::string key_;
+  const LeaseRecord record_;  // token, epoch; its expiry is the first one
+  const LeaseOptions options_;
+  mutable std::mutex mu_;
+  SeqNo seqno_;                                   // guarded by mu_: our last landed version
+  std::chrono::steady_clock::time_point landed_;  // guarded by mu_: when that write started
+  std::optional<LeaseRecord> lost_to_;            // guarded by mu_
+  PeriodicTask renewal_;                          // last: stopped first
+};
+
+}  // namespace tidemark

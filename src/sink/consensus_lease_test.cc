@@ -1,0 +1,246 @@
+#include "sink/consensus_lease.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "location/mem_consensus.h"
+#include "util/clock.h"
+
+namespace tidemark {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A Consensus that can be cut off: every call fails (Determinate) while it is.
+class SeveredConsensus final : public Consensus {
+ public:
+  explicit SeveredConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  void sever(bool severed) { severed_ = severed; }
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    if (severed_) return determinate("severed");
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    if (severed_) return determinate("severed");
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    if (severed_) return determinate("severed");
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    if (severed_) return determinate("severed");
+    return inner_->truncate(key, seqno);
+  }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
+  std::atomic<bool> severed_{false};
+};
+
+LeaseRecord holder(std::string runner, std::string owner = "", std::string sink = "s/a") {
+  LeaseRecord record;
+  record.subject = "sink a of shard s";
+  record.sink = std::move(sink);
+  record.owner = std::move(owner);
+  record.runner = std::move(runner);
+  record.process = this_process();
+  return record;
+}
+
+// A record as another machine's live runner would have written it.
+LeaseRecord elsewhere(std::uint64_t expires_at_ms) {
+  LeaseRecord record = holder("tidemark sink run");
+  record.token = "t";
+  record.process.host = "far-away";
+  record.process.machine = "another-boot/pid:[1]";
+  record.epoch = 7;
+  record.acquired_at_ms = 1;
+  record.expires_at_ms = expires_at_ms;
+  return record;
+}
+
+LeaseRecord head_record(Consensus& consensus, std::string_view key) {
+  auto head = consensus.head(key);
+  EXPECT_TRUE(head && *head);
+  auto record = LeaseRecord::parse((*head)->data);
+  EXPECT_TRUE(record) << record.error().message;
+  return *record;
+}
+
+TEST(TakeOverTest, WhenALeaseMayBeTaken) {
+  const LeaseRecord me = holder("me", "server-1");
+  LeaseRecord current = elsewhere(1000);
+  EXPECT_EQ(take_over(std::nullopt, me, 500, Liveness::kUnknown), Takeover::kFree);
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kRefused);
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kAlive), Takeover::kRefused);
+  EXPECT_EQ(take_over(current, me, 1001, Liveness::kUnknown), Takeover::kExpired);
+  // A live holder of this machine keeps it even expired (it may be paused).
+  EXPECT_EQ(take_over(current, me, 1001, Liveness::kAlive), Takeover::kRefused);
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kDead), Takeover::kHolderDead);
+  current.owner = "server-1";  // a previous life of this server's same sink
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kSameRunner);
+  current.sink = "s/b";  // but not another sink of it
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kRefused);
+  current.token.clear();  // released
+  EXPECT_EQ(take_over(current, me, 500, Liveness::kAlive), Takeover::kFree);
+  // A live command's record, even this process's, is not taken.
+  LeaseRecord mine = holder("me");
+  mine.token = "old";
+  mine.expires_at_ms = 1000;
+  EXPECT_EQ(take_over(mine, holder("me"), 500, Liveness::kAlive), Takeover::kRefused);
+  EXPECT_EQ(take_over(mine, holder("me"), 2000, Liveness::kAlive), Takeover::kRefused);
+}
+
+TEST(LeaseRecordTest, RoundTripsAndRefusesGarbage) {
+  const LeaseRecord record = elsewhere(123456);
+  auto parsed = LeaseRecord::parse(record.to_json());
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->to_json(), record.to_json());
+  EXPECT_EQ(LeaseRecord::parse("{}").error().kind, ErrorKind::kCorruption);
+  EXPECT_EQ(LeaseRecord::parse("nope").error().kind, ErrorKind::kCorruption);
+}
+
+TEST(ConsensusLeaseTest, OneHolderAtATimeNamedToTheOthers) {
+  auto consensus = std::make_shared<MemConsensus>();
+  auto first = ConsensusLease::acquire(consensus, "lease/x", holder("tidemark serve on h:1"));
+  ASSERT_TRUE(first) << first.error().message;
+  EXPECT_EQ((*first)->record().epoch, 1u);
+  EXPECT_TRUE((*first)->check());
+  // Another sink of this (live) process: refused, the holder named.
+  auto second = ConsensusLease::acquire(consensus, "lease/x", holder("another", "", "s/b"));
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().kind, ErrorKind::kHeld);
+  const std::string& message = second.error().message;
+  EXPECT_NE(message.find("sink a of shard s is held by tidemark serve on h:1"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("pid " + std::to_string(::getpid())), std::string::npos) << message;
+  EXPECT_NE(message.find("lease until"), std::string::npos) << message;
+  // Released when destroyed: the next takes it at once, one epoch later.
+  first->reset();
+  auto third = ConsensusLease::acquire(consensus, "lease/x", holder("another", "", "s/b"));
+  ASSERT_TRUE(third) << third.error().message;
+  EXPECT_EQ((*third)->record().epoch, 2u);
+  // Versions do not pile up.
+  auto versions = consensus->scan("lease/x", 0, 100);
+  ASSERT_TRUE(versions);
+  EXPECT_EQ(versions->size(), 1u);
+}
+
+TEST(ConsensusLeaseTest, ADeadHolderOfThisMachineIsTakenOverAtOnce) {
+  auto consensus = std::make_shared<MemConsensus>();
+  LeaseRecord dead = holder("tidemark sink run", "", "s/b");
+  dead.token = "t";
+  dead.process.start_ticks += 1;  // this pid, but another (gone) process
+  dead.epoch = 4;
+  dead.expires_at_ms = wall_clock_millis() + 60'000;
+  ASSERT_TRUE(consensus->compare_and_set("lease/x", std::nullopt, {1, dead.to_json()}));
+  auto lease = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
+  ASSERT_TRUE(lease) << lease.error().message;
+  EXPECT_EQ((*lease)->record().epoch, 5u);
+}
+
+TEST(ConsensusLeaseTest, ALiveHolderOfThisMachineKeepsItEvenExpired) {
+  auto consensus = std::make_shared<MemConsensus>();
+  LeaseRecord stalled = holder("tidemark sink run", "", "s/b");  // this (live) process
+  stalled.token = "t";
+  stalled.expires_at_ms = wall_clock_millis() - 60'000;
+  ASSERT_TRUE(consensus->compare_and_set("lease/x", std::nullopt, {1, stalled.to_json()}));
+  auto refused = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(refused.error().message.find("pid " + std::to_string(::getpid())), std::string::npos)
+      << refused.error().message;
+}
+
+TEST(ConsensusLeaseTest, AnotherMachinesHolderWaitsForItsExpiry) {
+  auto consensus = std::make_shared<MemConsensus>();
+  const std::uint64_t now = wall_clock_millis();
+  ASSERT_TRUE(
+      consensus->compare_and_set("lease/x", std::nullopt, {1, elsewhere(now + 60'000).to_json()}));
+  auto refused = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(refused.error().message.find("on host far-away"), std::string::npos)
+      << refused.error().message;
+  ASSERT_TRUE(consensus->compare_and_set("lease/x", 1, {2, elsewhere(now - 1).to_json()}));
+  auto taken = ConsensusLease::acquire(consensus, "lease/x", holder("me"));
+  ASSERT_TRUE(taken) << taken.error().message;
+  EXPECT_EQ((*taken)->record().epoch, 8u);
+}
+
+TEST(ConsensusLeaseTest, RenewalKeepsItAndATakeoverIsNoticedByCheck) {
+  auto consensus = std::make_shared<MemConsensus>();
+  LeaseOptions options{milliseconds(600), milliseconds(50), milliseconds(200)};
+  auto lease = ConsensusLease::acquire(consensus, "lease/x", holder("me"), options);
+  ASSERT_TRUE(lease) << lease.error().message;
+  const std::uint64_t first_expiry = head_record(*consensus, "lease/x").expires_at_ms;
+  std::this_thread::sleep_for(milliseconds(900));  // past the first expiry: renewed meanwhile
+  EXPECT_TRUE((*lease)->check());
+  EXPECT_GT(head_record(*consensus, "lease/x").expires_at_ms, first_expiry);
+
+  // Someone takes it (as after an expiry): check() names them.
+  auto head = consensus->head("lease/x");
+  ASSERT_TRUE(head && *head);
+  LeaseRecord usurper = elsewhere(wall_clock_millis() + 60'000);
+  ASSERT_TRUE(consensus->compare_and_set("lease/x", (*head)->seqno,
+                                         {(*head)->seqno + 1, usurper.to_json()}));
+  auto checked = (*lease)->check();
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(checked.error().message.find("taken over by"), std::string::npos);
+  EXPECT_NE(checked.error().message.find("far-away"), std::string::npos);
+  // Destroying it leaves the new holder's record alone.
+  lease->reset();
+  EXPECT_EQ(head_record(*consensus, "lease/x").token, "t");
+}
+
+TEST(ConsensusLeaseTest, NotRenewedInTimeItIsNotTrusted) {
+  auto inner = std::make_shared<MemConsensus>();
+  auto consensus = std::make_shared<SeveredConsensus>(inner);
+  LeaseOptions options{milliseconds(600), milliseconds(50), milliseconds(200)};
+  auto lease = ConsensusLease::acquire(consensus, "lease/x", holder("me"), options);
+  ASSERT_TRUE(lease) << lease.error().message;
+  consensus->sever(true);
+  std::this_thread::sleep_for(milliseconds(500));  // past duration - margin
+  // Its last renewal is too old to trust (another machine may have taken
+  // it over by its own clock), whatever the head would say.
+  auto checked = (*lease)->check();
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(checked.error().message.find("not renewed in time"), std::string::npos);
+  // Renewals resume once the consensus is back.
+  consensus->sever(false);
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_TRUE((*lease)->check());
+}
+
+TEST(ConsensusLeaseTest, RacingCandidatesGetOneLeaseBetweenThem) {
+  auto consensus = std::make_shared<MemConsensus>();
+  std::atomic<int> won{0}, held{0};
+  std::vector<std::unique_ptr<ConsensusLease>> leases(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      auto lease = ConsensusLease::acquire(
+          consensus, "lease/x", holder("r" + std::to_string(i), "", "s/" + std::to_string(i)));
+      if (lease) {
+        ++won;
+        leases[static_cast<std::size_t>(i)] = std::move(*lease);
+      } else if (lease.error().is(ErrorKind::kHeld)) {
+        ++held;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(won.load(), 1);
+  EXPECT_EQ(held.load(), 7);
+}
+
+}  // namespace
+}  // namespace tidemark
