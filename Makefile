@@ -30,7 +30,8 @@ demo: build
 # Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer
 # and the Kafka tests under AddressSanitizer + UBSan, with a PostgreSQL and an
 # S3 server (s3rver) running for the scale-out tests (scripts/test-services.sh
-# starts them and stops them afterwards).
+# starts them and stops them afterwards, and sets TIDEMARK_TEST_NO_SKIP: with
+# every service there, a test that skips fails).
 test: build
 	bash scripts/test-services.sh $(MAKE) --no-print-directory test-now
 

@@ -8,6 +8,8 @@
 #   AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY  (s3rver's fixed credentials)
 #   TIDEMARK_TEST_POSTGRES_STOP / _START  shell commands stopping and
 #                           starting that PostgreSQL (outage tests)
+#   TIDEMARK_TEST_NO_SKIP=1 every test has what it needs, so a test that
+#                           skips fails (tests/test_main.cc)
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
@@ -81,6 +83,9 @@ export AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER
 TIDEMARK_TEST_POSTGRES_STOP="$(printf '%q ' "${pg_stop[@]}")>/dev/null"
 TIDEMARK_TEST_POSTGRES_START="$(printf '%q ' "${pg_start[@]}")>/dev/null"
 export TIDEMARK_TEST_POSTGRES_STOP TIDEMARK_TEST_POSTGRES_START
+# Every service a test may need is up: a skip is a test that stopped
+# running without anyone noticing, so it fails.
+export TIDEMARK_TEST_NO_SKIP=1
 echo "test-services: PostgreSQL on 127.0.0.1:$pg_port, s3rver on 127.0.0.1:$s3_port" >&2
 status=0
 "$@" || status=$?
