@@ -8,7 +8,7 @@ ASAN_BUILD ?= build-asan
 CMAKE_GEN  := -G Ninja
 JOBS       ?= 2
 
-.PHONY: deps build run demo test test-now test-tsan test-asan bench clean format
+.PHONY: deps build run demo test test-now test-tsan test-kafka-asan test-asan bench clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -27,20 +27,33 @@ run: build
 demo: build
 	bash scripts/demo.sh $(BUILD)/tidemark
 
-# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer,
-# with a PostgreSQL and an S3 server (s3rver) running for the scale-out tests
-# (scripts/test-services.sh starts them and stops them afterwards).
+# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer
+# and the Kafka tests under AddressSanitizer + UBSan, with a PostgreSQL and an
+# S3 server (s3rver) running for the scale-out tests (scripts/test-services.sh
+# starts them and stops them afterwards, and sets TIDEMARK_TEST_NO_SKIP: with
+# every service there, a test that skips fails).
 test: build
 	bash scripts/test-services.sh $(MAKE) --no-print-directory test-now
 
 test-now:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 	$(MAKE) test-tsan
+	$(MAKE) test-kafka-asan
 
+# -LE kafka: ThreadSanitizer cannot run librdkafka's threads (see
+# TIDEMARK_KAFKA_TESTS in CMakeLists.txt); test-kafka-asan runs those tests.
 test-tsan: deps
 	cmake $(CMAKE_GEN) -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDEMARK_SANITIZE=thread
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target tsan_tests
-	cd $(TSAN_BUILD) && ctest --output-on-failure -L concurrency -j $(JOBS) --timeout 900
+	cd $(TSAN_BUILD) && ctest --output-on-failure -L concurrency -LE kafka -j $(JOBS) --timeout 900
+
+# The Kafka tests (label "kafka") under AddressSanitizer + UBSan, which work
+# with librdkafka's threads. Only their binaries and what they run are built,
+# in test-asan's build directory.
+test-kafka-asan: deps
+	cmake $(CMAKE_GEN) -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTIDEMARK_SANITIZE=address
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target kafka_tests
+	cd $(ASAN_BUILD) && ctest --output-on-failure -L kafka -j $(JOBS) --timeout 1800
 
 # Every test under AddressSanitizer (+ UBSan), with the servers running too;
 # not the memory-cap scenarios (ASan's shadow memory would exceed any cap).

@@ -500,18 +500,12 @@ int run_bench_appender(const Globals& globals, const std::vector<std::string>& a
   if (!options) return usage_error(options.error().message);
   const Options& o = *options;
 
-  // A scratch directory, removed afterwards.
-  std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                              ("tidemark-bench-appender-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto place = bench_place(globals.blob_url, globals.consensus_url, dir);
-  if (!place) {
-    std::filesystem::remove_all(dir);
-    return usage_error(place.error().message);
-  }
+  // A fresh scratch directory, removed afterwards.
+  auto dir = BenchDirectory::create("appender", std::nullopt);
+  if (!dir) return report(dir.error());
+  auto place = bench_place(globals.blob_url, globals.consensus_url, dir->path());
+  if (!place) return usage_error(place.error().message);
   auto figures = run(o, *place);
-  std::filesystem::remove_all(dir);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   print(o, *place, f);

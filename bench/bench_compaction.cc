@@ -729,17 +729,12 @@ int run_bench_compaction(const Globals& globals, const std::vector<std::string>&
     if (*v != "on" && *v != "off") return usage_error("--background-compaction takes on or off");
     background_compaction = *v == "on";
   }
-  // A scratch directory, removed afterwards; a --dir given is kept, so the
-  // shard can be inspected (e.g. `tidemark bench compaction-child DIR`).
-  const bool keep = args->has("--dir");
-  std::filesystem::path dir = std::filesystem::absolute(
-      args->get("--dir").value_or((std::filesystem::temp_directory_path() /
-                                   ("tidemark-bench-compaction-" + std::to_string(getpid())))
-                                      .string()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto figures = run_compaction(dir, appends, background_compaction);
-  if (!keep) std::filesystem::remove_all(dir);
+  // A fresh scratch directory; under --dir DIR it is kept, so the shard
+  // can be inspected (`tidemark bench compaction-child PATH`, PATH the
+  // directory it prints).
+  auto dir = BenchDirectory::create("compaction", args->get("--dir"));
+  if (!dir) return report(dir.error());
+  auto figures = run_compaction(dir->path(), appends, background_compaction);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   if (args->has("--json")) {

@@ -319,18 +319,17 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
     return usage_error("--updates and --appends take numbers");
   }
   if (updates == 0 || appends <= 0) return usage_error("--updates and --appends must be positive");
-  // A scratch directory, removed afterwards; a --dir given is kept, so the
-  // shards can be profiled (e.g. `tidemark bench snapshot-child DIR`).
-  const bool keep = args->has("--dir");
-  std::filesystem::path dir = args->get("--dir").value_or(
-      (std::filesystem::temp_directory_path() / ("tidemark-bench-" + std::to_string(getpid())))
-          .string());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto place = bench_place(globals.blob_url, globals.consensus_url, dir);
-  if (!place) return usage_error(place.error().message);
-  auto figures = run_engine(dir, *place, updates, appends);
-  if (!keep) std::filesystem::remove_all(dir);
+  // A usage error before any directory is made.
+  if (auto checked = bench_place(globals.blob_url, globals.consensus_url, {}); !checked) {
+    return usage_error(checked.error().message);
+  }
+  // A fresh scratch directory; under --dir DIR it is kept, so the shards
+  // can be profiled (`tidemark bench snapshot-child BLOB CONSENSUS SHARD`).
+  auto dir = BenchDirectory::create("engine", args->get("--dir"));
+  if (!dir) return report(dir.error());
+  auto place = bench_place(globals.blob_url, globals.consensus_url, dir->path());
+  if (!place) return report(place.error());
+  auto figures = run_engine(dir->path(), *place, updates, appends);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   if (args->has("--json")) {

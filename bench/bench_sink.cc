@@ -342,17 +342,12 @@ int run_bench_sink(const Globals& globals, const std::vector<std::string>& argv)
   if (!envelope) return usage_error(envelope.error().message);
   const std::string to = args->get("--to").value_or("file");
   if (to != "file" && to != "kafka") return usage_error("--to takes file or kafka");
-  // A scratch directory, removed afterwards; a --dir given is kept, so the
-  // sink can be profiled (e.g. `perf record -g tidemark bench sink-child
-  // DIR` after removing DIR/out).
-  const bool keep = args->has("--dir");
-  const std::filesystem::path dir = std::filesystem::absolute(args->get("--dir").value_or(
-      (std::filesystem::temp_directory_path() / ("tidemark-bench-sink-" + std::to_string(getpid())))
-          .string()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  auto figures = run_sink_bench(dir, diff, *envelope, to == "kafka");
-  if (!keep) std::filesystem::remove_all(dir);
+  // A fresh scratch directory; under --dir DIR it is kept, so the sink can
+  // be profiled (`perf record -g tidemark bench sink-child PATH` after
+  // removing PATH/out, PATH the directory it prints).
+  auto dir = BenchDirectory::create("sink", args->get("--dir"));
+  if (!dir) return report(dir.error());
+  auto figures = run_sink_bench(dir->path(), diff, *envelope, to == "kafka");
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   if (args->has("--json")) {

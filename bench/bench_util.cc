@@ -5,7 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
 
 extern char** environ;
 
@@ -28,6 +32,30 @@ unsigned long long peak_rss_kib() {
     std::fclose(status);
   }
   return hwm_kib;
+}
+
+Result<BenchDirectory> BenchDirectory::create(std::string_view mode,
+                                              const std::optional<std::string>& dir) {
+  const bool keep = dir.has_value();
+  std::error_code error;
+  const std::filesystem::path parent =
+      keep ? std::filesystem::absolute(*dir, error) : std::filesystem::temp_directory_path(error);
+  if (error) return determinate("bench directory: " + error.message());
+  std::filesystem::create_directories(parent, error);
+  if (error) return determinate("cannot create " + parent.string() + ": " + error.message());
+  std::string path = (parent / ("tidemark-bench-" + std::string(mode) + "-XXXXXX")).string();
+  if (::mkdtemp(path.data()) == nullptr) {
+    return determinate("cannot create a directory in " + parent.string() + ": " +
+                       std::strerror(errno));
+  }
+  if (keep) std::fprintf(stderr, "bench: this run's data is in %s (kept)\n", path.c_str());
+  return BenchDirectory(path, keep);
+}
+
+BenchDirectory::~BenchDirectory() {
+  if (path_.empty() || keep_) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
 }
 
 std::string blob_url(const std::filesystem::path& dir) {

@@ -1,5 +1,5 @@
 // What the benches share: timing, CPU time and peak RSS, percentiles, the
-// embedded location of a scratch directory, and child processes.
+// scratch directory and the embedded location in it, and child processes.
 //
 // Benchmarks that measure a cold start or a process's own memory run part
 // of their work in a child: this same binary as `tidemark bench <mode>
@@ -40,6 +40,37 @@ double percentile(std::vector<T> values, double p) {
   std::size_t index = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1) + 0.5);
   return static_cast<double>(values[std::min(index, values.size() - 1)]);
 }
+
+// A bench's scratch directory: a fresh directory that mkdtemp makes,
+// named tidemark-bench-<mode>-XXXXXX. A bench writes only inside it and
+// deletes only it, never anything else, so --dir may name any directory.
+// Without --dir it is made in the system's temporary directory and removed
+// with everything in it on destruction; with --dir DIR it is made in DIR
+// (created if missing) and kept, so its data can be profiled, and create()
+// prints its path on stderr.
+class BenchDirectory {
+ public:
+  [[nodiscard]] static Result<BenchDirectory> create(std::string_view mode,
+                                                     const std::optional<std::string>& dir);
+
+  BenchDirectory(BenchDirectory&& other) noexcept
+      : path_(std::move(other.path_)), keep_(other.keep_) {
+    other.path_.clear();
+  }
+  BenchDirectory& operator=(BenchDirectory&&) = delete;
+  BenchDirectory(const BenchDirectory&) = delete;
+  BenchDirectory& operator=(const BenchDirectory&) = delete;
+  ~BenchDirectory();
+
+  // Absolute.
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  BenchDirectory(std::filesystem::path path, bool keep) : path_(std::move(path)), keep_(keep) {}
+
+  std::filesystem::path path_;  // empty once moved from
+  bool keep_;
+};
 
 // The embedded default under `dir`: file://DIR/blob and sqlite://DIR/consensus.db.
 std::string blob_url(const std::filesystem::path& dir);

@@ -10,6 +10,8 @@
 #                           starting that PostgreSQL (outage tests)
 #   TIDEMARK_TEST_S3_STOP / _START  the same for s3rver: it starts again on
 #                           the same port and data, so objects survive
+#   TIDEMARK_TEST_NO_SKIP=1 every test has what it needs, so a test that
+#                           skips fails (tests/test_main.cc)
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
@@ -81,6 +83,9 @@ export TIDEMARK_TEST_POSTGRES_STOP TIDEMARK_TEST_POSTGRES_START
 TIDEMARK_TEST_S3_STOP="$(printf '%q ' "${s3_stop[@]}")"
 TIDEMARK_TEST_S3_START="$(printf '%q ' "${s3_start[@]}")"
 export TIDEMARK_TEST_S3_STOP TIDEMARK_TEST_S3_START
+# Every service a test may need is up: a skip is a test that stopped
+# running without anyone noticing, so it fails.
+export TIDEMARK_TEST_NO_SKIP=1
 echo "test-services: PostgreSQL on 127.0.0.1:$pg_port, s3rver on 127.0.0.1:$s3_port" >&2
 status=0
 "$@" || status=$?

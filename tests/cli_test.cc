@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -319,6 +321,42 @@ TEST_F(CliTest, SinkDestinationErrors) {
   EXPECT_EQ(csv.status, 2);
   EXPECT_NE(csv.err.find("json"), std::string::npos) << csv.err;
   EXPECT_EQ(tidemark("sink run s --to kafka://127.0.0.1:9/t --envelope nope").status, 2);
+}
+
+// `bench ... --dir DIR` works in a fresh directory of its own under DIR,
+// keeps it and says where; whatever DIR held before is left as it was.
+TEST_F(CliTest, BenchDirKeepsWhatWasThere) {
+  const fs::path dir = dir_ / "bench";
+  fs::create_directories(dir / "mine");
+  std::ofstream(dir / "precious.txt") << "keep me\n";
+  std::ofstream(dir / "mine" / "nested.txt") << "me too\n";
+  std::set<std::string> expected = {"mine", "precious.txt"};
+  for (const std::string bench :
+       {"engine --updates 1000 --appends 2", "compaction --appends 20", "sink --diff 100"}) {
+    Outcome run = tidemark("bench " + bench + " --json --dir " + shell_quote(dir.string()));
+    ASSERT_EQ(run.status, 0) << bench << ": " << run.err;
+    EXPECT_EQ(slurp(dir / "precious.txt"), "keep me\n") << bench;
+    EXPECT_EQ(slurp(dir / "mine" / "nested.txt"), "me too\n") << bench;
+    // The run's own directory, named on stderr.
+    const std::string mode = bench.substr(0, bench.find(' '));
+    const std::regex kept("this run's data is in (" + dir.string() + "/(tidemark-bench-" + mode +
+                          "-[A-Za-z0-9]{6})) \\(kept\\)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(run.err, match, kept)) << bench << ": " << run.err;
+    EXPECT_TRUE(fs::is_directory(match[1].str())) << bench;
+    expected.insert(match[2].str());
+  }
+  std::set<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir))
+    names.insert(entry.path().filename().string());
+  EXPECT_EQ(names, expected);
+
+  // A --dir that cannot hold a directory is an error that changes nothing.
+  Outcome refused = tidemark("bench compaction --appends 5 --dir " +
+                             shell_quote((dir / "precious.txt").string()));
+  EXPECT_EQ(refused.status, 1) << refused.err;
+  EXPECT_NE(refused.err.find((dir / "precious.txt").string()), std::string::npos) << refused.err;
+  EXPECT_EQ(slurp(dir / "precious.txt"), "keep me\n");
 }
 
 // Every object under `prefix` (a fresh test prefix): name -> bytes, read

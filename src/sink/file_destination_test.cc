@@ -1,18 +1,24 @@
 #include "sink/file_destination.h"
 
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "location/scratch_directory.h"
@@ -473,8 +479,26 @@ TEST_F(FileDestinationTest, ADirectoryRemovedUnderneathFailsBeginNamingThePath) 
   expect_error(begun, ErrorKind::kDeterminate, "No such file or directory");
 }
 
+// Runs `body` on a thread of its own whose effective capabilities lack
+// those that let root ignore file permissions, so that tests of permission
+// errors run as root too (CI runs as root). Capabilities belong to a
+// thread: the raw capset system call changes the calling thread's only,
+// and that thread ends with `body`.
+void without_permission_override(const std::function<void()>& body) {
+  std::thread thread([&] {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+    ASSERT_EQ(::syscall(SYS_capget, &header, data), 0) << std::strerror(errno);
+    for (int capability : {CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER}) {
+      data[CAP_TO_INDEX(capability)].effective &= ~CAP_TO_MASK(capability);
+    }
+    ASSERT_EQ(::syscall(SYS_capset, &header, data), 0) << std::strerror(errno);
+    body();
+  });
+  thread.join();
+}
+
 TEST_F(FileDestinationTest, AReadOnlyDirectoryIsAClearError) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
   fs::create_directories(directory_);
   ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
   auto unlockable = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
@@ -490,22 +514,26 @@ TEST_F(FileDestinationTest, AReadOnlyDirectoryIsAClearError) {
   open_destination().reset();
   write_file(directory_ + "/.leftover.tmp", "");
   ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
-  auto opened = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
-  ASSERT_FALSE(opened.has_value());
-  EXPECT_EQ(opened.error().kind, ErrorKind::kDeterminate);
-  EXPECT_NE(opened.error().message.find(directory_ + "/.leftover.tmp"), std::string::npos)
-      << opened.error().message;
-  EXPECT_NE(opened.error().message.find("Permission denied"), std::string::npos)
-      << opened.error().message;
+  without_permission_override([&] {
+    auto opened = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
+    ASSERT_FALSE(opened.has_value());
+    EXPECT_EQ(opened.error().kind, ErrorKind::kDeterminate);
+    EXPECT_NE(opened.error().message.find(directory_ + "/.leftover.tmp"), std::string::npos)
+        << opened.error().message;
+    EXPECT_NE(opened.error().message.find("Permission denied"), std::string::npos)
+        << opened.error().message;
+  });
 
   ASSERT_EQ(::chmod(directory_.c_str(), 0755), 0);
   fs::remove(directory_ + "/.leftover.tmp");
   ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
-  auto destination = open_destination();
-  ASSERT_NE(destination, nullptr);
-  auto begun = destination->begin(Frontier::at(0));
-  expect_error(begun, ErrorKind::kDeterminate, directory_);
-  expect_error(begun, ErrorKind::kDeterminate, "Permission denied");
+  without_permission_override([&] {
+    auto destination = open_destination();
+    ASSERT_NE(destination, nullptr);
+    auto begun = destination->begin(Frontier::at(0));
+    expect_error(begun, ErrorKind::kDeterminate, directory_);
+    expect_error(begun, ErrorKind::kDeterminate, "Permission denied");
+  });
   ASSERT_EQ(::chmod(directory_.c_str(), 0755), 0);
 }
 

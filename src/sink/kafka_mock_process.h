@@ -26,7 +26,9 @@ namespace tidemark {
 // librdkafka starts its threads with C11 thrd_create, which GCC 12's
 // ThreadSanitizer runtime does not intercept: the first allocation on such
 // a thread crashes the runtime. Tests that run a Kafka client skip under
-// TSan with this reason; they run in the plain and ASan builds.
+// TSan with this reason, and ctest leaves them out of the TSan run (label
+// "kafka", TIDEMARK_KAFKA_TESTS in CMakeLists.txt); they run in the plain
+// and ASan builds.
 inline constexpr const char* kKafkaUnderTsan =
     "librdkafka's threads (C11 thrd_create) crash GCC 12's TSan runtime";
 
