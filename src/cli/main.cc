@@ -18,6 +18,7 @@ constexpr const char* kUsage =
   listen NAME --from T [--until T]
   compact NAME
   serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] [--lease MS]
+        [--retry-deadline MS] [--producer-expiry MS] [--max-producers N]
   sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
       [--sink-name S] [--as-of T] [--until T]
       URL: file:///DIR | s3://BUCKET/PREFIX?endpoint=http://HOST:PORT[&region=R]

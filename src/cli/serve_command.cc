@@ -20,7 +20,9 @@ namespace {
 
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
-    "[--max-record-bytes BYTES] [--lease MS] (benchmarks: "
+    "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
+    "[--max-producers N] "
+    "(benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
 // The data directory is one server's: <data>/server.lock, flocked for the
@@ -88,6 +90,7 @@ ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_lim
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
                           {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
+                           "--producer-expiry", "--max-producers", "--retry-deadline",
                            "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
@@ -170,6 +173,37 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     }
     lease = std::chrono::milliseconds(ms);
   }
+  // Idempotent producers: how long a shard remembers one that commits
+  // nothing, and how many it keeps.
+  auto whole_number = [](const std::string& text, std::uint64_t least,
+                         std::uint64_t most) -> std::optional<std::uint64_t> {
+    std::uint64_t n = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc{} || end != text.data() + text.size() || n < least || n > most) {
+      return std::nullopt;
+    }
+    return n;
+  };
+  std::optional<std::chrono::milliseconds> producer_expiry;
+  if (auto text = args->get("--producer-expiry")) {
+    auto ms = whole_number(*text, 1000, 365ull * 24 * 3600 * 1000);
+    if (!ms) return usage_error("--producer-expiry takes milliseconds from 1000 to a year, got " + *text);
+    producer_expiry = std::chrono::milliseconds(*ms);
+  }
+  // How long a read (a snapshot, a listen, a sink) goes on retrying a
+  // backend that fails before it gives up (503, or an error line).
+  std::optional<std::chrono::milliseconds> retry_deadline;
+  if (auto text = args->get("--retry-deadline")) {
+    auto ms = whole_number(*text, 0, 24ull * 3600 * 1000);
+    if (!ms) return usage_error("--retry-deadline takes milliseconds up to a day, got " + *text);
+    retry_deadline = std::chrono::milliseconds(*ms);
+  }
+  std::optional<std::size_t> max_producers;
+  if (auto text = args->get("--max-producers")) {
+    auto n = whole_number(*text, 1, 1'000'000);
+    if (!n) return usage_error("--max-producers takes 1 to 1000000, got " + *text);
+    max_producers = *n;
+  }
 
   // TIDEMARK_RANDOM_CONFIG (testing): client, appender and fault knobs
   // drawn from a seed, printed first so a failing run can be repeated.
@@ -219,6 +253,12 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   ClientOptions client_options =
       fit_to_memory_limit(random ? random->client : ClientOptions{}, options.memory_limit);
   if (lease) client_options.writer_lease = client_options.reader_lease = *lease;
+  if (producer_expiry) client_options.producer_expiry = *producer_expiry;
+  if (max_producers) client_options.max_producers = *max_producers;
+  if (retry_deadline) {
+    client_options.read_retry.deadline = *retry_deadline;
+    if (retry_deadline->count() == 0) client_options.read_retry.max_attempts = 1;
+  }
   auto client = Client::open(Location{served_blob, served_consensus}, client_options);
   if (!client) return report(client.error());
   auto server = Server::start(*client, options);

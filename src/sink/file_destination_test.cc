@@ -501,13 +501,15 @@ void without_permission_override(const std::function<void()>& body) {
 TEST_F(FileDestinationTest, AReadOnlyDirectoryIsAClearError) {
   fs::create_directories(directory_);
   ASSERT_EQ(::chmod(directory_.c_str(), 0555), 0);
-  auto unlockable = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
-  ASSERT_FALSE(unlockable.has_value());
-  EXPECT_EQ(unlockable.error().kind, ErrorKind::kDeterminate);
-  EXPECT_NE(unlockable.error().message.find(directory_ + "/" +
-                                            std::string(FileDestination::kLockFileName)),
-            std::string::npos)
-      << unlockable.error().message;
+  without_permission_override([&] {
+    auto unlockable = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
+    ASSERT_FALSE(unlockable.has_value());
+    EXPECT_EQ(unlockable.error().kind, ErrorKind::kDeterminate);
+    EXPECT_NE(unlockable.error().message.find(directory_ + "/" +
+                                              std::string(FileDestination::kLockFileName)),
+              std::string::npos)
+        << unlockable.error().message;
+  });
   ASSERT_EQ(::chmod(directory_.c_str(), 0755), 0);
 
   // With its lock file made, the directory made read-only.
