@@ -1021,8 +1021,11 @@ TEST_F(ServerTest, ARequestCutShortLeavesNothingTheClientCannotFindOut) {
   EXPECT_LT(prefix, static_cast<std::uint64_t>(records));
   Reply retry = post("/v1/shards/s/append", body, producer);
   ASSERT_EQ(retry.status, 200u) << retry.body;
-  EXPECT_NE(retry.body.find("\"duplicates\":" + std::to_string(prefix)), std::string::npos)
-      << retry.body;
+  // Records the cut request had queued may still have committed after the
+  // state above was read: the retry counts them all.
+  auto answer = parse_json(retry.body);
+  ASSERT_TRUE(answer);
+  EXPECT_GE(*answer->find("duplicates")->as_u64(), prefix) << retry.body;
   Reply snapshot = get("/v1/shards/s/snapshot");
   auto lines = lines_of(snapshot.body);
   EXPECT_EQ(lines.size(), static_cast<std::size_t>(records));
