@@ -1057,6 +1057,15 @@ class Session : public std::enable_shared_from_this<Session> {
                                                           Server::kBodyChunkBytes);
     const std::uint64_t want = 2 * *length + chunk;
     if (want > server_->requests->capacity()) return atomic_too_large();
+    // A connection's kept chunk serves again when room for the records is
+    // there at once; to wait, it lets the chunk go first (it waits holding
+    // nothing).
+    if (chunk_size_ >= chunk) {
+      if (auto lease = server_->requests->try_reserve(2 * *length)) {
+        group_lease_ = std::move(*lease);
+        return read_managed();
+      }
+    }
     chunk_.reset();
     chunk_size_ = 0;
     chunk_lease_.release();
