@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -1723,6 +1724,9 @@ class Session : public std::enable_shared_from_this<Session> {
     net::async_write(stream_, net::buffer(*text),
                      [self = shared_from_this(), text, keep](beast::error_code ec, std::size_t) {
                        self->end_request();
+                       if (!ec && !keep && self->parser_ && !self->parser_->is_done()) {
+                         return self->linger();
+                       }
                        if (ec || !keep) return self->close();
                        self->read_header();
                      });
@@ -1734,6 +1738,28 @@ class Session : public std::enable_shared_from_this<Session> {
     beast::error_code ec;
     stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
     stream_.socket().cancel(ec);  // the peer watch, if any
+  }
+
+  // After answering a request whose body was not read (a 413 for a body
+  // too large, say): closing at once would reset the connection while the
+  // client is still sending, and it might never read the answer. So the
+  // sending half closes, and what still arrives is read and dropped, for
+  // at most kLingerTime, into a buffer of kLingerBufferBytes.
+  static constexpr std::chrono::seconds kLingerTime{2};
+  static constexpr std::size_t kLingerBufferBytes = 4096;
+  void linger() {
+    release_body();
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.expires_after(kLingerTime);
+    drain(std::make_shared<std::array<char, kLingerBufferBytes>>());
+  }
+  void drain(std::shared_ptr<std::array<char, kLingerBufferBytes>> buffer) {
+    stream_.async_read_some(net::buffer(*buffer), [self = shared_from_this(), buffer](
+                                                      beast::error_code ec, std::size_t) {
+      if (ec) return self->close();
+      self->drain(buffer);
+    });
   }
 
   void begin_request() {
