@@ -127,4 +127,16 @@ Reply get_lines(std::uint16_t port, const std::string& target,
   return reply;
 }
 
+Reply create_with_retries(std::uint16_t port, const std::string& target, const std::string& body,
+                          unsigned created, unsigned exists, int attempts) {
+  Reply reply;
+  for (int attempt = 1; attempt <= attempts; ++attempt) {
+    reply = scenarios::http(port, "POST", target, body);
+    if (attempt > 1 && reply.status == exists) reply.status = created;
+    if (reply.status != 503 && reply.status != 0) return reply;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return reply;
+}
+
 }  // namespace tidemark::scenarios

@@ -22,6 +22,14 @@ struct Reply {
 Reply http(std::uint16_t port, const std::string& method, const std::string& target,
            const std::string& body = "");
 
+// A request that creates something (a shard, a sink), retried as a client
+// would while the server answers 503 (a backend failing past its retries)
+// or cannot be reached, for up to `attempts` tries 100 ms apart. After a
+// retry, `exists` (409: created by an earlier try whose answer was 503)
+// counts as `created`.
+Reply create_with_retries(std::uint16_t port, const std::string& target, const std::string& body,
+                          unsigned created, unsigned exists, int attempts = 100);
+
 // GET an NDJSON stream, calling `line` for each line (without its newline);
 // `line` returning false stops early. The reply's body holds nothing of the
 // stream (only an error answer's body, before any line).

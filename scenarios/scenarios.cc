@@ -51,7 +51,7 @@ bool create_sink(Run& run, const std::string& name, const std::string& shard,
                  const std::string& to) {
   const std::string body = "{\"name\":\"" + name + "\",\"shard\":\"" + shard + "\",\"to\":\"" + to +
                            "\",\"envelope\":\"upsert\",\"format\":\"json\"}";
-  const Reply reply = http(run.port(), "POST", "/v1/sinks", body);
+  const Reply reply = create_with_retries(run.port(), "/v1/sinks", body, 201, 409);
   return run.check(
       reply.status == 201,
       "create sink " + name + ": " + std::to_string(reply.status) + " " + reply.body + reply.error);

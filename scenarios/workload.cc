@@ -212,7 +212,8 @@ std::optional<std::int64_t> shard_upper(Run& run, const std::string& shard) {
 }
 
 bool create_shard(Run& run, const std::string& shard) {
-  const Reply reply = http(run.port(), "POST", "/v1/shards", "{\"name\":\"" + shard + "\"}");
+  const Reply reply =
+      create_with_retries(run.port(), "/v1/shards", "{\"name\":\"" + shard + "\"}", 201, 409);
   return run.check(reply.status == 201, "create shard " + shard + ": " +
                                             std::to_string(reply.status) + " " + reply.body +
                                             reply.error);

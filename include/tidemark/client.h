@@ -57,11 +57,12 @@ struct ClientOptions {
   // deadline the read fails with the last error.
   RetryPolicy read_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
                          std::chrono::milliseconds(30'000)};
-  // How an upload of a part (a batch builder's, or compaction's) retries a
-  // failure that may pass. Every part has a key of its own, so writing it
-  // again is harmless; the bound is short, since the appender and the
-  // compactor retry whole batches and merges above it.
-  RetryPolicy upload_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
+  // How a write that is safe to repeat retries a failure that may pass: a
+  // part's upload (its key is its own), a compare_and_append (under its
+  // idempotency token: repeated, it commits once), a writer's registration.
+  // The bound is short: the appender and the compactor retry whole batches
+  // and merges above it, and a caller learns of an outage soon.
+  RetryPolicy write_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
   // A background compactor per opened shard: an append that leaves the
   // spine out of shape hands it the merge, and it collects garbage after.
   bool background_compaction = true;

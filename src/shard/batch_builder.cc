@@ -87,7 +87,7 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
   ref.bytes = writer.stats().bytes;
   ref.time_min = writer.stats().time_min;
   ref.time_max = writer.stats().time_max;
-  TM_TRY(with_retries(context->options.upload_retry,
+  TM_TRY(with_retries(context->options.write_retry,
                       [&] { return context->location.blob->set(ref.key, encoded); }));
   return ref;
 }

@@ -153,13 +153,16 @@ Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
   std::string writer_id = "w" + random_id();
   const auto lease = static_cast<std::uint64_t>(context_->options.writer_lease.count());
   if (lease == 0) return invalid_usage("a writer lease must be positive");
-  TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-    const std::uint64_t now = wall_clock_millis();
-    register_writer(state, writer_id, now + lease, now);
-    return TransitionResult::kWrite;
+  // Registering is idempotent (a registered writer's lease is extended).
+  TM_TRY(with_retries(context_->options.write_retry, [&] {
+    return context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      const std::uint64_t now = wall_clock_millis();
+      register_writer(state, writer_id, now + lease, now);
+      return TransitionResult::kWrite;
+    });
   }));
   auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));
-  TM_TRY(handle->fetch_upper());
+  TM_TRY(with_retries(context_->options.write_retry, [&] { return handle->fetch_upper(); }));
   return handle;
 }
 

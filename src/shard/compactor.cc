@@ -118,7 +118,7 @@ class RunWriter {
     TM_ASSIGN(std::string encoded, part_->finish());
     part_.reset();
     ref.size = encoded.size();
-    TM_TRY(with_retries(context_.options.upload_retry,
+    TM_TRY(with_retries(context_.options.write_retry,
                         [&] { return context_.location.blob->set(ref.key, encoded); }));
     bytes_ += ref.size;
     written_.push_back(std::move(ref));

@@ -141,11 +141,36 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
           wall_clock_millis() + static_cast<std::uint64_t>(options.producer_expiry.count()),
       .max_producers = options.max_producers,
       .writer_registered = true};
-  auto applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-    TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
-    return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
-                                              : TransitionResult::kUnchanged;
-  });
+  // Repeated under the same token, a call that may have landed commits
+  // once: failures that may pass are retried (options.write_retry). Once an
+  // attempt may have landed, a later LeaseExpired is only a "maybe" (the
+  // lost writer took the record of that attempt with it).
+  Backoff backoff(options.write_retry);
+  bool maybe_landed = false;
+  Result<StatePtr> applied;
+  for (;;) {
+    applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
+      return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
+                                                : TransitionResult::kUnchanged;
+    });
+    if (applied || !is_retryable(applied.error())) break;
+    maybe_landed = maybe_landed || applied.error().is(ErrorKind::kIndeterminate);
+    if (!backoff.next()) break;
+  }
+  if (!applied && maybe_landed && applied.error().is(ErrorKind::kLeaseExpired)) {
+    applied = std::unexpected(Error{ErrorKind::kIndeterminate,
+                                    "this append may have been committed before its writer lost "
+                                    "its lease (" + applied.error().message + ")",
+                                    std::nullopt, std::nullopt});
+  }
+  if (!applied && maybe_landed && !applied.error().is(ErrorKind::kIndeterminate) &&
+      is_retryable(applied.error())) {
+    applied = std::unexpected(Error{ErrorKind::kIndeterminate,
+                                    "after an earlier indeterminate attempt: " +
+                                        applied.error().message,
+                                    std::nullopt, std::nullopt});
+  }
   if (applied) {
     for (Batch& batch : batches) batch.mark_committed();
     upper_ = new_upper;
