@@ -440,19 +440,26 @@ class Session : public std::enable_shared_from_this<Session> {
     chunk_.reset();
     chunk_size_ = 0;
     chunk_lease_.release();
-    auto install = [self = shared_from_this(), want, go](Lease lease) {
+    reserve_then(want, [self = shared_from_this(), want, go](Lease lease) {
       self->chunk_ = std::make_unique_for_overwrite<char[]>(want);
       self->chunk_size_ = want;
       self->chunk_lease_ = std::move(lease);
       go();
-    };
-    if (auto lease = server_->requests->try_reserve(want)) return install(std::move(*lease));
+    });
+  }
+
+  // Runs `then` on this connection with a lease of `bytes` from the
+  // requests pool: at once when there is room, else once its turn comes
+  // (first come, first served). A reservation that can never be granted
+  // answers the request with the error.
+  void reserve_then(std::uint64_t bytes, std::function<void(Lease)> then) {
+    if (auto lease = server_->requests->try_reserve(bytes)) return then(std::move(*lease));
     server_->requests->reserve_async(
-        want, [self = shared_from_this(), install](Result<Lease> lease) mutable {
+        bytes, [self = shared_from_this(), then = std::move(then)](Result<Lease> lease) mutable {
           net::post(self->stream_.get_executor(),
-                    [self, install, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
+                    [self, then, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
                       if (!*lease) return self->respond_error(lease->error());
-                      install(std::move(**lease));
+                      then(std::move(**lease));
                     });
         });
   }
@@ -1070,22 +1077,13 @@ class Session : public std::enable_shared_from_this<Session> {
     chunk_.reset();
     chunk_size_ = 0;
     chunk_lease_.release();
-    auto install = [self = shared_from_this(), chunk](Lease lease) {
+    reserve_then(want, [self = shared_from_this(), chunk](Lease lease) {
       self->chunk_lease_ = lease.split(chunk);
       self->chunk_ = std::make_unique_for_overwrite<char[]>(chunk);
       self->chunk_size_ = chunk;
       self->group_lease_ = std::move(lease);
       self->read_managed();
-    };
-    if (auto lease = server_->requests->try_reserve(want)) return install(std::move(*lease));
-    server_->requests->reserve_async(
-        want, [self = shared_from_this(), install](Result<Lease> lease) mutable {
-          net::post(self->stream_.get_executor(),
-                    [self, install, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
-                      if (!*lease) return self->respond_error(lease->error());
-                      install(std::move(**lease));
-                    });
-        });
+    });
   }
 
   // Without a producer: every line parsed into group_ (charged to the
