@@ -519,6 +519,88 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
   EXPECT_EQ(duplicates[0] + duplicates[1], 2000u) << "each record committed by one of the two";
 }
 
+// A client that retried a request on the same server while its first try
+// still waited in the appender (the server paused, or its commits stalled)
+// has the same records queued twice. The second copy commits nothing of
+// its own, and it is answered only when the first copy is: committed or
+// failed. (It used to be settled as a duplicate at once, before the first
+// copy committed: an acknowledgement of records that might never commit.)
+class AppenderCopiesTest : public AppenderTest {
+ protected:
+  // Queues a record that takes consensus `latency` to commit, then, while
+  // it commits, both copies of producer p's records 0..2: they wait behind
+  // it, lingering, and are committed together after it. Returns once the
+  // busy record is committed.
+  void queue_copies_behind_a_slow_commit(std::chrono::milliseconds latency) {
+    AppenderOptions options;
+    options.batch_linger = std::chrono::milliseconds(200);
+    options.retry.max_attempts = 2;
+    appender_ = open(options);
+    plain_.emplace(appender_->sender());
+    consensus_->set_config(FaultConfig{.latency = latency});
+    CommitToken busy = *plain_->enqueue_with_token(record(0));
+    std::this_thread::sleep_for(latency / 3);  // its commit is under way
+    first_.emplace(*appender_->sender("p", 0));
+    second_.emplace(*appender_->sender("p", 0));
+    for (auto* sender : {&*first_, &*second_}) {
+      auto& tokens = sender == &*first_ ? first_tokens_ : second_tokens_;
+      for (int i = 0; i < 3; ++i) {
+        AppendRecord r{"\"p-" + std::to_string(i) + "\"", "1", 1};
+        tokens.push_back(*sender->enqueue_with_token(&r));
+      }
+    }
+    // Whenever a second copy resolves, its first copy must have already.
+    for (std::size_t i = 0; i < second_tokens_.size(); ++i) {
+      second_tokens_[i].on_complete([this, i](const Result<Time>&) {
+        if (!first_tokens_[i].poll()) ++answered_early_;
+      });
+    }
+    ASSERT_TRUE(busy.wait());
+  }
+
+  std::shared_ptr<Appender> appender_;
+  std::optional<AppendSender> plain_, first_, second_;
+  std::vector<CommitToken> first_tokens_, second_tokens_;
+  std::atomic<int> answered_early_{0};
+};
+
+TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
+  queue_copies_behind_a_slow_commit(std::chrono::milliseconds(150));
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto first = first_tokens_[i].wait();
+    auto second = second_tokens_[i].wait();
+    ASSERT_TRUE(first) << first.error().to_string();
+    ASSERT_TRUE(second) << second.error().to_string();
+    EXPECT_EQ(*first, *second) << "both copies answer the commit's time";
+  }
+  EXPECT_EQ(answered_early_.load(), 0) << "a copy was answered before the records committed";
+  EXPECT_EQ(second_->duplicates(), 3u);
+  EXPECT_EQ(first_->duplicates(), 0u);
+  consensus_->set_config({});
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 4u);
+  for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
+  EXPECT_EQ(shard_->lookup_producer("p", true)->producer->sequence, 2u);
+}
+
+TEST_F(AppenderCopiesTest, ASecondCopyFailsWithTheFirstWhenTheCommitFails) {
+  queue_copies_behind_a_slow_commit(std::chrono::milliseconds(300));
+  // The copies' commit is under way (each consensus call takes 300 ms): it
+  // fails, and so does its retry.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  consensus_->set_config(
+      FaultConfig{.latency = std::chrono::milliseconds(300), .determinate_rate = 1});
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(first_tokens_[i].wait());
+    auto second = second_tokens_[i].wait();
+    EXPECT_FALSE(second) << "record " << i
+                         << " of the second copy was acknowledged, but never committed";
+  }
+  EXPECT_EQ(answered_early_.load(), 0);
+  consensus_->set_config({});
+  EXPECT_FALSE(shard_->lookup_producer("p", true)->producer.has_value());
+}
+
 TEST_F(AppenderTest, AProducerCannotSkipNumbersOrOverflowTheTable) {
   ClientOptions options = client_->options();
   options.max_producers = 2;
