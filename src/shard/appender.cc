@@ -593,10 +593,9 @@ struct Appender::Impl {
       Time time = 0;                // when its last committed record was
       bool known = false;           // the shard keeps this producer already
       bool counted = false;         // counted as new against max_producers
+      // Where record committed + i was kept: (batch, record) in `group`.
+      std::vector<std::pair<std::size_t, std::size_t>> kept_at;
     };
-    // The token of each producer record kept, for its copies to follow.
-    std::map<std::pair<std::string_view, std::uint64_t>, std::shared_ptr<CommitToken::State>>
-        kept_tokens;
     std::map<std::string, Expected, std::less<>> expected;
     for (const Built& batch : group) {
       for (const Record& r : batch.records) {
@@ -619,6 +618,7 @@ struct Appender::Impl {
     }
     std::size_t new_producers = 0;
     for (auto batch = group.begin(); batch != group.end();) {
+      const auto here = static_cast<std::size_t>(batch - group.begin());
       std::vector<Record> kept;
       kept.reserve(batch->records.size());
       bool changed = false;
@@ -635,7 +635,10 @@ struct Appender::Impl {
           continue;
         }
         if (r.sequence < e.next) {
-          follow(r, kept_tokens.at({r.producer->id, r.sequence}));
+          const auto [in_batch, at] = e.kept_at[r.sequence - e.committed];
+          Record& original = in_batch == here ? kept[at] : group[in_batch].records[at];
+          if (!original.token) original.token = std::make_shared<CommitToken::State>();
+          follow(r, original.token);
           changed = true;
           continue;
         }
@@ -663,9 +666,7 @@ struct Appender::Impl {
           ++new_producers;
         }
         ++e.next;
-        if (!r.token) r.token = std::make_shared<CommitToken::State>();
-        kept_tokens.emplace(std::pair<std::string_view, std::uint64_t>(r.producer->id, r.sequence),
-                            r.token);
+        e.kept_at.emplace_back(here, kept.size());
         kept.push_back(std::move(r));
       }
       batch->records = std::move(kept);

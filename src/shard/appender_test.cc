@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -519,6 +521,72 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
   EXPECT_EQ(duplicates[0] + duplicates[1], 2000u) << "each record committed by one of the two";
 }
 
+// A Consensus whose compare_and_sets wait at a gate, so that a test knows
+// which commit is under way: the test lets them through one at a time, or
+// fails them.
+class GatedConsensus : public Consensus {
+ public:
+  explicit GatedConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    {
+      std::unique_lock lock(mu_);
+      ++waiting_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !closed_ || passes_ > 0 || failing_; });
+      --waiting_;
+      if (failing_) return determinate("gated consensus: failed by the test");
+      if (closed_) --passes_;
+    }
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+
+  void close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  // Waits until a compare_and_set waits at the gate.
+  void wait_for_one() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return waiting_ > 0; });
+  }
+  void let_one_through() {
+    std::lock_guard lock(mu_);
+    ++passes_;
+    cv_.notify_all();
+  }
+  void open() {
+    std::lock_guard lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+  void fail_all() {
+    std::lock_guard lock(mu_);
+    failing_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const std::shared_ptr<Consensus> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;       // guarded by mu_
+  int passes_ = 0;        // guarded by mu_
+  bool closed_ = false;   // guarded by mu_
+  bool failing_ = false;  // guarded by mu_
+};
+
 // A client that retried a request on the same server while its first try
 // still waited in the appender (the server paused, or its commits stalled)
 // has the same records queued twice. The second copy commits nothing of
@@ -527,19 +595,24 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
 // copy committed: an acknowledgement of records that might never commit.)
 class AppenderCopiesTest : public AppenderTest {
  protected:
-  // Queues a record that takes consensus `latency` to commit, then, while
-  // it commits, both copies of producer p's records 0..2: they wait behind
-  // it, lingering, and are committed together after it. Returns once the
-  // busy record is committed.
-  void queue_copies_behind_a_slow_commit(std::chrono::milliseconds latency) {
+  // Queues a record whose commit waits at the gate, then both copies of
+  // producer p's records 0..2: they wait behind it in one batch (the
+  // builder lingers while a commit is under way). Returns once the busy
+  // record is committed and the copies' commit waits at the gate.
+  void queue_copies_behind_a_commit() {
+    gate_ = std::make_shared<GatedConsensus>(mem_consensus_);
+    ClientOptions client_options = client_->options();
+    client_options.background_compaction = false;  // no other commits
+    client_ = *Client::open(Location{blob_, gate_}, client_options);
+    auto shard = *client_->open_shard("s");
     AppenderOptions options;
     options.batch_linger = std::chrono::milliseconds(200);
     options.retry.max_attempts = 2;
-    appender_ = open(options);
+    appender_ = *Appender::open(shard, options);
     plain_.emplace(appender_->sender());
-    consensus_->set_config(FaultConfig{.latency = latency});
+    gate_->close();
     CommitToken busy = *plain_->enqueue_with_token(record(0));
-    std::this_thread::sleep_for(latency / 3);  // its commit is under way
+    gate_->wait_for_one();
     first_.emplace(*appender_->sender("p", 0));
     second_.emplace(*appender_->sender("p", 0));
     for (auto* sender : {&*first_, &*second_}) {
@@ -555,9 +628,15 @@ class AppenderCopiesTest : public AppenderTest {
         if (!first_tokens_[i].poll()) ++answered_early_;
       });
     }
+    gate_->let_one_through();
     ASSERT_TRUE(busy.wait());
+    gate_->wait_for_one();
+    for (const CommitToken& t : second_tokens_) {
+      EXPECT_FALSE(t.poll()) << "a copy was answered before its records were committed";
+    }
   }
 
+  std::shared_ptr<GatedConsensus> gate_;
   std::shared_ptr<Appender> appender_;
   std::optional<AppendSender> plain_, first_, second_;
   std::vector<CommitToken> first_tokens_, second_tokens_;
@@ -565,7 +644,8 @@ class AppenderCopiesTest : public AppenderTest {
 };
 
 TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
-  queue_copies_behind_a_slow_commit(std::chrono::milliseconds(150));
+  queue_copies_behind_a_commit();
+  gate_->open();
   for (std::size_t i = 0; i < 3; ++i) {
     auto first = first_tokens_[i].wait();
     auto second = second_tokens_[i].wait();
@@ -576,7 +656,6 @@ TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
   EXPECT_EQ(answered_early_.load(), 0) << "a copy was answered before the records committed";
   EXPECT_EQ(second_->duplicates(), 3u);
   EXPECT_EQ(first_->duplicates(), 0u);
-  consensus_->set_config({});
   auto seen = contents();
   EXPECT_EQ(seen.size(), 4u);
   for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
@@ -584,12 +663,8 @@ TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
 }
 
 TEST_F(AppenderCopiesTest, ASecondCopyFailsWithTheFirstWhenTheCommitFails) {
-  queue_copies_behind_a_slow_commit(std::chrono::milliseconds(300));
-  // The copies' commit is under way (each consensus call takes 300 ms): it
-  // fails, and so does its retry.
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  consensus_->set_config(
-      FaultConfig{.latency = std::chrono::milliseconds(300), .determinate_rate = 1});
+  queue_copies_behind_a_commit();
+  gate_->fail_all();  // the copies' commit, and its retry
   for (std::size_t i = 0; i < 3; ++i) {
     EXPECT_FALSE(first_tokens_[i].wait());
     auto second = second_tokens_[i].wait();
@@ -597,7 +672,6 @@ TEST_F(AppenderCopiesTest, ASecondCopyFailsWithTheFirstWhenTheCommitFails) {
                          << " of the second copy was acknowledged, but never committed";
   }
   EXPECT_EQ(answered_early_.load(), 0);
-  consensus_->set_config({});
   EXPECT_FALSE(shard_->lookup_producer("p", true)->producer.has_value());
 }
 
