@@ -482,7 +482,7 @@ class NemesisTest : public ::testing::Test {
     ++actions_[name];
   }
 
-  // Sleeps `d`, in steps, so that a long hold still notices the end.
+  // How long an action lasts (the nemesis ends once the action is undone).
   static void hold(std::chrono::milliseconds d) { std::this_thread::sleep_for(d); }
 
   // The kinds of action, with their weights (percent).
@@ -749,15 +749,23 @@ class NemesisTest : public ::testing::Test {
     }
   }
 
-  // A whole snapshot at `as_of`, resumed as often as needed, or nullopt
-  // when `keep_going` says to stop first.
+  // A whole snapshot at `as_of`, resumed as often as needed, from random
+  // servers or from `server` alone, or nullopt when `keep_going` says to
+  // stop first.
   template <typename KeepGoing>
   std::optional<nm::SnapshotObservation> take_snapshot(Random& random, nm::Time as_of,
-                                                       KeepGoing keep_going) {
+                                                       KeepGoing keep_going,
+                                                       std::optional<int> server = std::nullopt) {
     nm::SnapshotFollower follower(as_of);
     std::string query = follower.query();
     while (keep_going()) {
-      const std::uint16_t port = pick(random);
+      std::uint16_t port = 0;
+      if (server) {
+        std::lock_guard lock(mu_);
+        port = slots_[*server].port;
+      } else {
+        port = pick(random);
+      }
       if (port == 0) {
         std::this_thread::sleep_for(100ms);
         continue;
@@ -1008,21 +1016,18 @@ TEST_F(NemesisTest, ThreeServersOnOneShardUnderANemesis) {
     ADD_FAILURE() << "the history's listen: " << problem;
   // Each server's snapshot at the end.
   for (int i = 0; i < kServers; ++i) {
-    nm::SnapshotFollower follower(*final_upper - 1);
-    bool error_line = false;
-    HttpResult r = http_stream(slots_[i].port, shard_path() + "/snapshot?" + follower.query(), 60s,
-                               [&](std::string_view line) {
-                                 error_line |= follower.feed(line) == nm::LineKind::kError;
-                                 return true;
-                               });
-    ASSERT_EQ(r.status, 200u) << r.body << r.error;
-    ASSERT_FALSE(error_line) << follower.last_error();
-    ASSERT_EQ(r.outcome, HttpOutcome::kAnswered) << r.error;
-    record_snapshot(std::move(follower.observation()));
+    auto snapshot = take_snapshot(settle, *final_upper - 1, in_time, i);
+    ASSERT_TRUE(snapshot.has_value()) << "no snapshot from serve-" << i;
+    record_snapshot(std::move(*snapshot));
   }
   // What each producer's last committed number is, as the shard says.
   for (nm::ProducerLog& producer : observations_.producers) {
-    HttpResult r = http_request(slots_[0].port, "GET", shard_path() + "/producers/" + producer.id);
+    HttpResult r;
+    for (int attempt = 0; attempt < 10 && r.status != 200; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(1s);
+      r = http_request(slots_[attempt % kServers].port, "GET",
+                       shard_path() + "/producers/" + producer.id);
+    }
     ASSERT_EQ(r.status, 200u) << r.body << r.error;
     producer.committed_sequence = nm::integer_field(r.body, "sequence").value_or(-1);
   }
