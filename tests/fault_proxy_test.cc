@@ -631,6 +631,75 @@ TEST_F(FaultProxyPostgresTest, ConsensusFailsUnderResetAndBlackholeAndRecoversAf
   EXPECT_GE(counted->reset, 3u);
 }
 
+// With call_timeout=1, a call into a blackhole (the proxy's kernel still
+// acknowledges every byte, as a stalled server's would) gives up after
+// about a second instead of waiting for the partition to heal: a read is
+// Determinate, a compare_and_set Indeterminate (its statement was sent),
+// and each closes its connection, so the calls after `pass` work at once.
+TEST_F(FaultProxyPostgresTest, CallsIntoABlackholeTimeOutAndCloseTheirConnection) {
+  const std::string url = schema_->url();
+  auto opened =
+      PostgresConsensus::open(with_authority(url, postgres_authority(url), proxy_->address(0)) +
+                              "&connect_timeout=2&call_timeout=1");
+  ASSERT_TRUE(opened.has_value()) << opened.error().to_string();
+  std::unique_ptr<PostgresConsensus> consensus = std::move(*opened);
+  EXPECT_EQ(consensus->call_timeout(), 1s);
+  auto first = consensus->compare_and_set("k", std::nullopt, {1, "one"});
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+
+  set("blackhole");
+  auto start = Clock::now();
+  auto head = consensus->head("k");
+  auto took = Clock::now() - start;
+  ASSERT_FALSE(head.has_value());
+  EXPECT_EQ(head.error().kind, ErrorKind::kDeterminate) << head.error().to_string();
+  EXPECT_NE(head.error().message.find("call timeout (1 s)"), std::string::npos)
+      << head.error().message;
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 5s);
+
+  // The pooled connection went with the read; this one is new, and its
+  // set-up statements meet the blackhole: connecting (connect_timeout=2)
+  // or setting up (the call timeout) gives up, Determinate.
+  start = Clock::now();
+  auto unreachable = consensus->compare_and_set("k", 1, {2, "two"});
+  took = Clock::now() - start;
+  ASSERT_FALSE(unreachable.has_value());
+  EXPECT_EQ(unreachable.error().kind, ErrorKind::kDeterminate) << unreachable.error().to_string();
+  EXPECT_LT(took, 5s);
+
+  // A compare_and_set sent on a live connection that then stops answering:
+  // Indeterminate, after about the call timeout.
+  set("pass");
+  ASSERT_TRUE(consensus->head("k").has_value());
+  set("delay 3000");
+  start = Clock::now();
+  auto unknown = consensus->compare_and_set("k", 1, {2, "two"});
+  took = Clock::now() - start;
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(unknown.error().kind, ErrorKind::kIndeterminate) << unknown.error().to_string();
+  EXPECT_NE(unknown.error().message.find("call timeout (1 s)"), std::string::npos)
+      << unknown.error().message;
+  EXPECT_GE(took, 900ms);
+  EXPECT_LT(took, 2500ms);
+
+  // Healed: a fresh connection serves the next calls at once. The delayed
+  // statement may still have reached the server: "maybe" means maybe.
+  set("pass");
+  start = Clock::now();
+  auto after = consensus->head("k");
+  ASSERT_TRUE(after.has_value()) << after.error().to_string();
+  EXPECT_LT(Clock::now() - start, 1s);
+  std::this_thread::sleep_for(3500ms);  // the delayed bytes arrive, or not
+  after = consensus->head("k");
+  ASSERT_TRUE(after.has_value()) << after.error().to_string();
+  const SeqNo seqno = (*after)->seqno;
+  EXPECT_TRUE(seqno == 1 || seqno == 2) << seqno;
+  auto next = consensus->compare_and_set("k", seqno, {seqno + 1, "next"});
+  ASSERT_TRUE(next.has_value()) << next.error().to_string();
+  EXPECT_EQ(*next, CasOutcome::kCommitted);
+}
+
 // An S3Blob whose requests go through the proxy: two tries a request, and a
 // transfer abandoned after 1 s without progress.
 TEST(FaultProxyS3Test, BlobFailsUnderResetAndBlackholeAndRecoversAfterPass) {

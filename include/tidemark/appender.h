@@ -211,7 +211,10 @@ class Appender : public std::enable_shared_from_this<Appender> {
   // A sender for idempotent producer `producer` ([A-Za-z0-9._-]{1,128}),
   // whose next record is number `first_sequence` (see above). One sender
   // per producer at a time in a process: records of one producer must be
-  // queued in order.
+  // queued in order. A second sender may queue again numbers a first one
+  // has queued and not yet committed (a client's retry reaching a server
+  // that still holds its first try): each is committed once, and the
+  // second copy resolves when the first does, with its outcome.
   [[nodiscard]] Result<AppendSender> sender(std::string producer, std::uint64_t first_sequence);
   // Waits until everything enqueued so far is durable; the first error of
   // those records, if any failed.

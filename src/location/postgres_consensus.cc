@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstdint>
 #include <utility>
@@ -204,6 +206,63 @@ std::string redact_url(std::string_view url, std::vector<std::string>& secrets) 
   return out;
 }
 
+// Removes the parameter `call_timeout`, Tidemark's own, from the query of
+// `url` (libpq refuses parameters it does not know) and returns its value,
+// nullopt when absent; InvalidUsage when it is not 1 to 3600 seconds.
+Result<std::optional<std::chrono::seconds>> take_call_timeout(std::string& url,
+                                                              const std::string& redacted) {
+  const std::size_t query = url.find('?');
+  if (query == std::string::npos) return std::nullopt;
+  std::optional<std::chrono::seconds> timeout;
+  std::string kept;
+  for (std::size_t begin = query + 1; begin <= url.size();) {
+    const std::size_t end = std::min(url.find('&', begin), url.size());
+    const std::string_view parameter = std::string_view(url).substr(begin, end - begin);
+    constexpr std::string_view kName = "call_timeout=";
+    if (parameter.starts_with(kName)) {
+      const std::string_view text = parameter.substr(kName.size());
+      int seconds = 0;
+      const auto [at, problem] = std::from_chars(text.data(), text.data() + text.size(), seconds);
+      if (problem != std::errc() || at != text.data() + text.size() || seconds < 1 ||
+          seconds > 3600) {
+        return invalid_usage("postgres consensus " + redacted +
+                             ": call_timeout must be 1 to 3600 seconds");
+      }
+      timeout = std::chrono::seconds(seconds);
+    } else if (!parameter.empty()) {
+      kept.append(kept.empty() ? "" : "&").append(parameter);
+    }
+    begin = end + 1;
+  }
+  url.resize(query);
+  if (!kept.empty()) url.append("?").append(kept);
+  return timeout;
+}
+
+// Waits until `connection`'s socket is readable (or, with `writable`,
+// writable too) or `deadline` passes: false on the deadline. A failed poll
+// returns true, for libpq to find the failure.
+bool wait_for_socket(PGconn* connection, bool writable,
+                     std::chrono::steady_clock::time_point deadline) {
+  const int fd = PQsocket(connection);
+  if (fd < 0) return true;
+  while (true) {
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd socket{
+        .fd = fd, .events = static_cast<short>(POLLIN | (writable ? POLLOUT : 0)), .revents = 0};
+    const int ready =
+        ::poll(&socket, 1, static_cast<int>(std::min<std::int64_t>(left.count(), INT_MAX)));
+    if (ready > 0 || (ready < 0 && errno != EINTR)) return true;
+  }
+}
+
+bool succeeded(const PGresult* result) {
+  const ExecStatusType status = PQresultStatus(result);
+  return status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK;
+}
+
 // Whether an idle connection can take a statement: libpq thinks it is up,
 // no transaction is open, and the server has sent nothing since the last
 // result. An idle backend sends nothing unless it is going away (the FATAL
@@ -250,14 +309,17 @@ class PostgresConsensus::Lease {
   Lease(Lease&& other) noexcept = default;
   Lease& operator=(Lease&&) = delete;
   ~Lease() {
-    if (connection_) owner_->give_back(std::move(connection_));
+    if (connection_) owner_->give_back(std::move(connection_), broken_);
   }
 
   PGconn* get() const { return connection_.get(); }
+  // Closes the connection at the end of the lease instead of pooling it.
+  void discard() { broken_ = true; }
 
  private:
   PostgresConsensus* owner_;
   Connection connection_;  // null once moved from
+  bool broken_ = false;
 };
 
 // PostgresConsensus ---------------------------------------------------------
@@ -282,6 +344,7 @@ Result<std::unique_ptr<PostgresConsensus>> PostgresConsensus::open(std::string u
   }
   std::vector<std::string> secrets;
   std::string redacted = redact_url(url, secrets);
+  TM_ASSIGN(std::optional<std::chrono::seconds> call_timeout, take_call_timeout(url, redacted));
 
   // libpq parses the URL again when connecting; parsing it now tells a
   // malformed URL (InvalidUsage) from an unreachable server, and yields the
@@ -302,8 +365,9 @@ Result<std::unique_ptr<PostgresConsensus>> PostgresConsensus::open(std::string u
   PQconninfoFree(options);
 
   auto consensus = std::make_unique<PostgresConsensus>(PrivateTag{}, std::move(url),
-                                                       std::move(redacted), std::move(secrets));
-  TM_ASSIGN(Connection first, consensus->connect(/*create_tables=*/true));
+                                                       std::move(redacted), std::move(secrets),
+                                                       call_timeout.value_or(kDefaultCallTimeout));
+  TM_ASSIGN(Connection first, consensus->connect(/*create_tables=*/true, consensus->deadline()));
   {
     std::lock_guard lock(consensus->mutex_);
     consensus->idle_.push_back(std::move(first));
@@ -313,8 +377,12 @@ Result<std::unique_ptr<PostgresConsensus>> PostgresConsensus::open(std::string u
 }
 
 PostgresConsensus::PostgresConsensus(PrivateTag, std::string url, std::string redacted_url,
-                                     std::vector<std::string> secrets)
-    : url_(std::move(url)), redacted_url_(std::move(redacted_url)), secrets_(std::move(secrets)) {}
+                                     std::vector<std::string> secrets,
+                                     std::chrono::milliseconds call_timeout)
+    : url_(std::move(url)),
+      redacted_url_(std::move(redacted_url)),
+      secrets_(std::move(secrets)),
+      call_timeout_(call_timeout) {}
 
 PostgresConsensus::~PostgresConsensus() = default;
 
@@ -335,14 +403,47 @@ std::string PostgresConsensus::describe(std::string_view call, std::string_view 
   return describe(what, detail);
 }
 
-Result<PostgresConsensus::Connection> PostgresConsensus::connect(bool create_tables) {
+std::string PostgresConsensus::call_timeout_text() const {
+  const auto seconds = std::chrono::duration<double>(call_timeout_).count();
+  std::string text = std::to_string(seconds);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.ends_with('.')) text.pop_back();
+  return "the call timeout (" + text + " s)";
+}
+
+std::optional<PostgresConsensus::QueryResult> PostgresConsensus::await_results(PGconn* connection,
+                                                                               Deadline deadline) {
+  // In non-blocking mode libpq keeps what the socket did not take; a
+  // readable socket must be drained for the server to go on reading.
+  while (PQflush(connection) == 1) {
+    if (!wait_for_socket(connection, /*writable=*/true, deadline)) return std::nullopt;
+    if (!PQconsumeInput(connection)) break;
+  }
+  QueryResult chosen;
+  while (true) {
+    // PQisBusy is false once the connection is lost, so PQgetResult never
+    // blocks here.
+    while (PQisBusy(connection)) {
+      if (!wait_for_socket(connection, /*writable=*/false, deadline)) return std::nullopt;
+      if (!PQconsumeInput(connection)) break;
+    }
+    QueryResult next(PQgetResult(connection));
+    if (!next) break;
+    if (!chosen || succeeded(chosen.get())) chosen = std::move(next);
+  }
+  return chosen;
+}
+
+Result<PostgresConsensus::Connection> PostgresConsensus::connect(bool create_tables,
+                                                                 Deadline deadline) {
   constexpr std::size_t kDefaults = std::size(kDefaultKeywords);
   std::array<const char*, kDefaults + 2> keywords{};
   std::array<const char*, kDefaults + 2> values{};
   std::copy(std::begin(kDefaultKeywords), std::end(kDefaultKeywords), keywords.begin());
   std::copy(std::begin(kDefaultValues), std::end(kDefaultValues), values.begin());
   // expand_dbname = 1: the "dbname" value is the whole URL, expanded into
-  // its parameters, which override the defaults before it.
+  // its parameters, which override the defaults before it. Connecting
+  // blocks, bounded by connect_timeout.
   keywords[kDefaults] = "dbname";
   values[kDefaults] = url_.c_str();
   Connection connection(PQconnectdbParams(keywords.data(), values.data(), 1));
@@ -352,32 +453,40 @@ Result<PostgresConsensus::Connection> PostgresConsensus::connect(bool create_tab
     return determinate(describe("connect", failure_message(nullptr, raw)));
   }
   PQsetNoticeReceiver(raw, &ignore_notice, nullptr);
-
-  QueryResult setup(PQexec(raw, kSessionSetup));
-  if (PQresultStatus(setup.get()) != PGRES_TUPLES_OK) {
-    return determinate(
-        describe("connect", "set up the session: " + failure_message(setup.get(), raw)));
+  // Every statement from here on is sent without blocking and waited for
+  // with a deadline (await_results).
+  if (PQsetnonblocking(raw, 1) != 0) {
+    return determinate(describe("connect", "non-blocking mode: " + failure_message(nullptr, raw)));
   }
-  if (create_tables) {
-    QueryResult created(PQexec(raw, kCreateTables));
-    if (PQresultStatus(created.get()) != PGRES_COMMAND_OK) {
-      return determinate(
-          describe("connect", "create the tables: " + failure_message(created.get(), raw)));
+
+  // Runs one step of the set-up; none changes data, so every failure is
+  // Determinate.
+  const auto step = [&](const std::string& what, int sent, ExecStatusType expected) -> Status {
+    if (sent == 0)
+      return determinate(describe("connect", what + ": " + failure_message(nullptr, raw)));
+    std::optional<QueryResult> result = await_results(raw, deadline);
+    if (!result) {
+      return determinate(describe("connect", what + ": no answer within " + call_timeout_text()));
     }
+    if (*result == nullptr || PQresultStatus(result->get()) != expected) {
+      return determinate(describe("connect", what + ": " + failure_message(result->get(), raw)));
+    }
+    return {};
+  };
+  TM_TRY(step("set up the session", PQsendQuery(raw, kSessionSetup), PGRES_TUPLES_OK));
+  if (create_tables) {
+    TM_TRY(step("create the tables", PQsendQuery(raw, kCreateTables), PGRES_COMMAND_OK));
   }
   for (const StatementText& statement : kStatements) {
-    QueryResult prepared(PQprepare(raw, statement.name, statement.sql, statement.parameter_count,
-                                   statement.parameter_types.data()));
-    if (PQresultStatus(prepared.get()) != PGRES_COMMAND_OK) {
-      return determinate(describe(
-          "connect", "",
-          std::string("prepare ") + statement.name + ": " + failure_message(prepared.get(), raw)));
-    }
+    TM_TRY(step(std::string("prepare ") + statement.name,
+                PQsendPrepare(raw, statement.name, statement.sql, statement.parameter_count,
+                              statement.parameter_types.data()),
+                PGRES_COMMAND_OK));
   }
   return connection;
 }
 
-Result<PostgresConsensus::Lease> PostgresConsensus::lease() {
+Result<PostgresConsensus::Lease> PostgresConsensus::lease(Deadline deadline) {
   std::vector<Connection> dead;  // closed after the lock is released
   std::unique_lock lock(mutex_);
   while (true) {
@@ -393,12 +502,17 @@ Result<PostgresConsensus::Lease> PostgresConsensus::lease() {
       connection_released_.notify_one();
     }
     if (open_connections_ < kMaxConnections) break;
-    connection_released_.wait(lock);
+    if (connection_released_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        idle_.empty() && open_connections_ >= kMaxConnections) {
+      return determinate(describe(
+          "wait for a connection",
+          "all " + std::to_string(kMaxConnections) + " stayed busy for " + call_timeout_text()));
+    }
   }
   ++open_connections_;
   lock.unlock();
 
-  auto connection = connect(/*create_tables=*/false);
+  auto connection = connect(/*create_tables=*/false, deadline);
   if (!connection) {
     {
       std::lock_guard relock(mutex_);
@@ -410,11 +524,11 @@ Result<PostgresConsensus::Lease> PostgresConsensus::lease() {
   return Lease(*this, std::move(*connection));
 }
 
-void PostgresConsensus::give_back(Connection connection) {
+void PostgresConsensus::give_back(Connection connection, bool broken) {
   // A connection that failed mid-statement is CONNECTION_BAD, or may be
   // inside a transaction it cannot finish: close it, and let the next call
   // open a fresh one.
-  bool reusable = PQstatus(connection.get()) == CONNECTION_OK &&
+  bool reusable = !broken && PQstatus(connection.get()) == CONNECTION_OK &&
                   PQtransactionStatus(connection.get()) == PQTRANS_IDLE;
   {
     std::lock_guard lock(mutex_);
@@ -430,7 +544,7 @@ void PostgresConsensus::give_back(Connection connection) {
 
 Result<PostgresConsensus::QueryResult> PostgresConsensus::execute(
     Lease& lease, const char* name, std::span<const Parameter> parameters, Effect effect,
-    std::string_view call, std::string_view key) {
+    std::string_view call, std::string_view key, Deadline deadline) {
   constexpr std::size_t kMaxParameters = 4;
   std::array<const char*, kMaxParameters> values{};
   std::array<int, kMaxParameters> lengths{};
@@ -441,11 +555,28 @@ Result<PostgresConsensus::QueryResult> PostgresConsensus::execute(
     formats[i] = 1;  // binary
   }
   PGconn* connection = lease.get();
-  QueryResult result(PQexecPrepared(connection, name, static_cast<int>(parameters.size()),
-                                    values.data(), lengths.data(), formats.data(),
-                                    /*resultFormat=*/1));
-  ExecStatusType status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
-  if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return result;
+  if (std::chrono::steady_clock::now() >= deadline) {
+    // Waiting for the connection took the whole call timeout: nothing sent.
+    return determinate(describe(call, key, "not sent: " + call_timeout_text() + " ran out first"));
+  }
+  QueryResult result;
+  if (PQsendQueryPrepared(connection, name, static_cast<int>(parameters.size()), values.data(),
+                          lengths.data(), formats.data(), /*resultFormat=*/1) != 0) {
+    std::optional<QueryResult> answered = await_results(connection, deadline);
+    if (!answered) {
+      // The server may be executing it, or may never have seen it; either
+      // way the connection is mid-statement and of no further use.
+      lease.discard();
+      std::string message =
+          describe(call, key, "no answer within " + call_timeout_text() + "; connection closed");
+      if (effect == Effect::kWrite) {
+        return indeterminate(std::move(message) + " (the outcome is unknown: it may have applied)");
+      }
+      return determinate(std::move(message));
+    }
+    result = std::move(*answered);
+  }
+  if (result && succeeded(result.get())) return result;
 
   std::string message = describe(call, key, failure_message(result.get(), connection));
   if (effect == Effect::kWrite && !certainly_rolled_back(result.get(), connection)) {
@@ -470,8 +601,10 @@ Result<VersionedData> PostgresConsensus::read_version(const pg_result* result, i
 Result<std::optional<VersionedData>> PostgresConsensus::head(std::string_view key) {
   if (key.size() > kMaxFieldBytes) return std::nullopt;  // could never have been stored
   const Parameter parameters[] = {Parameter::of(key)};
-  TM_ASSIGN(Lease lease, this->lease());
-  TM_ASSIGN(QueryResult result, execute(lease, kHead, parameters, Effect::kRead, "head", key));
+  const Deadline deadline = this->deadline();
+  TM_ASSIGN(Lease lease, this->lease(deadline));
+  TM_ASSIGN(QueryResult result,
+            execute(lease, kHead, parameters, Effect::kRead, "head", key, deadline));
   if (PQntuples(result.get()) == 0) return std::nullopt;
   TM_ASSIGN(VersionedData version, read_version(result.get(), 0, key));
   return version;
@@ -488,7 +621,8 @@ Result<CasOutcome> PostgresConsensus::compare_and_set(std::string_view key,
   }
   const std::array<char, 8> next_seqno = encode_int8(next.seqno);
   const std::array<char, 8> expected_seqno = encode_int8(expected.value_or(0));
-  TM_ASSIGN(Lease lease, this->lease());
+  const Deadline deadline = this->deadline();
+  TM_ASSIGN(Lease lease, this->lease(deadline));
   QueryResult result;
   if (expected) {
     const Parameter parameters[] = {
@@ -497,16 +631,16 @@ Result<CasOutcome> PostgresConsensus::compare_and_set(std::string_view key,
         Parameter::of({next_seqno.data(), next_seqno.size()}),
         Parameter::of(next.data),
     };
-    TM_ASSIGN(result,
-              execute(lease, kMoveHead, parameters, Effect::kWrite, "compare_and_set", key));
+    TM_ASSIGN(result, execute(lease, kMoveHead, parameters, Effect::kWrite, "compare_and_set", key,
+                              deadline));
   } else {
     const Parameter parameters[] = {
         Parameter::of(key),
         Parameter::of({next_seqno.data(), next_seqno.size()}),
         Parameter::of(next.data),
     };
-    TM_ASSIGN(result,
-              execute(lease, kCreateHead, parameters, Effect::kWrite, "compare_and_set", key));
+    TM_ASSIGN(result, execute(lease, kCreateHead, parameters, Effect::kWrite, "compare_and_set",
+                              key, deadline));
   }
   std::string_view inserted = PQcmdTuples(result.get());
   if (inserted == "1") return CasOutcome::kCommitted;
@@ -527,8 +661,10 @@ Result<std::vector<VersionedData>> PostgresConsensus::scan(std::string_view key,
       Parameter::of({from_seqno.data(), from_seqno.size()}),
       Parameter::of({row_limit.data(), row_limit.size()}),
   };
-  TM_ASSIGN(Lease lease, this->lease());
-  TM_ASSIGN(QueryResult result, execute(lease, kScan, parameters, Effect::kRead, "scan", key));
+  const Deadline deadline = this->deadline();
+  TM_ASSIGN(Lease lease, this->lease(deadline));
+  TM_ASSIGN(QueryResult result,
+            execute(lease, kScan, parameters, Effect::kRead, "scan", key, deadline));
   int rows = PQntuples(result.get());
   out.reserve(static_cast<std::size_t>(rows));
   for (int row = 0; row < rows; ++row) {
@@ -548,9 +684,10 @@ Result<std::size_t> PostgresConsensus::truncate(std::string_view key, SeqNo seqn
   }
   const std::array<char, 8> bound = encode_int8(seqno);
   const Parameter parameters[] = {Parameter::of(key), Parameter::of({bound.data(), bound.size()})};
-  TM_ASSIGN(Lease lease, this->lease());
+  const Deadline deadline = this->deadline();
+  TM_ASSIGN(Lease lease, this->lease(deadline));
   TM_ASSIGN(QueryResult result,
-            execute(lease, kTruncate, parameters, Effect::kWrite, "truncate", key));
+            execute(lease, kTruncate, parameters, Effect::kWrite, "truncate", key, deadline));
   std::optional<std::int64_t> deleted;
   if (PQntuples(result.get()) == 1) deleted = decode_int8(result.get(), 0, 1);
   if (!deleted || *deleted < 0) {

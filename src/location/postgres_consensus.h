@@ -2,9 +2,19 @@
 // processes sharing shards (`postgres://user:password@host:port/db`, or
 // `postgresql://`). The URL is handed to libpq as a connection URI, so
 // libpq parameters pass through (`?options=-csearch_path%3Dtidemark`,
-// `connect_timeout=10`, `sslmode=require`). Unless the URL says otherwise,
-// connecting gives up after 5 s and TCP keepalives notice a vanished server
-// within about a minute.
+// `connect_timeout=10`, `sslmode=require`), except `call_timeout`, which is
+// ours (below) and removed before libpq sees the URL. Unless the URL says
+// otherwise, connecting gives up after 5 s and TCP keepalives notice a
+// vanished server within about a minute.
+//
+// Client-side timeout: `call_timeout=SECONDS` (1 to 3600, default 30) bounds
+// every call: waiting for a pooled connection, setting a new one up and the
+// statement itself must end within that long of the call's start
+// (connecting is bounded by libpq's `connect_timeout` as well). Neither TCP
+// nor PostgreSQL notices a peer that accepts bytes and never answers (a
+// stalled server, a proxy or firewall that holds the connection): its
+// kernel acknowledges the statement and answers keepalives. A call that
+// runs out of time closes its connection.
 //
 // Schema (created at open when missing, in the first schema of the
 // search_path, under a transaction-scoped advisory lock so that processes
@@ -32,11 +42,14 @@
 // Errors: failing to connect, and any failed head or scan, is Determinate.
 // A compare_and_set or truncate that the server answers with an ERROR on a
 // live connection rolled back: Determinate. Any other failure once it was
-// sent (a lost connection, a FATAL such as a terminated backend) is
-// Indeterminate: it may have committed. A malformed URL is InvalidUsage.
+// sent (a lost connection, a FATAL such as a terminated backend, the call
+// timeout) is Indeterminate: it may have committed; a call that timed out
+// before its statement was sent is Determinate. A malformed URL (or
+// call_timeout) is InvalidUsage.
 // Messages name the call and key and carry libpq's message, with the
-// password (and sslpassword) replaced by "***". There is no statement
-// timeout unless the URL sets one (`options=-cstatement_timeout%3D10s`).
+// password (and sslpassword) replaced by "***". The server applies no
+// statement timeout of its own unless the URL sets one
+// (`options=-cstatement_timeout%3D10s`); call_timeout is the client's.
 //
 // Bounds: at most kMaxConnections connections per instance, opened on
 // demand and kept open while healthy; each prepares its statements once, so
@@ -51,6 +64,7 @@
 // an instance across fork(): open a new one in the child.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -71,6 +85,7 @@ namespace tidemark {
 class PostgresConsensus : public Consensus {
  public:
   static constexpr std::size_t kMaxConnections = 8;
+  static constexpr std::chrono::seconds kDefaultCallTimeout{30};
 
   // Connects once (so a wrong URL or an unreachable server fails here, as
   // Determinate), creates the tables if missing and keeps the connection in
@@ -87,6 +102,7 @@ class PostgresConsensus : public Consensus {
 
   // The URL with its password replaced by "***", as messages show it.
   const std::string& redacted_url() const { return redacted_url_; }
+  std::chrono::milliseconds call_timeout() const { return call_timeout_; }
 
  private:
   struct ConnectionCloser {
@@ -112,29 +128,47 @@ class PostgresConsensus : public Consensus {
   };
   enum class Effect : bool { kRead, kWrite };
 
+  using Deadline = std::chrono::steady_clock::time_point;
+
   // Lets open() use std::make_unique while keeping construction private.
   struct PrivateTag {};
 
  public:
   PostgresConsensus(PrivateTag, std::string url, std::string redacted_url,
-                    std::vector<std::string> secrets);
+                    std::vector<std::string> secrets, std::chrono::milliseconds call_timeout);
   ~PostgresConsensus() override;
 
  private:
-  // A new connection with its session set up and statements prepared;
-  // `create_tables` also creates the schema first.
-  [[nodiscard]] Result<Connection> connect(bool create_tables);
+  // A new connection, in non-blocking mode, with its session set up and
+  // statements prepared by `deadline`; `create_tables` also creates the
+  // schema first.
+  [[nodiscard]] Result<Connection> connect(bool create_tables, Deadline deadline);
 
   // A healthy idle connection, or a new one when there is none and fewer
-  // than kMaxConnections exist; otherwise waits for one to be returned.
-  [[nodiscard]] Result<Lease> lease();
-  void give_back(Connection connection);
+  // than kMaxConnections exist; otherwise waits for one to be returned, at
+  // most until `deadline` (then Determinate).
+  [[nodiscard]] Result<Lease> lease(Deadline deadline);
+  // Back to the pool, or closed when `broken` or not reusable.
+  void give_back(Connection connection, bool broken);
 
-  // Runs the prepared statement `name`, returning its result when it succeeded and otherwise
-  // an error classified by `effect` (see Errors above).
+  // Runs the prepared statement `name`, returning its result when it
+  // succeeded by `deadline` and otherwise an error classified by `effect`
+  // (see Errors above). A statement that timed out closes the connection.
   [[nodiscard]] Result<QueryResult> execute(Lease& lease, const char* name,
                                             std::span<const Parameter> parameters, Effect effect,
-                                            std::string_view call, std::string_view key);
+                                            std::string_view call, std::string_view key,
+                                            Deadline deadline);
+
+  Deadline deadline() const { return std::chrono::steady_clock::now() + call_timeout_; }
+  // "the call timeout (30 s)", for messages.
+  std::string call_timeout_text() const;
+
+  // Sends what libpq still holds of the command just sent on `connection`
+  // (non-blocking) and waits for its results: the first that failed, or
+  // else the last (null if there was none). nullopt when `deadline` passed
+  // first.
+  [[nodiscard]] static std::optional<QueryResult> await_results(pg_conn* connection,
+                                                                Deadline deadline);
 
   // "postgres consensus <redacted url>: <what>: <detail>", with every
   // secret in `detail` replaced; the second names the call and its key.
@@ -147,6 +181,7 @@ class PostgresConsensus : public Consensus {
   const std::string url_;
   const std::string redacted_url_;
   const std::vector<std::string> secrets_;  // the password as written and as decoded
+  const std::chrono::milliseconds call_timeout_;
 
   std::mutex mutex_;
   // Notified when a connection is returned to the pool or closed.

@@ -50,6 +50,26 @@ TEST(PostgresConsensusUrlTest, MalformedUrlIsInvalidUsageWithoutThePassword) {
   }
 }
 
+// call_timeout is Tidemark's own parameter, checked before connecting.
+TEST(PostgresConsensusUrlTest, AMalformedCallTimeoutIsInvalidUsage) {
+  for (const char* timeout : {"0", "3601", "-1", "ten", "", "1.5", "30s"}) {
+    SCOPED_TRACE(timeout);
+    auto opened = PostgresConsensus::open(
+        std::string(
+            "postgres://tidemark:s3cret@127.0.0.1:1/tidemark?connect_timeout=1&call_timeout=") +
+        timeout);
+    ASSERT_FALSE(opened.has_value());
+    EXPECT_EQ(opened.error().kind, ErrorKind::kInvalidUsage) << opened.error().to_string();
+    EXPECT_NE(opened.error().message.find("call_timeout"), std::string::npos);
+    EXPECT_EQ(opened.error().message.find("s3cret"), std::string::npos);
+  }
+  // A valid one gets as far as connecting (nothing listens on port 1).
+  auto unreachable = PostgresConsensus::open(
+      "postgres://tidemark@127.0.0.1:1/tidemark?call_timeout=5&connect_timeout=1");
+  ASSERT_FALSE(unreachable.has_value());
+  EXPECT_EQ(unreachable.error().kind, ErrorKind::kDeterminate) << unreachable.error().to_string();
+}
+
 // Tests against the server in TIDEMARK_TEST_POSTGRES, each in a fresh schema.
 class PostgresConsensusTest : public ::testing::Test {
  protected:
@@ -121,6 +141,30 @@ TEST_F(PostgresConsensusTest, CreatesTheDocumentedTables) {
                          "tidemark_consensus_heads.key:text:NO",
                          "tidemark_consensus_heads.seqno:bigint:NO",
                      }));
+}
+
+// libpq never sees call_timeout (it refuses parameters it does not know),
+// wherever it stands in the query.
+TEST_F(PostgresConsensusTest, TakesItsCallTimeoutFromTheUrl) {
+  auto by_default = open_backend();
+  ASSERT_NE(by_default, nullptr);
+  EXPECT_EQ(by_default->call_timeout(), PostgresConsensus::kDefaultCallTimeout);
+  const std::string url = schema_->url();  // it has a query already
+  const std::size_t query = url.find('?');
+  ASSERT_NE(query, std::string::npos);
+  for (const std::string& with :
+       {url + "&call_timeout=7",
+        url.substr(0, query) + "?call_timeout=7&" + url.substr(query + 1)}) {
+    SCOPED_TRACE(with);
+    auto backend = open_backend(with);
+    ASSERT_NE(backend, nullptr);
+    EXPECT_EQ(backend->call_timeout(), std::chrono::seconds(7));
+    auto created = backend->compare_and_set("k", std::nullopt, {1, "one"});
+    ASSERT_TRUE(created.has_value()) << created.error().to_string();
+    auto head = backend->head("k");
+    ASSERT_TRUE(head.has_value()) << head.error().to_string();
+    ASSERT_TRUE(head->has_value());
+  }
 }
 
 TEST_F(PostgresConsensusTest, AcceptsBothSchemes) {

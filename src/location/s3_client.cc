@@ -336,6 +336,9 @@ std::string S3Url::to_string() const {
   if (stall_timeout_seconds != defaults.stall_timeout_seconds) {
     out += "&stall_timeout=" + std::to_string(stall_timeout_seconds);
   }
+  if (call_timeout_seconds != defaults.call_timeout_seconds) {
+    out += "&call_timeout=" + std::to_string(call_timeout_seconds);
+  }
   return out;
 }
 
@@ -423,10 +426,12 @@ Result<S3Url> parse_s3_url(std::string_view url) {
       TM_TRY(integer_in(&out.max_attempts, 1, 20, "1 to 20"));
     } else if (name == "stall_timeout") {
       TM_TRY(integer_in(&out.stall_timeout_seconds, 1, 3600, "1 to 3600 seconds"));
+    } else if (name == "call_timeout") {
+      TM_TRY(integer_in(&out.call_timeout_seconds, 1, 3600, "1 to 3600 seconds"));
     } else {
       return fail("unknown parameter " + quoted +
                   " (known: endpoint, region, multipart_threshold, part_size, list_page_size, "
-                  "list_version, max_attempts, stall_timeout)");
+                  "list_version, max_attempts, stall_timeout, call_timeout)");
     }
   }
   if (out.endpoint.empty()) {
@@ -677,7 +682,10 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
   bool maybe_applied = false;
   std::string last_failure;
   std::optional<Error> persistent_problem;
-  Backoff backoff(RetryPolicy{kFirstBackoff, kMaxBackoff, max_attempts, {}});
+  // A server that accepts requests and never answers costs each attempt
+  // stall_timeout: the deadline keeps max_attempts of them from adding up.
+  Backoff backoff(RetryPolicy{kFirstBackoff, kMaxBackoff, max_attempts,
+                              std::chrono::seconds(url_.call_timeout_seconds)});
   for (bool first = true;; first = false) {
     if (!first && !backoff.next()) break;
     Attempt tried = attempt(request, body_sha256);
@@ -713,8 +721,9 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
     return std::move(answer);
   }
   const int attempts = backoff.attempts();
-  std::string gave_up =
-      "; gave up after " + std::to_string(attempts) + (attempts == 1 ? " attempt" : " attempts");
+  std::string gave_up = "; gave up after " + std::to_string(attempts) +
+                        (attempts == 1 ? " attempt" : " attempts") +
+                        (attempts < max_attempts ? " (call_timeout)" : "");
   if (persistent_problem) {
     persistent_problem->message = context + persistent_problem->message + gave_up;
     return std::unexpected(std::move(*persistent_problem));

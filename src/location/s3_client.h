@@ -24,6 +24,13 @@
 //     stall_timeout        seconds a transfer may make no progress before
 //                          it is abandoned (and retried), 1 to 3600;
 //                          default 30
+//     call_timeout         seconds after the start of a call past which it
+//                          starts no new attempt, 1 to 3600; default 60.
+//                          With stall_timeout it bounds a call that meets
+//                          a server (or a network) that accepts requests
+//                          and never answers: about call_timeout +
+//                          stall_timeout, where max_attempts alone would
+//                          allow max_attempts x stall_timeout
 //   Sizes are bytes or parse_size units ("8MiB"). A malformed URL, an
 //   unknown parameter, a missing endpoint or a bad bucket name is
 //   InvalidUsage. Credentials come from the environment (see
@@ -38,7 +45,7 @@
 // Retries: transport failures (refused, reset, stalled), HTTP 5xx, 429 and
 // S3's 400 RequestTimeout are retried with exponential backoff and jitter:
 // waits of 25 ms doubling to at most 2 s, with a random half of each, and
-// max_attempts tries in all. Then the error is Determinate, or
+// max_attempts tries in all, none started call_timeout after the first. Then the error is Determinate, or
 // Indeterminate for a call that mutates if any attempt may have reached S3
 // (a 5xx, or a failure after the request was sent). An answer the call does
 // not accept is final: Determinate, unless an earlier attempt of a mutating
@@ -88,6 +95,7 @@ struct S3Url {
   int list_version = 2;
   int max_attempts = 8;
   int stall_timeout_seconds = 30;
+  int call_timeout_seconds = 60;
 
   // The URL, with the parameters that differ from the defaults.
   std::string to_string() const;

@@ -8,6 +8,7 @@
 #include <openssl/hmac.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -42,7 +43,7 @@ TEST(S3UrlTest, ParsesEveryPart) {
   auto url = parse_s3_url(
       "s3://my-bucket.1/a/b.c/?endpoint=http%3A%2F%2F127.0.0.1:9000/&region=eu-west-3"
       "&multipart_threshold=5MiB&part_size=6291456&list_page_size=2&list_version=1"
-      "&max_attempts=3&stall_timeout=7");
+      "&max_attempts=3&stall_timeout=7&call_timeout=9");
   ASSERT_TRUE(url.has_value()) << url.error().to_string();
   EXPECT_EQ(url->bucket, "my-bucket.1");
   EXPECT_EQ(url->prefix, "a/b.c");
@@ -54,6 +55,7 @@ TEST(S3UrlTest, ParsesEveryPart) {
   EXPECT_EQ(url->list_version, 1);
   EXPECT_EQ(url->max_attempts, 3);
   EXPECT_EQ(url->stall_timeout_seconds, 7);
+  EXPECT_EQ(url->call_timeout_seconds, 9);
   auto reparsed = parse_s3_url(url->to_string());
   ASSERT_TRUE(reparsed.has_value()) << reparsed.error().to_string();
   EXPECT_TRUE(*reparsed == *url) << url->to_string();
@@ -71,6 +73,7 @@ TEST(S3UrlTest, DefaultsAndRoundTrip) {
   EXPECT_EQ(url->list_version, 2);
   EXPECT_EQ(url->max_attempts, 8);
   EXPECT_EQ(url->stall_timeout_seconds, 30);
+  EXPECT_EQ(url->call_timeout_seconds, 60);
   EXPECT_EQ(url->to_string(), "s3://tidemark?endpoint=https://s3.example.com/path");
   auto reparsed = parse_s3_url(url->to_string());
   ASSERT_TRUE(reparsed.has_value()) << reparsed.error().to_string();
@@ -100,6 +103,7 @@ TEST(S3UrlTest, MalformedUrlsAreInvalidUsage) {
       {"s3://bucket?endpoint=http://h&list_version=3", "\"list_version\""},
       {"s3://bucket?endpoint=http://h&max_attempts=0", "\"max_attempts\""},
       {"s3://bucket?endpoint=http://h&stall_timeout=x", "\"stall_timeout\""},
+      {"s3://bucket?endpoint=http://h&call_timeout=0", "\"call_timeout\""},
       {"s3://bucket?endpoint=http://h%2", "malformed %-escape"},
       {"s3://bucket/a//b?endpoint=http://h", "bad prefix"},
       {"s3://bucket/../x?endpoint=http://h", "bad prefix"},
@@ -471,6 +475,24 @@ TEST(S3ClientTest, StalledServerIsAbandoned) {
                                {.operation = "test", .mutates = true, .accepted = {200}}),
                ErrorKind::kIndeterminate, {"2 attempts"});
   EXPECT_EQ(server.requests().size(), 2u);
+}
+
+// Each try of a server that never answers costs stall_timeout; the call
+// starts none after call_timeout, whatever max_attempts allows (20 tries of
+// 1 s here).
+TEST(S3ClientTest, AStalledServerCostsACallAboutItsCallTimeout) {
+  ScriptedHttpServer server(
+      [](const RecordedRequest&) { return std::string(ScriptedHttpServer::kNoAnswer); });
+  S3Client client(url_of(server, "&stall_timeout=1&max_attempts=20&call_timeout=2"),
+                  kCredentials);
+  const auto started = std::chrono::steady_clock::now();
+  expect_error(client.exchange({.method = "GET", .target = client.object_path("k")},
+                               {.operation = "test", .accepted = {200}}),
+               ErrorKind::kDeterminate, {"call_timeout"});
+  const auto took = std::chrono::steady_clock::now() - started;
+  EXPECT_GE(took, std::chrono::seconds(2));
+  EXPECT_LT(took, std::chrono::seconds(6));
+  EXPECT_LE(server.requests().size(), 4u);
 }
 
 TEST(S3ClientTest, RefusalsAreFinal) {

@@ -78,6 +78,19 @@ unsigned status_of(const Error& error) {
   }
 }
 
+// A read of a shard that exists which meets a part or a state that is gone
+// fails with NotFound: garbage collection deleted what a reader whose lease
+// lapsed (its server paused, or cut off from consensus, past the lease) was
+// about to read. That is no "404: no such shard" but a read to try again,
+// which reads the shard as it is now: 503.
+Error read_failure(Error error) {
+  if (error.is(ErrorKind::kNotFound)) {
+    error.kind = ErrorKind::kDeterminate;
+    error.message += " (gone while this read used it: read again)";
+  }
+  return error;
+}
+
 std::string error_json(std::string_view message) {
   std::string out = "{\"error\":";
   append_json_string(&out, message);
@@ -1408,14 +1421,16 @@ class Session : public std::enable_shared_from_this<Session> {
           if (as_of) {
             t = *as_of;
           } else {
-            TM_ASSIGN(Frontier upper, s->upper());
-            if (upper.is_closed() || upper.time() == 0) {
+            auto upper = s->upper();
+            if (!upper) return std::unexpected(read_failure(std::move(upper).error()));
+            if (upper->is_closed() || upper->time() == 0) {
               return make_error(ErrorKind::kNotReady, "shard " + n + " has no complete time yet");
             }
-            t = upper.time() - 1;
+            t = upper->time() - 1;
           }
-          TM_ASSIGN(SnapshotCursor cursor, s->snapshot(t));
-          return std::make_shared<SnapshotCursor>(std::move(cursor));
+          auto cursor = s->snapshot(t);
+          if (!cursor) return std::unexpected(read_failure(std::move(cursor).error()));
+          return std::make_shared<SnapshotCursor>(std::move(*cursor));
         },
         [self = shared_from_this(), after](Result<std::shared_ptr<SnapshotCursor>> cursor) {
           if (!cursor) return self->respond_error(cursor.error());
@@ -1497,8 +1512,9 @@ class Session : public std::enable_shared_from_this<Session> {
     blocking<std::shared_ptr<Listener>>(
         [server = server_, n = name_, from, until]() -> Result<std::shared_ptr<Listener>> {
           TM_ASSIGN(auto s, server->shard(n));
-          TM_ASSIGN(auto listener, s->listen(*from, until));
-          return std::shared_ptr<Listener>(std::move(listener));
+          auto listener = s->listen(*from, until);
+          if (!listener) return std::unexpected(read_failure(std::move(listener).error()));
+          return std::shared_ptr<Listener>(std::move(*listener));
         },
         [self = shared_from_this(), from = *from, until, after,
          after_time](Result<std::shared_ptr<Listener>> listener) {

@@ -295,6 +295,31 @@ TEST_F(ServerTest, BackendFailuresPastTheRetriesAnswer503WithTheCause) {
   EXPECT_EQ(lines_of(again.body).size(), 3000u);
 }
 
+// A part that is gone when a snapshot opens it (garbage collection deleted
+// it under a reader whose lease lapsed: its server paused, or cut off from
+// consensus, past the lease) is no "404: no such shard" but a read to try
+// again: 503, naming the part.
+TEST_F(ServerTest, APartGoneUnderAReadAnswers503NotNotFound) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=1", incompressible_rows(100, 1)).status, 200u);
+  std::vector<fs::path> parts;
+  for (const auto& entry : fs::recursive_directory_iterator(dir_ / "blob")) {
+    if (entry.is_regular_file() && entry.path().parent_path().filename() == "part") {
+      parts.push_back(entry.path());
+    }
+  }
+  ASSERT_FALSE(parts.empty());
+  for (const fs::path& part : parts) fs::remove(part);
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=0");
+  EXPECT_EQ(snapshot.status, 503u) << snapshot.body;
+  EXPECT_NE(snapshot.body.find(parts.front().filename().string()), std::string::npos)
+      << snapshot.body;
+  EXPECT_NE(snapshot.body.find("read again"), std::string::npos) << snapshot.body;
+  EXPECT_EQ(get("/v1/shards/nothing/snapshot?as_of=0").status, 404u);
+  EXPECT_EQ(get("/v1/shards/nothing/listen?from=0").status, 404u);
+}
+
 // A stream cut by a fault that outlasts the retries ends with an error line
 // whose "resume" query goes on exactly where it stopped: nothing twice,
 // nothing missing.

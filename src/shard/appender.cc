@@ -576,15 +576,25 @@ struct Appender::Impl {
 
   // Checks the producers' records in `group` against the shard (its last
   // known state, or a fresh one): settles those it has committed already
-  // (duplicates) and fails those that do not follow their producer's
+  // (duplicates), makes a second copy of a record in the group follow the
+  // first (below), and fails those that do not follow their producer's
   // sequence or would make one producer too many; rebuilds the batches
   // that lost records and drops the ones left empty. An error is fatal.
+  //
+  // A copy: a client that retried a request on this server while its first
+  // try still waited here (the server paused, or its commits stalled)
+  // enqueued the same records twice. The second copy is not committed, and
+  // it is not settled now either: the first copy is not committed yet, and
+  // may never be. Its token resolves with the first copy's.
   Status filter_producers(std::vector<Built>& group, bool fresh) {
     struct Expected {
-      std::uint64_t next = 0;  // the sequence number the shard expects
-      Time time = 0;           // when its last committed record was
-      bool known = false;      // the shard keeps this producer already
-      bool counted = false;    // counted as new against max_producers
+      std::uint64_t committed = 0;  // the sequence number the shard expects
+      std::uint64_t next = 0;       // ... once the records kept so far commit
+      Time time = 0;                // when its last committed record was
+      bool known = false;           // the shard keeps this producer already
+      bool counted = false;         // counted as new against max_producers
+      // Where record committed + i was kept: (batch, record) in `group`.
+      std::vector<std::pair<std::size_t, std::size_t>> kept_at;
     };
     std::map<std::string, Expected, std::less<>> expected;
     for (const Built& batch : group) {
@@ -600,10 +610,15 @@ struct Appender::Impl {
                 }));
       producers = lookup.producers;
       max_producers = lookup.max_producers;
-      if (lookup.producer) e = Expected{lookup.producer->sequence + 1, lookup.producer->time, true};
+      if (lookup.producer) {
+        e.committed = e.next = lookup.producer->sequence + 1;
+        e.time = lookup.producer->time;
+        e.known = true;
+      }
     }
     std::size_t new_producers = 0;
     for (auto batch = group.begin(); batch != group.end();) {
+      const auto here = static_cast<std::size_t>(batch - group.begin());
       std::vector<Record> kept;
       kept.reserve(batch->records.size());
       bool changed = false;
@@ -613,9 +628,17 @@ struct Appender::Impl {
           continue;
         }
         Expected& e = expected.find(r.producer->id)->second;
-        if (r.sequence < e.next) {
+        if (r.sequence < e.committed) {
           ++r.producer->duplicates;
           settle(r, e.time, /*duplicate=*/true);
+          changed = true;
+          continue;
+        }
+        if (r.sequence < e.next) {
+          const auto [in_batch, at] = e.kept_at[r.sequence - e.committed];
+          Record& original = in_batch == here ? kept[at] : group[in_batch].records[at];
+          if (!original.token) original.token = std::make_shared<CommitToken::State>();
+          follow(r, original.token);
           changed = true;
           continue;
         }
@@ -643,6 +666,7 @@ struct Appender::Impl {
           ++new_producers;
         }
         ++e.next;
+        e.kept_at.emplace_back(here, kept.size());
         kept.push_back(std::move(r));
       }
       batch->records = std::move(kept);
@@ -689,6 +713,29 @@ struct Appender::Impl {
     }
     capacity_cv.notify_all();
     if (r.token) r.token->resolve(outcome);
+  }
+
+  // Takes `copy`, a second copy of a producer's record, out of its batch:
+  // it resolves as `original` (the token of the copy kept) does, counted as
+  // a duplicate, with a failure remembered for canaries if it fails.
+  void follow(Record& copy, const std::shared_ptr<CommitToken::State>& original) {
+    copy.lease.release();
+    {
+      std::lock_guard lock(mu);
+      --in_flight;
+      ++stats.duplicates;
+    }
+    ++copy.producer->duplicates;
+    capacity_cv.notify_all();
+    CommitToken(original).on_complete(
+        [this, token = std::move(copy.token), seq = copy.seq](const Result<Time>& outcome) {
+          if (!outcome) {
+            std::lock_guard lock(mu);
+            failures.emplace_back(seq, outcome.error());
+            if (failures.size() > kMaxRememberedFailures) failures.pop_front();
+          }
+          if (token) token->resolve(outcome);
+        });
   }
 
   // A batch whose every record was settled early: only canaries are left.

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -517,6 +519,160 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
   EXPECT_EQ(seen.size(), 2000u);
   for (const auto& [kv, diff] : seen) ASSERT_EQ(diff, 1) << kv.first << " committed twice";
   EXPECT_EQ(duplicates[0] + duplicates[1], 2000u) << "each record committed by one of the two";
+}
+
+// A Consensus whose compare_and_sets wait at a gate, so that a test knows
+// which commit is under way: the test lets them through one at a time, or
+// fails them.
+class GatedConsensus : public Consensus {
+ public:
+  explicit GatedConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    {
+      std::unique_lock lock(mu_);
+      ++waiting_;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return !closed_ || passes_ > 0 || failing_; });
+      --waiting_;
+      if (failing_) return determinate("gated consensus: failed by the test");
+      if (closed_) --passes_;
+    }
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+
+  void close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+  }
+  // Waits until a compare_and_set waits at the gate.
+  void wait_for_one() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return waiting_ > 0; });
+  }
+  void let_one_through() {
+    std::lock_guard lock(mu_);
+    ++passes_;
+    cv_.notify_all();
+  }
+  void open() {
+    std::lock_guard lock(mu_);
+    closed_ = false;
+    cv_.notify_all();
+  }
+  void fail_all() {
+    std::lock_guard lock(mu_);
+    failing_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  const std::shared_ptr<Consensus> inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int waiting_ = 0;       // guarded by mu_
+  int passes_ = 0;        // guarded by mu_
+  bool closed_ = false;   // guarded by mu_
+  bool failing_ = false;  // guarded by mu_
+};
+
+// A client that retried a request on the same server while its first try
+// still waited in the appender (the server paused, or its commits stalled)
+// has the same records queued twice. The second copy commits nothing of
+// its own, and it is answered only when the first copy is: committed or
+// failed. (It used to be settled as a duplicate at once, before the first
+// copy committed: an acknowledgement of records that might never commit.)
+class AppenderCopiesTest : public AppenderTest {
+ protected:
+  // Queues a record whose commit waits at the gate, then both copies of
+  // producer p's records 0..2: they wait behind it in one batch (the
+  // builder lingers while a commit is under way). Returns once the busy
+  // record is committed and the copies' commit waits at the gate.
+  void queue_copies_behind_a_commit() {
+    gate_ = std::make_shared<GatedConsensus>(mem_consensus_);
+    ClientOptions client_options = client_->options();
+    client_options.background_compaction = false;  // no other commits
+    client_ = *Client::open(Location{blob_, gate_}, client_options);
+    auto shard = *client_->open_shard("s");
+    AppenderOptions options;
+    options.batch_linger = std::chrono::milliseconds(200);
+    options.retry.max_attempts = 2;
+    appender_ = *Appender::open(shard, options);
+    plain_.emplace(appender_->sender());
+    gate_->close();
+    CommitToken busy = *plain_->enqueue_with_token(record(0));
+    gate_->wait_for_one();
+    first_.emplace(*appender_->sender("p", 0));
+    second_.emplace(*appender_->sender("p", 0));
+    for (auto* sender : {&*first_, &*second_}) {
+      auto& tokens = sender == &*first_ ? first_tokens_ : second_tokens_;
+      for (int i = 0; i < 3; ++i) {
+        AppendRecord r{"\"p-" + std::to_string(i) + "\"", "1", 1};
+        tokens.push_back(*sender->enqueue_with_token(&r));
+      }
+    }
+    // Whenever a second copy resolves, its first copy must have already.
+    for (std::size_t i = 0; i < second_tokens_.size(); ++i) {
+      second_tokens_[i].on_complete([this, i](const Result<Time>&) {
+        if (!first_tokens_[i].poll()) ++answered_early_;
+      });
+    }
+    gate_->let_one_through();
+    ASSERT_TRUE(busy.wait());
+    gate_->wait_for_one();
+    for (const CommitToken& t : second_tokens_) {
+      EXPECT_FALSE(t.poll()) << "a copy was answered before its records were committed";
+    }
+  }
+
+  std::shared_ptr<GatedConsensus> gate_;
+  std::shared_ptr<Appender> appender_;
+  std::optional<AppendSender> plain_, first_, second_;
+  std::vector<CommitToken> first_tokens_, second_tokens_;
+  std::atomic<int> answered_early_{0};
+};
+
+TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
+  queue_copies_behind_a_commit();
+  gate_->open();
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto first = first_tokens_[i].wait();
+    auto second = second_tokens_[i].wait();
+    ASSERT_TRUE(first) << first.error().to_string();
+    ASSERT_TRUE(second) << second.error().to_string();
+    EXPECT_EQ(*first, *second) << "both copies answer the commit's time";
+  }
+  EXPECT_EQ(answered_early_.load(), 0) << "a copy was answered before the records committed";
+  EXPECT_EQ(second_->duplicates(), 3u);
+  EXPECT_EQ(first_->duplicates(), 0u);
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 4u);
+  for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
+  EXPECT_EQ(shard_->lookup_producer("p", true)->producer->sequence, 2u);
+}
+
+TEST_F(AppenderCopiesTest, ASecondCopyFailsWithTheFirstWhenTheCommitFails) {
+  queue_copies_behind_a_commit();
+  gate_->fail_all();  // the copies' commit, and its retry
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_FALSE(first_tokens_[i].wait());
+    auto second = second_tokens_[i].wait();
+    EXPECT_FALSE(second) << "record " << i
+                         << " of the second copy was acknowledged, but never committed";
+  }
+  EXPECT_EQ(answered_early_.load(), 0);
+  EXPECT_FALSE(shard_->lookup_producer("p", true)->producer.has_value());
 }
 
 TEST_F(AppenderTest, AProducerCannotSkipNumbersOrOverflowTheTable) {
