@@ -252,6 +252,11 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   // configuration drew otherwise).
   ClientOptions client_options =
       fit_to_memory_limit(random ? random->client : ClientOptions{}, options.memory_limit);
+  // A server always compacts in the background (nothing else would: no
+  // flag turns it off), and its reads' memory relies on it: a snapshot
+  // holds a block per input, and compaction keeps the inputs few. A drawn
+  // "off" applies to the engine's own tests.
+  client_options.background_compaction = true;
   if (lease) client_options.writer_lease = client_options.reader_lease = *lease;
   if (producer_expiry) client_options.producer_expiry = *producer_expiry;
   if (max_producers) client_options.max_producers = *max_producers;

@@ -2,7 +2,9 @@
 // and `tidemark serve` run under knobs nobody picked by hand (part and
 // block sizes, uploads in flight, compression, listen buffer, background
 // compaction, the appender's batching, injected latencies and faults) and
-// any failure reproduces from the printed seed.
+// any failure reproduces from the printed seed. `tidemark serve` keeps
+// background compaction on whatever is drawn: a server has no other
+// compactor, and no flag turns it off.
 //
 // TIDEMARK_RANDOM_CONFIG turns it on: a decimal seed, or `random` for a
 // fresh one. Unset, nothing changes.
