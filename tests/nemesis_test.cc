@@ -331,7 +331,8 @@ class NemesisTest : public ::testing::Test {
       std::vector<std::string> words = words_of(i);
       words.insert(words.end(), {"serve", "--listen", "127.0.0.1:" + std::to_string(port),
                                  "--lease", std::to_string(kLeaseMs)});
-      const pid_t pid = tidemark::testing::spawn_tidemark(words, err);
+      const pid_t pid = tidemark::testing::spawn_tidemark(words, err, "/dev/null",
+                                                          tidemark::testing::ProcessGroup::kOwn);
       if (pid <= 0) return false;
       const auto started = Clock::now();
       bool exited = false;

@@ -53,7 +53,7 @@ class ServerFaultsTest : public ::testing::Test {
     ServerProcess server = tidemark::testing::start_server(
         {"--data", (dir_ / name).string(), "--blob", "file://" + (dir_ / "shared" / "blob").string(),
          "--consensus", "sqlite://" + (dir_ / "shared" / "consensus.db").string()},
-        dir_ / (name + ".err"), flags);
+        dir_ / (name + ".err"), flags, tidemark::testing::ProcessGroup::kOwn);
     if (server.pid > 0) pids_.push_back(server.pid);
     return server;
   }

@@ -29,10 +29,19 @@ inline std::string slurp(const std::filesystem::path& path) {
   return s.str();
 }
 
+// How a spawned process is grouped. kOwn: a process group of its own, for
+// a process the test stops (SIGSTOP). Left in the test's group, a stopped
+// server makes that group's orphaning fatal: when the shell that started the
+// test exits (a job started with `&` from a script), the kernel sends the
+// whole group, the test included, SIGHUP. The price: a Ctrl-C of the test
+// does not reach it; the test stops it itself.
+enum class ProcessGroup { kTest, kOwn };
+
 // Starts TIDEMARK_BINARY with `words` (stdin /dev/null, stdout to `out` or
 // /dev/null, stderr to `err`); -1 when it could not start.
 inline pid_t spawn_tidemark(const std::vector<std::string>& words, const std::filesystem::path& err,
-                            const std::filesystem::path& out = "/dev/null") {
+                            const std::filesystem::path& out = "/dev/null",
+                            ProcessGroup group = ProcessGroup::kTest) {
   std::vector<std::string> all = {TIDEMARK_BINARY};
   all.insert(all.end(), words.begin(), words.end());
   std::vector<char*> argv;
@@ -43,8 +52,15 @@ inline pid_t spawn_tidemark(const std::vector<std::string>& words, const std::fi
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  if (group == ProcessGroup::kOwn) {
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);
+  }
   pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid = -1;
+  if (posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ) != 0) pid = -1;
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   return pid;
 }
@@ -58,12 +74,13 @@ struct ServerProcess {
 // "serving on" line on stderr (written to `err`) to learn its port.
 inline ServerProcess start_server(const std::vector<std::string>& location_words,
                                   const std::filesystem::path& err,
-                                  const std::vector<std::string>& serve_flags = {}) {
+                                  const std::vector<std::string>& serve_flags = {},
+                                  ProcessGroup group = ProcessGroup::kTest) {
   std::vector<std::string> words = location_words;
   words.insert(words.end(), {"serve", "--listen", "127.0.0.1:0"});
   words.insert(words.end(), serve_flags.begin(), serve_flags.end());
   ServerProcess server;
-  server.pid = spawn_tidemark(words, err);
+  server.pid = spawn_tidemark(words, err, "/dev/null", group);
   for (int i = 0; i < 200 && server.pid > 0; ++i) {
     const std::string text = slurp(err);
     const auto at = text.find("serving on http://127.0.0.1:");
