@@ -337,7 +337,11 @@ void run_model(std::uint64_t seed, Backends backends, int operations,
         if (compacted) {
           merges += compacted->merges;
         } else {
-          ASSERT_TRUE(is_infrastructure(compacted.error())) << compacted.error().to_string();
+          // Faults and latency may outlast the pass's lease: it ends, and
+          // a later pass redoes it.
+          ASSERT_TRUE(is_infrastructure(compacted.error()) ||
+                      compacted.error().is(ErrorKind::kLeaseExpired))
+              << compacted.error().to_string();
         }
         break;
       }

@@ -112,7 +112,8 @@ TEST(SpineTest, ApplyCompactionReplacesOnlyInputsStillThere) {
   // A retried write finds its own output.
   EXPECT_EQ(*apply_compaction(state, "c1", inputs, output, 0), CompactionOutcome::kAlreadyApplied);
   // An expired compaction writer cannot register anything.
-  EXPECT_EQ(apply_compaction(state, "c1", inputs, output, 5000).error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(apply_compaction(state, "c1", inputs, output, 5000).error().kind,
+            ErrorKind::kLeaseExpired);
   EXPECT_FALSE(state.writers.contains("c1"));
 }
 

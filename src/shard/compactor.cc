@@ -67,13 +67,19 @@ class PassWriter {
  private:
   Status renew(std::optional<SeqNo> hold) {
     const std::uint64_t now = wall_clock_millis();
-    TM_ASSIGN(StatePtr state,
-              context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-                TM_TRY(heartbeat_writer(s, id_, now + lease_ms_, wall_clock_millis()));
-                TM_TRY(heartbeat_reader(s, reader_id_, now + lease_ms_, wall_clock_millis(), hold));
-                return TransitionResult::kWrite;
-              }));
-    hold_ = state->readers.at(reader_id_).seqno;
+    auto state = context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+      TM_TRY(heartbeat_writer(s, id_, now + lease_ms_, wall_clock_millis()));
+      TM_TRY(heartbeat_reader(s, reader_id_, now + lease_ms_, wall_clock_millis(), hold));
+      return TransitionResult::kWrite;
+    });
+    if (!state && state.error().is(ErrorKind::kNotFound)) {
+      // This pass's own registration lapsed: the pass ends, retryably.
+      return make_error(ErrorKind::kLeaseExpired,
+                        "the compaction pass lost its lease (" + state.error().message +
+                            "): nothing was replaced; compact again");
+    }
+    if (!state) return std::unexpected(state.error());
+    hold_ = (*state)->readers.at(reader_id_).seqno;
     renewed_ms_ = now;
     return {};
   }

@@ -772,7 +772,12 @@ Result<CompactionOutcome> apply_compaction(ShardState& state, std::string_view w
                                            const HollowBatch& output, std::uint64_t now_ms) {
   expire_leases(state, now_ms);
   if (!state.writers.contains(writer_id)) {
-    return std::unexpected(expired(state, "compaction writer", writer_id));
+    // The pass was slower than its lease (its process paused, or its
+    // backend calls slow): its output is garbage now; a new pass redoes it.
+    return make_error(ErrorKind::kLeaseExpired,
+                      "compaction writer " + std::string(writer_id) + " of shard " + state.name +
+                          " lost its lease before its merge was applied: nothing was "
+                          "replaced; compact again");
   }
   if (inputs.empty()) return invalid_usage("a compaction needs inputs");
   if (output.desc.lower != inputs.front().desc.lower ||
