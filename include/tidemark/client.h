@@ -130,8 +130,9 @@ class Shard {
 
   const std::string& name() const;
 
+  // Reads, retried as ClientOptions::read_retry says (as snapshots are).
   [[nodiscard]] Result<ShardInfo> inspect();
-  // The shard's current upper, read from consensus.
+  // The shard's current upper, read from consensus (retried the same way).
   [[nodiscard]] Result<Frontier> upper();
   // What the shard has committed for `producer`: read from consensus when
   // `fresh`, else from the last state this process saw.

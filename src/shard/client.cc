@@ -114,7 +114,7 @@ const std::string& Shard::name() const {
 }
 
 Result<ShardInfo> Shard::inspect() {
-  TM_ASSIGN(StatePtr state_ptr, context_->machine->fetch());
+  TM_ASSIGN(StatePtr state_ptr, context_->fetch_for_read());
   const ShardState& state = *state_ptr;
   ShardInfo info;
   info.name = state.name;
@@ -133,13 +133,13 @@ Result<ShardInfo> Shard::inspect() {
 }
 
 Result<Frontier> Shard::upper() {
-  TM_ASSIGN(StatePtr state, context_->machine->fetch());
+  TM_ASSIGN(StatePtr state, context_->fetch_for_read());
   return state->upper;
 }
 
 Result<ProducerLookup> Shard::lookup_producer(std::string_view producer, bool fresh) {
   TM_TRY(validate_producer_id(producer));
-  TM_ASSIGN(StatePtr state, fresh ? context_->machine->fetch() : context_->machine->latest_known());
+  TM_ASSIGN(StatePtr state, fresh ? context_->fetch_for_read() : context_->machine->latest_known());
   ProducerLookup out;
   out.producers = state->producers.size();
   out.max_producers = context_->options.max_producers;
