@@ -405,6 +405,9 @@ struct Appender::Impl {
     // After an indeterminate attempt the batches stay as they were: a retry
     // with the same token finds them committed, or commits them.
     bool maybe_committed = false;
+    // The writer that made the attempt that may have landed: only its
+    // record of its last token can tell whether it did.
+    std::string uncertain_writer;
     bool fresh_producers = false;
     int sequence_conflicts = 0;
     for (;;) {
@@ -439,6 +442,7 @@ struct Appender::Impl {
       const std::vector<ProducerRange> ranges = producer_ranges(group);
       std::vector<Batch> batches;
       for (Built& batch : group) batches.push_back(std::move(*batch.batch));
+      const std::string attempt_writer = writer->writer_id();
       auto result =
           writer->compare_and_append(batches, upper, Frontier::at(required), token, ranges);
       for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
@@ -452,12 +456,16 @@ struct Appender::Impl {
         return;
       }
       const Error& error = result.error();
-      const bool was_maybe_committed = maybe_committed;
-      maybe_committed = error.is(ErrorKind::kIndeterminate);
-      if (error.is(ErrorKind::kLeaseExpired) && was_maybe_committed) {
-        // An earlier attempt may have landed, and the writer's memory of it
-        // went with its lease. A producer's records can still be told (the
-        // shard records them); the others cannot.
+      // Once an attempt may have landed, it stays "maybe" through any
+      // failure that does not settle it (a determinate error of a later
+      // attempt says nothing of the earlier one): only its writer's record
+      // of its last token settles it, so a writer that lost its lease, or
+      // was replaced by a new id meanwhile, cannot.
+      if (maybe_committed &&
+          (error.is(ErrorKind::kLeaseExpired) || writer->writer_id() != uncertain_writer)) {
+        maybe_committed = false;
+        // A producer's records can still be told (the shard records them);
+        // the others cannot.
         fail_unproduced(group, Error{ErrorKind::kIndeterminate,
                                      "this append may have been committed before its writer "
                                      "lost its lease (" +
@@ -469,6 +477,10 @@ struct Appender::Impl {
           return;
         }
         continue;
+      }
+      if (error.is(ErrorKind::kIndeterminate) && !maybe_committed) {
+        maybe_committed = true;
+        uncertain_writer = attempt_writer;
       }
       if (error.is(ErrorKind::kLeaseExpired)) {
         // The writer lost its lease (this process was paused, or cut off
@@ -489,7 +501,9 @@ struct Appender::Impl {
       }
       if (error.is(ErrorKind::kSequenceMismatch)) {
         // Another process committed some of these producers' records: look
-        // again (the state as it is now) and drop them.
+        // again (the state as it is now) and drop them. (Checked after the
+        // writer's last token: an earlier attempt did not land.)
+        maybe_committed = false;
         fresh_producers = true;
         if (++sequence_conflicts > kMaxSequenceConflicts) {
           set_fatal(error, nullptr, &group);
@@ -498,6 +512,9 @@ struct Appender::Impl {
         continue;
       }
       if (error.is(ErrorKind::kUpperMismatch)) {
+        // Checked after the same writer's last token: an earlier attempt
+        // did not land.
+        maybe_committed = false;
         {
           std::lock_guard lock(mu);
           ++stats.mismatches;

@@ -793,5 +793,92 @@ TEST_F(AppenderTest, HandlesWhoseLeaseExpiredRegisterAgain) {
   for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first;
 }
 
+// A Consensus that applies the next compare_and_set it is armed for and
+// answers it Indeterminate (an answer lost on the way back), then fails
+// every call (Determinate) until healed: a commit that landed, seen from a
+// process cut off right after.
+class LandThenCutConsensus : public Consensus {
+ public:
+  explicit LandThenCutConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    if (cut_) return determinate("cut off by the test");
+    return inner_->head(key);
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    if (cut_) return determinate("cut off by the test");
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    if (cut_) return determinate("cut off by the test");
+    return inner_->truncate(key, seqno);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    if (cut_) return determinate("cut off by the test");
+    auto outcome = inner_->compare_and_set(key, expected, std::move(next));
+    if (armed_.exchange(false) && outcome && *outcome == CasOutcome::kCommitted) {
+      cut_ = true;
+      landed_ = true;
+      return indeterminate("the answer was lost (the test)");
+    }
+    return outcome;
+  }
+
+  void arm() { armed_ = true; }
+  bool landed() const { return landed_; }
+  void heal() { cut_ = false; }
+
+ private:
+  const std::shared_ptr<Consensus> inner_;
+  std::atomic<bool> armed_{false};
+  std::atomic<bool> cut_{false};
+  std::atomic<bool> landed_{false};
+};
+
+// Found by the nemesis: a commit that landed but was answered
+// Indeterminate, then determinate failures while the process stayed cut
+// off past its lease, then LeaseExpired. The writer's record of its last
+// token went with the lease, so nothing can tell whether the records
+// landed: those without a producer fail Indeterminate, and are never
+// committed a second time (they were, under a new writer, when a
+// determinate failure had made the appender forget the first attempt).
+TEST_F(AppenderTest, RecordsThatMayHaveLandedAreNotCommittedAgainUnderANewWriter) {
+  auto cut = std::make_shared<LandThenCutConsensus>(mem_consensus_);
+  ClientOptions options = client_->options();
+  options.writer_lease = std::chrono::milliseconds(300);
+  options.background_compaction = false;
+  auto cut_client = *Client::open(Location{blob_, cut}, options);
+  auto shard = *cut_client->open_shard("s");
+  AppenderOptions appender_options;  // retries outlast the cut
+  appender_options.retry = RetryPolicy{std::chrono::milliseconds(10),
+                                       std::chrono::milliseconds(100), 0, std::chrono::seconds(20)};
+  auto appender = *Appender::open(shard, appender_options);
+  AppendSender sender = appender->sender();
+  ASSERT_TRUE(sender.enqueue_with_token(record(0))->wait());
+
+  cut->arm();
+  CommitToken token = *sender.enqueue_with_token(record(1));
+  while (!cut->landed()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Cut off past the lease; a healthy process drops the expired writer.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto other = *(*Client::open(Location{blob_, mem_consensus_}, options))->open_shard("s");
+  ASSERT_TRUE(other->collect_garbage()) << "expires the cut-off writer";
+  cut->heal();
+
+  auto outcome = token.wait();
+  ASSERT_FALSE(outcome) << "answered committed at " << *outcome
+                        << ": nothing can tell, so it may not say so";
+  EXPECT_TRUE(outcome.error().is(ErrorKind::kIndeterminate)) << outcome.error().to_string();
+  // It landed once, and only once.
+  auto seen = contents();
+  EXPECT_EQ(seen.size(), 2u);
+  for (const auto& [kv, diff] : seen) EXPECT_EQ(diff, 1) << kv.first << " committed twice";
+  // The appender goes on.
+  ASSERT_TRUE(sender.enqueue_with_token(record(2))->wait());
+  EXPECT_EQ(contents().size(), 3u);
+}
+
 }  // namespace
 }  // namespace tidemark
