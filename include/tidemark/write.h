@@ -109,7 +109,11 @@ class WriteHandle {
   // Indeterminate they are kept alive (never deleted) and the caller may
   // retry with the same token. On LeaseExpired (this handle's writer, or the
   // writer of a batch's parts, lost its lease) nothing was appended and the
-  // handle has registered anew: build the batches again and retry.
+  // handle has registered anew: build the batches again and retry. Only
+  // the writer that made an attempt remembers whether it landed: a retry
+  // under the token of an Indeterminate attempt whose writer has been
+  // replaced meanwhile is Indeterminate again, without trying (read the
+  // shard to find out).
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                           Frontier new_upper);
   [[nodiscard]] Status compare_and_append(std::span<Batch> batches, Frontier expected_upper,
@@ -150,6 +154,10 @@ class WriteHandle {
   std::shared_ptr<ShardContext> context_;
   mutable std::mutex mu_;
   std::string writer_id_;  // guarded by mu_
+  // The token of the last attempt that ended Indeterminate, and the writer
+  // that made it (guarded by mu_).
+  std::string doubt_token_;
+  std::string doubt_writer_;
   Frontier upper_;
   std::unique_ptr<PeriodicTask> heartbeat_;
 };

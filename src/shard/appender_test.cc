@@ -880,5 +880,41 @@ TEST_F(AppenderTest, RecordsThatMayHaveLandedAreNotCommittedAgainUnderANewWriter
   EXPECT_EQ(contents().size(), 3u);
 }
 
+// The same for an explicit writer: retried under its token after its
+// writer was replaced, an append that landed is not called a mismatch
+// (the new writer has no record of the token, and the upper moved).
+TEST_F(AppenderTest, AnExplicitRetryWhoseWriterWasReplacedStaysInDoubt) {
+  auto cut = std::make_shared<LandThenCutConsensus>(mem_consensus_);
+  ClientOptions options = client_->options();
+  options.writer_lease = std::chrono::milliseconds(300);
+  options.background_compaction = false;
+  options.write_retry.max_attempts = 1;
+  auto cut_client = *Client::open(Location{blob_, cut}, options);
+  auto shard = *cut_client->open_shard("s");
+  auto writer = *shard->open_writer();
+  const std::string first_id = writer->writer_id();
+  std::vector<Batch> batches;
+  const std::vector<Update> updates{Update{"\"explicit\"", "1", 0, 1}};
+  batches.push_back(*writer->batch(updates, Frontier::at(0), Frontier::at(1)));
+
+  cut->arm();
+  auto first = writer->compare_and_append(batches, Frontier::at(0), Frontier::at(1), "t");
+  ASSERT_FALSE(first);
+  ASSERT_TRUE(first.error().is(ErrorKind::kIndeterminate)) << first.error().to_string();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  auto other = *(*Client::open(Location{blob_, mem_consensus_}, options))->open_shard("s");
+  ASSERT_TRUE(other->collect_garbage()) << "expires the cut-off writer";
+  cut->heal();
+  for (int i = 0; i < 200 && writer->writer_id() == first_id; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(writer->writer_id(), first_id) << "the heartbeat registered a new writer";
+
+  auto again = writer->compare_and_append(batches, Frontier::at(0), Frontier::at(1), "t");
+  ASSERT_FALSE(again) << "the first attempt landed; nothing may append it twice";
+  EXPECT_TRUE(again.error().is(ErrorKind::kIndeterminate)) << again.error().to_string();
+  EXPECT_EQ(contents().size(), 1u);
+}
+
 }  // namespace
 }  // namespace tidemark

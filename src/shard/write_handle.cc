@@ -129,6 +129,15 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   for (const ProducerRange& range : producers) TM_TRY(validate_producer_id(range.producer));
   const ClientOptions& options = context_->options;
   const std::string id = writer_id();
+  {
+    std::lock_guard lock(mu_);
+    if (doubt_token_ == idempotency_token && doubt_writer_ != id) {
+      return make_error(ErrorKind::kIndeterminate,
+                        "an earlier attempt under this token, by writer " + doubt_writer_ +
+                            ", may have been committed, and that writer lost its lease with "
+                            "the record that would tell; read the shard to find out");
+    }
+  }
   AppendRequest request{
       .writer_id = id,
       .idempotency_token = idempotency_token,
@@ -170,6 +179,15 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
                                     "after an earlier indeterminate attempt: " +
                                         applied.error().message,
                                     std::nullopt, std::nullopt});
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (!applied && applied.error().is(ErrorKind::kIndeterminate)) {
+      doubt_token_ = std::string(idempotency_token);
+      doubt_writer_ = id;
+    } else if (doubt_token_ == idempotency_token) {
+      doubt_token_.clear();  // settled
+    }
   }
   if (applied) {
     for (Batch& batch : batches) batch.mark_committed();
