@@ -1,4 +1,4 @@
-// tidemark bench appender: the background appender (DESIGN.md section 4)
+// tidemark bench appender: the background appender
 // under a closed loop of producers, on the embedded default (file blob +
 // SQLite) in a scratch directory, with latency injected into the blob or
 // the consensus (FaultyBlob / FaultyConsensus, latency only, no errors), or

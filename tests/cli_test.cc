@@ -1,4 +1,4 @@
-// The command-line contract of DESIGN.md section 9, run against the real
+// The command-line contract (README, "Using it"), run against the real
 // `tidemark` binary on the embedded default (files + SQLite); s3:// sinks
 // (`sink run`, and `serve`'s POST /v1/sinks) also against the S3 server of
 // TIDEMARK_TEST_S3 (s3_test_prefix.h: skipped without it).

@@ -161,7 +161,7 @@ class Shard {
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt);
 
-  // Runs the merges the spine needs (DESIGN.md 7) until it is in shape,
+  // Runs the merges the spine needs until it is in shape,
   // each streaming in bounded memory and registered only if its inputs are
   // still there. What the background compactor and `tidemark compact` run.
   [[nodiscard]] Result<CompactionReport> compact();
@@ -178,7 +178,7 @@ class Client {
  public:
   [[nodiscard]] static Result<std::shared_ptr<Client>> open(Location location,
                                                             ClientOptions options = {});
-  // Opens the location named by two URLs (DESIGN.md section 9).
+  // Opens the location named by two URLs.
   [[nodiscard]] static Result<std::shared_ptr<Client>> open(std::string_view blob_url,
                                                             std::string_view consensus_url,
                                                             ClientOptions options = {});

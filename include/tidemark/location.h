@@ -104,7 +104,7 @@ class Consensus {
   [[nodiscard]] virtual Result<std::size_t> truncate(std::string_view key, SeqNo seqno) = 0;
 };
 
-// Opens a backend by URL (DESIGN.md section 9):
+// Opens a backend by URL:
 //   blob:      file:///abs/dir, mem://,
 //              s3://bucket/prefix?endpoint=http://host:port&region=R
 //              (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY;

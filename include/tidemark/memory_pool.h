@@ -18,7 +18,7 @@
 //                     waiting forever; so does a pool whose capacity is
 //                     lowered below a waiter's request.
 //   force_reserve(n)  always succeeds at once and may overdraft. The
-//                     admission rule (DESIGN.md section 5) bounds how far:
+//                     admission rule bounds how far:
 //                     a sender checks available() > 0, encodes, then
 //                     force-reserves the actual size, so the overdraft is at
 //                     most one call's worth per sender.

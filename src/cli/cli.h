@@ -1,5 +1,5 @@
 // The `tidemark` command line: argument parsing shared by every command,
-// exit codes, and the commands themselves (DESIGN.md section 9).
+// exit codes, and the commands themselves.
 //
 // Exit status: 0 success; 1 error (message on stderr); 2 usage; 3 upper
 // mismatch (the message names the current upper).

@@ -1,4 +1,4 @@
-// `tidemark serve`: the HTTP server on the configured location (DESIGN.md 9).
+// `tidemark serve`: the HTTP server on the configured location.
 #include <charconv>
 #include <csignal>
 #include <cstdio>

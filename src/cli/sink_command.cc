@@ -1,4 +1,4 @@
-// `tidemark sink run`: a sink from a shard into a destination (DESIGN.md 8).
+// `tidemark sink run`: a sink from a shard into a destination.
 //
 // Progress goes to stderr: on a terminal one status line redrawn at most
 // ten times a second (a bar from the run's starting frontier to the shard's

@@ -1,4 +1,4 @@
-// open_blob and open_consensus: the URL -> backend mapping of DESIGN.md
+// open_blob and open_consensus: the URL -> backend mapping
 // section 9. Paths in file:// and sqlite:// URLs are taken literally (no
 // percent-decoding); s3:// and postgres:// URLs are parsed by their
 // backends (s3_blob.h, postgres_consensus.h).

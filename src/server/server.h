@@ -1,4 +1,4 @@
-// Server: the HTTP contract of DESIGN.md section 9 over Boost.Beast.
+// Server: the HTTP contract (README, "The server") over Boost.Beast.
 //
 // Asynchronous: a few I/O threads run every connection (no thread per
 // connection); work that blocks (consensus, blob, part uploads, reads) runs

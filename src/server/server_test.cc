@@ -1,4 +1,4 @@
-// The HTTP contract (DESIGN.md 9) over real sockets: a Server on the
+// The HTTP contract over real sockets: a Server on the
 // embedded default (files + SQLite in a scratch directory) on an ephemeral
 // port, and clients that speak HTTP/1.1 with Boost.Beast.
 #include "server/server.h"

@@ -159,7 +159,7 @@ struct Appender::Impl {
            (with_token ? kTokenOverheadBytes : 0);
   }
 
-  // Admission (DESIGN.md section 5): checks that `count` records (the
+  // Admission: checks that `count` records (the
   // largest `bytes`, `total` in all) may be queued, then charges `total`.
   // Check and charge happen under one lock, so concurrent senders cannot all
   // pass one check: the pool's overdraft is bounded by a single call. The

@@ -1,4 +1,4 @@
-// Compaction, garbage collection and leases (DESIGN.md 6 and 7) over the
+// Compaction, garbage collection and leases over the
 // in-memory backends: the spine's shape, what a merge keeps, races between
 // compactors, GC against leased readers, orphans, rollups and truncation.
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Compaction and garbage collection of one shard (DESIGN.md 7).
+// Compaction and garbage collection of one shard.
 //
 // compact_shard runs the merges next_merge (state.h) asks for until the
 // spine is in shape. A merge streams its inputs through a MergeCursor (each

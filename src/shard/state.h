@@ -110,7 +110,7 @@ struct ReaderState {
   bool operator==(const ReaderState&) const = default;
 };
 
-// What an idempotent producer has committed (DESIGN: managed appends that
+// What an idempotent producer has committed (managed appends that
 // name a producer). A producer numbers its records 0, 1, 2, ... in the
 // order it sends them; every record up to `sequence` is committed, and
 // none after it. Updated by the same compare_and_append that commits the
@@ -298,7 +298,7 @@ enum class AppendOutcome : std::uint8_t {
   kAlreadyCommitted,  // this token committed earlier: nothing to change
 };
 
-// compare_and_append as a transition, with every rule of DESIGN.md 3:
+// compare_and_append as a transition, with every rule of an append:
 // unknown writer is InvalidUsage (LeaseExpired when it was registered); a
 // part written by a writer that is gone is LeaseExpired (garbage
 // collection may have deleted it: the batch must be built again); an upper that is not `expected_upper` is

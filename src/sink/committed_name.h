@@ -1,5 +1,5 @@
 // Committed-output names shared by the file and object (s3://) sink
-// destinations (DESIGN.md 9): `<lower>-<upper>.<json|csv>`, both bounds 20
+// destinations: `<lower>-<upper>.<json|csv>`, both bounds 20
 // zero-padded decimal digits so names sort as their times do. An output
 // being written has a name starting with "." and ending in ".tmp" and is
 // never read as output.

@@ -1,4 +1,4 @@
-// SinkDestination: where a sink's messages go (DESIGN.md 8).
+// SinkDestination: where a sink's messages go.
 //
 // A destination receives the diff pairs of one interval of times at a time,
 // [lower, upper), between begin(lower) and commit(upper), and makes them

@@ -1,4 +1,4 @@
-// Sink destination URLs (DESIGN.md 8): parsing, then opening.
+// Sink destination URLs: parsing, then opening.
 //
 //   file:///abs/dir                                  FileDestination
 //   s3://bucket/prefix?endpoint=http://host:port[&region=R&part_size=S...]

@@ -1,5 +1,5 @@
 // DiffPairWalker: turns a consolidated, sorted stream of updates into diff
-// pairs (DESIGN.md 8), lazily.
+// pairs, lazily.
 //
 // Input: updates whose (key, time) groups are contiguous, with the values of
 // a group in increasing order and each (key, value, time) at most once with

@@ -1,4 +1,4 @@
-// Sink messages (DESIGN.md 8 and 9): diff pairs in the upsert or debezium
+// Sink messages: diff pairs in the upsert or debezium
 // envelope, as file lines (json or csv) or as Kafka key/value.
 //
 // Keys and values are the JSON text the shard stores, written as is.

@@ -1,5 +1,5 @@
 // FileDestination: a sink's output as rolling files in one directory
-// (`file:///dir`, DESIGN.md 8 and 9).
+// (`file:///dir`).
 //
 // Each file holds the pairs of the times in [lower, upper) and is named
 // `<lower>-<upper>.<json|csv>` (both 20-digit zero-padded decimals, so

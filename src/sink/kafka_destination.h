@@ -1,5 +1,5 @@
 // KafkaDestination: a sink's output as Kafka messages, exactly once
-// (`kafka://host:port[,host:port]/topic`, DESIGN.md 8 and 9).
+// (`kafka://host:port[,host:port]/topic`).
 //
 // Each interval [lower, upper) is one Kafka transaction of a transactional
 // producer (librdkafka): the pairs' messages go to the topic (key: the key's

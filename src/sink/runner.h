@@ -1,4 +1,4 @@
-// run_sink: a sink from a shard into a SinkDestination (DESIGN.md 8).
+// run_sink: a sink from a shard into a SinkDestination.
 //
 // The sink holds a critical reader named after it ("sink-<name>"), so the
 // shard's since never passes what it still has to read, across restarts.

@@ -1,6 +1,6 @@
 // S3Destination: a sink's output as objects under one S3 prefix
-// (`s3://bucket/prefix?endpoint=http://host:port&region=R`, DESIGN.md 8 and
-// 9; the URL, its parameters, signing and retries are S3Client's,
+// (`s3://bucket/prefix?endpoint=http://host:port&region=R`; the URL, its
+// parameters, signing and retries are S3Client's,
 // s3_client.h).
 //
 // The objects are FileDestination's files: each holds the pairs of the

@@ -2,7 +2,7 @@
 // dependencies.
 //
 // Three parts:
-//   - parse_record_line reads one NDJSON record line (DESIGN.md section 9)
+//   - parse_record_line reads one NDJSON record line
 //     in a single pass. The record's "key" and "value" are kept as their
 //     compact JSON text: whitespace outside strings is removed; string
 //     contents (escapes included) and number spellings are kept byte for
