@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tidemark/error.h"
@@ -224,5 +225,33 @@ class FaultProxyProcess {
   std::uint16_t control_port_ = 0;
   std::vector<std::uint16_t> ports_;
 };
+
+// Where a backend URL names its server, to point it through a proxy:
+// [begin, end) of "host:port" in the URL.
+using UrlSpan = std::pair<std::size_t, std::size_t>;
+
+// A postgres:// URL's "host:port": between "//" (or the '@' after the
+// user) and the next '/'.
+inline UrlSpan postgres_authority(const std::string& url) {
+  std::size_t begin = url.find("//") + 2;
+  const std::size_t end = url.find('/', begin);
+  const std::size_t at = url.rfind('@', end);
+  if (at != std::string::npos && at >= begin) begin = at + 1;
+  return {begin, end};
+}
+
+// "host:port" of an s3:// URL's endpoint parameter.
+inline UrlSpan s3_endpoint_authority(const std::string& url) {
+  const std::size_t begin = url.find("://", url.find("endpoint=")) + 3;
+  return {begin, url.find_first_of("/&", begin)};
+}
+
+inline std::string authority(const std::string& url, UrlSpan span) {
+  return url.substr(span.first, span.second - span.first);
+}
+
+inline std::string with_authority(std::string url, UrlSpan span, const std::string& replacement) {
+  return url.replace(span.first, span.second - span.first, replacement);
+}
 
 }  // namespace tidemark::testing

@@ -39,6 +39,10 @@ namespace {
 using namespace std::chrono_literals;
 using tidemark::testing::FaultProxyProcess;
 using tidemark::testing::FaultProxyStats;
+using tidemark::testing::authority;
+using tidemark::testing::postgres_authority;
+using tidemark::testing::s3_endpoint_authority;
+using tidemark::testing::with_authority;
 using Clock = std::chrono::steady_clock;
 
 // A socket descriptor, closed when destroyed.
@@ -484,31 +488,6 @@ TEST(FaultProxyTargetTest, AnUnreachableTargetResetsTheClient) {
 }
 
 // Backends through the proxy --------------------------------------------
-
-// "host:port" of a postgres:// URL: between "//" (or the '@' after the
-// user) and the next '/'.
-std::pair<std::size_t, std::size_t> postgres_authority(const std::string& url) {
-  std::size_t begin = url.find("//") + 2;
-  const std::size_t end = url.find('/', begin);
-  const std::size_t at = url.rfind('@', end);
-  if (at != std::string::npos && at >= begin) begin = at + 1;
-  return {begin, end};
-}
-
-// "host:port" of an s3:// URL's endpoint parameter.
-std::pair<std::size_t, std::size_t> s3_endpoint_authority(const std::string& url) {
-  const std::size_t begin = url.find("://", url.find("endpoint=")) + 3;
-  return {begin, url.find_first_of("/&", begin)};
-}
-
-std::string authority(const std::string& url, std::pair<std::size_t, std::size_t> span) {
-  return url.substr(span.first, span.second - span.first);
-}
-
-std::string with_authority(std::string url, std::pair<std::size_t, std::size_t> span,
-                           const std::string& replacement) {
-  return url.replace(span.first, span.second - span.first, replacement);
-}
 
 bool is_infrastructure_error(const Error& error) {
   return error.is(ErrorKind::kDeterminate) || error.is(ErrorKind::kIndeterminate);

@@ -81,12 +81,16 @@ namespace fs = std::filesystem;
 namespace nm = tidemark::testing::nemesis;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using tidemark::testing::authority;
 using tidemark::testing::FaultProxyProcess;
 using tidemark::testing::http_request;
 using tidemark::testing::http_stream;
 using tidemark::testing::HttpOutcome;
 using tidemark::testing::HttpResult;
+using tidemark::testing::postgres_authority;
+using tidemark::testing::s3_endpoint_authority;
 using tidemark::testing::slurp;
+using tidemark::testing::with_authority;
 
 constexpr int kServers = 3;
 constexpr int kLeaseMs = 2000;
@@ -192,30 +196,6 @@ std::string seconds_text(Clock::duration d) {
   return text;
 }
 
-// "host:port" between "//" (or the '@' after the user) and the next '/'.
-std::pair<std::size_t, std::size_t> postgres_authority(const std::string& url) {
-  std::size_t begin = url.find("//") + 2;
-  const std::size_t end = url.find('/', begin);
-  const std::size_t at = url.rfind('@', end);
-  if (at != std::string::npos && at >= begin) begin = at + 1;
-  return {begin, end};
-}
-
-// "host:port" of an s3:// URL's endpoint parameter.
-std::pair<std::size_t, std::size_t> s3_endpoint_authority(const std::string& url) {
-  const std::size_t begin = url.find("://", url.find("endpoint=")) + 3;
-  return {begin, url.find_first_of("/&", begin)};
-}
-
-std::string substring(const std::string& text, std::pair<std::size_t, std::size_t> span) {
-  return text.substr(span.first, span.second - span.first);
-}
-
-std::string replaced(std::string text, std::pair<std::size_t, std::size_t> span,
-                     const std::string& with) {
-  return text.replace(span.first, span.second - span.first, with);
-}
-
 std::string with_parameter(const std::string& url, const std::string& parameter) {
   return url + (url.find('?') == std::string::npos ? "?" : "&") + parameter;
 }
@@ -262,8 +242,8 @@ class NemesisTest : public ::testing::Test {
     // One proxy; server i's path to PostgreSQL is listener 2i, to S3 2i + 1.
     std::vector<std::string> targets;
     for (int i = 0; i < kServers; ++i) {
-      targets.push_back(substring(postgres_url_, postgres_authority(postgres_url_)));
-      targets.push_back(substring(blob_url_, s3_endpoint_authority(blob_url_)));
+      targets.push_back(authority(postgres_url_, postgres_authority(postgres_url_)));
+      targets.push_back(authority(blob_url_, s3_endpoint_authority(blob_url_)));
     }
     auto proxy = FaultProxyProcess::start(TIDEMARK_FAULT_PROXY, targets, settings_.seed);
     ASSERT_TRUE(proxy.has_value()) << proxy.error().to_string();
@@ -300,9 +280,9 @@ class NemesisTest : public ::testing::Test {
 
   std::vector<std::string> words_of(int i) const {
     const std::string pg =
-        replaced(postgres_url_, postgres_authority(postgres_url_), proxy_->address(2 * i));
+        with_authority(postgres_url_, postgres_authority(postgres_url_), proxy_->address(2 * i));
     const std::string s3 =
-        replaced(blob_url_, s3_endpoint_authority(blob_url_), proxy_->address(2 * i + 1));
+        with_authority(blob_url_, s3_endpoint_authority(blob_url_), proxy_->address(2 * i + 1));
     return {"--data",
             (scratch_ / ("data-" + std::to_string(i))).string(),
             "--blob",
