@@ -129,9 +129,12 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   for (const ProducerRange& range : producers) TM_TRY(validate_producer_id(range.producer));
   const ClientOptions& options = context_->options;
   const std::string id = writer_id();
+  // A retry of an attempt in doubt starts in doubt.
+  bool maybe_landed = false;
   {
     std::lock_guard lock(mu_);
-    if (doubt_token_ == idempotency_token && doubt_writer_ != id) {
+    maybe_landed = doubt_token_ == idempotency_token;
+    if (maybe_landed && doubt_writer_ != id) {
       return make_error(ErrorKind::kIndeterminate,
                         "an earlier attempt under this token, by writer " + doubt_writer_ +
                             ", may have been committed, and that writer lost its lease with "
@@ -155,7 +158,6 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   // attempt may have landed, a later LeaseExpired is only a "maybe" (the
   // lost writer took the record of that attempt with it).
   Backoff backoff(options.write_retry);
-  bool maybe_landed = false;
   Result<StatePtr> applied;
   for (;;) {
     applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
