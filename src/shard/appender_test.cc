@@ -636,11 +636,14 @@ class AppenderCopiesTest : public AppenderTest {
     }
   }
 
+  // The tokens (and the count their callbacks update) are declared first,
+  // so they outlive the appender, whose committer thread may still run
+  // those callbacks while the test is torn down.
+  std::vector<CommitToken> first_tokens_, second_tokens_;
+  std::atomic<int> answered_early_{0};
   std::shared_ptr<GatedConsensus> gate_;
   std::shared_ptr<Appender> appender_;
   std::optional<AppendSender> plain_, first_, second_;
-  std::vector<CommitToken> first_tokens_, second_tokens_;
-  std::atomic<int> answered_early_{0};
 };
 
 TEST_F(AppenderCopiesTest, ASecondCopyResolvesWithTheFirstOnceCommitted) {
