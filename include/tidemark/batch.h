@@ -44,8 +44,8 @@ struct PartRef {
 
 class Batch {
  public:
-  Batch(std::shared_ptr<Blob> blob, std::string shard, Description desc,
-        std::vector<PartRef> parts);
+  Batch(std::shared_ptr<Blob> blob, std::string shard, Description desc, std::vector<PartRef> parts,
+        bool ordered = false);
   Batch(Batch&& other) noexcept;
   Batch& operator=(Batch&& other) noexcept;
   Batch(const Batch&) = delete;
@@ -57,6 +57,10 @@ class Batch {
   const std::vector<PartRef>& parts() const { return parts_; }
   std::uint64_t count() const;
   bool empty() const { return parts_.empty(); }
+  // The parts form one sorted run: each part's updates all sort before the
+  // next part's, so a read opens one part at a time. A BatchBuilder writes
+  // a batch of more than kMaxLooseParts parts so (write.h).
+  bool ordered() const { return ordered_; }
 
   // Narrows the batch to [new_lower, upper): updates at earlier times are no
   // longer part of it and reads filter them out. This is how a writer whose
@@ -78,6 +82,7 @@ class Batch {
   std::string shard_;
   Description desc_;
   std::vector<PartRef> parts_;
+  bool ordered_ = false;
   OwnershipState state_ = OwnershipState::kOwned;
 };
 

@@ -5,12 +5,24 @@
 // building, with a bounded number of uploads in flight. Its memory is about
 // part_target_bytes x (1 + max_uploads_in_flight), whatever the batch size.
 //
+// Each part is sorted on its own, so a read merges every part of such a
+// batch at once, one open block each: a batch of thousands of small parts
+// would cost every reader thousands of blocks. So finish() sorts a batch of
+// more than kMaxLooseParts parts into one ordered run (each part's updates
+// sort before the next part's), which a read opens one part at a time: it
+// merges the parts (at most kRunFanIn at once, the smallest runs first)
+// until one run is left, rewriting the batch's data ceil(log_kRunFanIn(parts))
+// times. Meanwhile it holds one decoded block per merged input (at most
+// kRunFanIn x block_bytes for updates smaller than a block; merge.h) and
+// the part being written, and no upload is in flight.
+//
 // compare_and_append(batches, expected_upper, new_upper) is atomic (all
 // batches or none), linearizable, and commits any number of batches with
-// one consensus write. It returns ok, UpperMismatch{expected, current}, or
-// InvalidUsage. Each call carries an idempotency token: when a consensus
-// write ends indeterminate, a retry with the same token either finds the
-// append already committed or commits it, never twice.
+// one consensus write; the shard registers them as one batch, ordered only
+// when it is the call's one batch and was ordered. It returns ok, UpperMismatch{expected, current},
+// or InvalidUsage. Each call carries an idempotency token: when a consensus write ends
+// indeterminate, a retry with the same token either finds the append already committed or commits
+// it, never twice.
 //
 // Thread-safety: a WriteHandle and a BatchBuilder are used from one thread
 // at a time; distinct handles may be used concurrently.
@@ -69,6 +81,11 @@ class BatchBuilder {
   [[nodiscard]] Result<Batch> finish(Frontier upper);
 
   std::uint64_t added() const;
+
+  // A batch of more parts than this is sorted into one run by finish();
+  // the merge takes at most kRunFanIn inputs at once (see the top).
+  static constexpr std::size_t kMaxLooseParts = 16;
+  static constexpr std::size_t kRunFanIn = 64;
 
  private:
   struct State;

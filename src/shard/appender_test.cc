@@ -12,6 +12,8 @@
 #include "location/faulty.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "shard/machine.h"
+#include "shard/state.h"
 #include "shard/test_util.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
@@ -445,7 +447,6 @@ TEST_F(AppenderTest, ManySendersFromManyThreads) {
   EXPECT_EQ(contents().size(), 800u);
 }
 
-
 // --- Idempotent producers ----------------------------------------------------
 
 // Sends records [from, to) of `producer` through `appender`; the tokens.
@@ -691,7 +692,8 @@ TEST_F(AppenderTest, AProducerCannotSkipNumbersOrOverflowTheTable) {
   auto outcome = gap[0].wait();
   ASSERT_FALSE(outcome);
   EXPECT_EQ(outcome.error().kind, ErrorKind::kSequenceMismatch);
-  EXPECT_NE(outcome.error().message.find("expects 5"), std::string::npos) << outcome.error().message;
+  EXPECT_NE(outcome.error().message.find("expects 5"), std::string::npos)
+      << outcome.error().message;
   // A new producer must start at 0.
   EXPECT_FALSE(send(*appender, "b", 3, 4)[0].wait());
   for (const CommitToken& t : send(*appender, "b", 0, 2)) ASSERT_TRUE(t.wait());
@@ -736,6 +738,53 @@ TEST_F(AppenderTest, AGroupIsCommittedWholeByOneCommit) {
   EXPECT_EQ(producer.enqueue_group(group).error().kind, ErrorKind::kInvalidUsage);
 }
 
+TEST_F(AppenderTest, EachCommitIsOneOrderedBatchOrAFewLooseParts) {
+  // Small parts: a group of 3,000 records is far more parts than a read
+  // should merge at once, and small batches are a part each. A slow commit
+  // leaves the builder time to upload many batches meanwhile.
+  ClientOptions small;
+  small.part_target_bytes = 2048;
+  small.block_bytes = 512;
+  small.background_compaction = false;
+  auto client = *Client::open(Location{blob_, consensus_}, small);
+  ASSERT_TRUE(client->create_shard("many"));
+  auto shard = *client->open_shard("many");
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(100)});
+  AppenderOptions options;
+  options.batch_max_records = 5;
+  auto opened = Appender::open(shard, options);
+  ASSERT_TRUE(opened) << opened.error().to_string();
+  auto appender = *opened;
+  AppendSender sender = appender->sender();
+  std::vector<CommitToken> tokens;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<AppendRecord> group;
+    for (int i = 0; i < 3000; ++i) group.push_back(record(round * 100000 + i, 100));
+    tokens.push_back(*sender.enqueue_group(group));
+    for (int i = 0; i < 400; ++i) {
+      tokens.push_back(*sender.enqueue_with_token(record(round * 100000 + 50000 + i, 300)));
+    }
+  }
+  for (const CommitToken& t : tokens) ASSERT_TRUE(t.wait());
+  const AppenderStats stats = appender->stats();
+  EXPECT_LT(stats.commits, stats.batches_committed) << "the test wants batched commits";
+  appender->close();
+  auto state = ShardMachine("many", consensus_, blob_).fetch();
+  ASSERT_TRUE(state) << state.error().to_string();
+  std::size_t ordered = 0, most_loose = 0;
+  for (const HollowBatch& batch : (*state)->batches) {
+    if (batch.ordered) {
+      ++ordered;
+    } else {
+      most_loose = std::max(most_loose, batch.parts.get().size());
+    }
+  }
+  EXPECT_EQ(ordered, 3u) << "each group's batch commits alone, as one run";
+  EXPECT_LE(most_loose, BatchBuilder::kMaxLooseParts);
+  EXPECT_GT(most_loose, 1u) << "the test wants several small batches in one commit";
+  const Frontier upper = *shard->upper();
+  EXPECT_EQ(read_snapshot(*shard, upper.time() - 1)->size(), 3u * 3400);
+}
 
 // --- Leases that expire while a process is cut off ---------------------------
 

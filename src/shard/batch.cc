@@ -5,14 +5,19 @@
 namespace tidemark {
 
 Batch::Batch(std::shared_ptr<Blob> blob, std::string shard, Description desc,
-             std::vector<PartRef> parts)
-    : blob_(std::move(blob)), shard_(std::move(shard)), desc_(desc), parts_(std::move(parts)) {}
+             std::vector<PartRef> parts, bool ordered)
+    : blob_(std::move(blob)),
+      shard_(std::move(shard)),
+      desc_(desc),
+      parts_(std::move(parts)),
+      ordered_(ordered) {}
 
 Batch::Batch(Batch&& other) noexcept
     : blob_(std::move(other.blob_)),
       shard_(std::move(other.shard_)),
       desc_(other.desc_),
       parts_(std::move(other.parts_)),
+      ordered_(other.ordered_),
       state_(other.state_) {
   other.state_ = OwnershipState::kMovedFrom;
 }
@@ -24,6 +29,7 @@ Batch& Batch::operator=(Batch&& other) noexcept {
     shard_ = std::move(other.shard_);
     desc_ = other.desc_;
     parts_ = std::move(other.parts_);
+    ordered_ = other.ordered_;
     state_ = other.state_;
     other.state_ = OwnershipState::kMovedFrom;
   }

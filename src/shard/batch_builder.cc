@@ -3,6 +3,7 @@
 
 #include "part/part.h"
 #include "shard/context.h"
+#include "shard/run_writer.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/ids.h"
@@ -130,6 +131,52 @@ struct BatchBuilder::State {
         }));
   }
 
+  // Sorts the parts (each sorted on its own) into one ordered run of
+  // parts described by `desc` (see write.h): merges the smallest runs,
+  // kRunFanIn at a time, until one is left. Each merge but the last takes
+  // only as many runs as leave kRunFanIn for the last one. Every part not
+  // yet deleted stays in `parts`, so after an error abandon() finds them.
+  // REQUIRES: no upload in flight; every part's registered range is desc's.
+  Status sort_into_run(const Description& desc) {
+    std::vector<std::vector<PartRef>> runs;
+    runs.reserve(parts.size());
+    for (PartRef& part : parts) runs.push_back({std::move(part)});
+    parts.clear();
+    auto bytes = [](const std::vector<PartRef>& run) {
+      std::uint64_t total = 0;
+      for (const PartRef& part : run) total += part.size;
+      return total;
+    };
+    Status status;
+    while (runs.size() > 1) {
+      const std::size_t take =
+          runs.size() <= kRunFanIn ? runs.size() : std::min(kRunFanIn, runs.size() - kRunFanIn + 1);
+      std::stable_sort(runs.begin(), runs.end(),
+                       [&](const auto& a, const auto& b) { return bytes(a) < bytes(b); });
+      std::vector<MergeCursor::PartRun> inputs;
+      inputs.reserve(take);
+      for (std::size_t i = 0; i < take; ++i) inputs.push_back({runs[i], /*ordered=*/true});
+      RunWriter out(*context, writer_id, desc);
+      status = merge_into(*context, inputs, /*advance_to=*/0, out, "a batch");
+      if (!status) {
+        out.drop();
+        break;
+      }
+      for (std::size_t i = 0; i < take; ++i) {
+        // Best effort: one left behind is an orphan garbage collection
+        // deletes once this writer is gone.
+        for (const PartRef& part : runs[i]) (void)context->location.blob->remove(part.key);
+      }
+      runs.erase(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(take));
+      // A run that consolidated to nothing has no parts.
+      if (!out.written().empty()) runs.push_back(std::move(out.written()));
+    }
+    for (auto& run : runs) {
+      for (PartRef& part : run) parts.push_back(std::move(part));
+    }
+    return status;
+  }
+
   void abandon() {
     while (!uploads.empty()) collect_oldest();
     for (const PartRef& part : parts) (void)context->location.blob->remove(part.key);
@@ -229,13 +276,17 @@ Result<Batch> BatchBuilder::finish(Frontier upper) {
   }
   while (!s.uploads.empty()) s.collect_oldest();
   if (s.failed) return fail(*s.failed);
+  const Description desc{s.lower, upper, Frontier::at(0)};
   for (PartRef& part : s.parts) {
-    part.lower = s.lower;
-    part.upper = upper;
+    part.lower = desc.lower;
+    part.upper = desc.upper;
+  }
+  const bool ordered = s.parts.size() > kMaxLooseParts;
+  if (ordered) {
+    if (auto sorted = s.sort_into_run(desc); !sorted) return fail(sorted.error());
   }
   s.finished = true;
-  return Batch(s.context->location.blob, s.context->name,
-               Description{s.lower, upper, Frontier::at(0)}, std::move(s.parts));
+  return Batch(s.context->location.blob, s.context->name, desc, std::move(s.parts), ordered);
 }
 
 }  // namespace tidemark

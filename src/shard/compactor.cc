@@ -4,6 +4,7 @@
 
 #include "part/part.h"
 #include "shard/merge.h"
+#include "shard/run_writer.h"
 #include "shard/state.h"
 #include "util/clock.h"
 #include "util/ids.h"
@@ -74,9 +75,9 @@ class PassWriter {
     });
     if (!state && state.error().is(ErrorKind::kNotFound)) {
       // This pass's own registration lapsed: the pass ends, retryably.
-      return make_error(ErrorKind::kLeaseExpired,
-                        "the compaction pass lost its lease (" + state.error().message +
-                            "): nothing was replaced; compact again");
+      return make_error(ErrorKind::kLeaseExpired, "the compaction pass lost its lease (" +
+                                                      state.error().message +
+                                                      "): nothing was replaced; compact again");
     }
     if (!state) return std::unexpected(state.error());
     hold_ = (*state)->readers.at(reader_id_).seqno;
@@ -93,62 +94,6 @@ class PassWriter {
   std::optional<SeqNo> hold_;
 };
 
-// Writes the merged updates as one ordered run of parts.
-class RunWriter {
- public:
-  RunWriter(ShardContext& context, PassWriter& writer, Description desc)
-      : context_(context), writer_(writer), desc_(desc) {}
-  RunWriter(const RunWriter&) = delete;
-  RunWriter& operator=(const RunWriter&) = delete;
-
-  // May take *value's buffer (PartWriter::add).
-  Status add(std::string_view key, std::string* value, Time time, Diff diff) {
-    if (!part_) {
-      part_.emplace(desc_, PartOptions{context_.options.block_bytes, context_.options.zstd_level});
-    }
-    TM_TRY(part_->add(key, value, time, diff));
-    if (part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) TM_TRY(flush());
-    return {};
-  }
-
-  Status flush() {
-    if (!part_ || part_->count() == 0) return {};
-    PartRef ref;
-    ref.key = part_key(context_.name, writer_.id());
-    ref.count = part_->count();
-    ref.bytes = part_->stats().bytes;
-    ref.time_min = part_->stats().time_min;
-    ref.time_max = part_->stats().time_max;
-    ref.lower = desc_.lower;
-    ref.upper = desc_.upper;
-    TM_ASSIGN(std::string encoded, part_->finish());
-    part_.reset();
-    ref.size = encoded.size();
-    TM_TRY(with_retries(context_.options.write_retry,
-                        [&] { return context_.location.blob->set(ref.key, encoded); }));
-    bytes_ += ref.size;
-    written_.push_back(std::move(ref));
-    return writer_.keep_alive();
-  }
-
-  // Deletes every part written (the output was not registered).
-  void drop() {
-    for (const PartRef& part : written_) (void)context_.location.blob->remove(part.key);
-    written_.clear();
-  }
-
-  std::vector<PartRef>& written() { return written_; }
-  std::uint64_t bytes() const { return bytes_; }
-
- private:
-  ShardContext& context_;
-  PassWriter& writer_;
-  const Description desc_;
-  std::optional<PartWriter> part_;
-  std::vector<PartRef> written_;
-  std::uint64_t bytes_ = 0;
-};
-
 // Each batch one input of a merge (its parts one run).
 std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs) {
   std::vector<MergeCursor::PartRun> runs;
@@ -157,43 +102,6 @@ std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs
     runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
   }
   return runs;
-}
-
-// Streams the merge of `inputs` into `out`: times advanced to `advance_to`
-// (when below it), equal (key, value, time) summed, zero sums dropped.
-// `stop` is asked while the inputs open and every 4096 updates: once it says
-// true the merge ends with Closed.
-Status merge_into(ShardContext& context, const std::vector<HollowBatch>& inputs, Time advance_to,
-                  RunWriter& out, const std::function<bool()>& stop) {
-  TM_ASSIGN(MergeCursor merge,
-            MergeCursor::open(context.read_blob, merge_runs(inputs), TimeWindow{}, stop));
-  std::string key, value;
-  Time time = 0;
-  Diff sum = 0;
-  bool have = false;
-  for (std::uint64_t n = 1;; ++n) {
-    if (stop && n % 4096 == 0 && stop()) {
-      return make_error(ErrorKind::kClosed, "the compaction was stopped");
-    }
-    TM_ASSIGN(auto update, merge.next());
-    if (update) {
-      const Time t = std::max(update->time, advance_to);
-      if (have && t == time && update->key == key && update->value == value) {
-        TM_ASSIGN(sum, checked_add_diff(sum, update->diff, "a compaction"));
-        continue;
-      }
-    }
-    // A huge value's buffer moves into the part rather than being copied.
-    if (have && sum != 0) TM_TRY(out.add(key, &value, time, sum));
-    if (!update) break;
-    key.assign(update->key);
-    release_oversized(value, update->value.size());
-    value.assign(update->value);
-    time = std::max(update->time, advance_to);
-    sum = update->diff;
-    have = true;
-  }
-  return out.flush();
 }
 
 // One merge, if the spine needs one. False when it is in shape.
@@ -215,8 +123,9 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   const Time cap = desc.upper.is_closed() ? UINT64_MAX : desc.upper.time() - 1;
   const Time advance_to = state->since.is_closed() ? cap : std::min(state->since.time(), cap);
 
-  RunWriter out(context, writer, desc);
-  if (auto merged = merge_into(context, inputs, advance_to, out, stop); !merged) {
+  RunWriter out(context, writer.id(), desc, [&] { return writer.keep_alive(); });
+  if (auto merged = merge_into(context, merge_runs(inputs), advance_to, out, "a compaction", stop);
+      !merged) {
     out.drop();
     // Stopped: the inputs are untouched and the pass ends.
     if (merged.error().is(ErrorKind::kClosed) && stop && stop()) return false;
@@ -301,7 +210,8 @@ ShardContext::~ShardContext() {
 }
 
 Result<StatePtr> ShardContext::fetch_for_read() {
-  return with_retries(options.read_retry, [&] { return machine->fetch(); }, stop_reads());
+  return with_retries(
+      options.read_retry, [&] { return machine->fetch(); }, stop_reads());
 }
 
 std::function<bool()> ShardContext::stop_reads() const {

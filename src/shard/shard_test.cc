@@ -11,6 +11,8 @@
 #include "location/mem_consensus.h"
 #include "part/part.h"
 #include "shard/context.h"
+#include "shard/machine.h"
+#include "shard/merge.h"
 #include "shard/state.h"
 #include "shard/test_util.h"
 #include "tidemark/client.h"
@@ -643,6 +645,101 @@ TEST_F(ShardTest, TruncatedBatchReadsOnlyItsRegisteredRange) {
   EXPECT_EQ(*read_snapshot(*shard_, 9), model_at(all, 9));
 }
 
+TEST_F(ShardTest, ABatchOfManyPartsIsSortedIntoOneRun) {
+  // Keys in a shuffled order over three times, with updates that cancel or
+  // sum across parts (each part is sorted on its own, so only the merge
+  // meets them).
+  std::vector<Update> updates;
+  const auto value = [](int k) { return std::string(24, static_cast<char>('a' + k % 13)); };
+  for (int i = 0; i < 12000; ++i) {
+    const int k = (i * 7919) % 12000;
+    updates.push_back(Update{"k" + std::to_string(k), value(k), static_cast<Time>(k % 3), 1});
+  }
+  for (int k = 0; k < 12000; k += 5) {
+    updates.push_back(
+        Update{"k" + std::to_string(k), value(k), static_cast<Time>(k % 3), k % 2 == 0 ? -1 : 2});
+  }
+  // The builder cuts a part once it buffers part_target_bytes (4096), so
+  // there are at least this many before the sort: more than one merge
+  // takes, so it merges more than once.
+  std::uint64_t buffered = 0;
+  for (const Update& u : updates) buffered += u.key.size() + u.value.size();
+  ASSERT_GT(buffered / (4096 + 32), BatchBuilder::kRunFanIn);
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(updates, 0, 3));
+  const std::vector<PartRef> parts = batches[0].parts();
+  ASSERT_GT(parts.size(), 1u);
+  EXPECT_TRUE(batches[0].ordered());
+  // Only the run is left: the parts merged into it are deleted.
+  EXPECT_EQ(part_objects(), parts.size());
+  std::vector<Update> consolidated = updates;
+  ASSERT_TRUE(consolidate(consolidated));
+  std::uint64_t count = 0;
+  for (const PartRef& part : parts) count += part.count;
+  EXPECT_EQ(count, consolidated.size());
+  // The parts are read as one run, which checks their order across parts.
+  auto merge =
+      MergeCursor::open(blob_, std::vector<MergeCursor::PartRun>{{parts, true}}, TimeWindow{});
+  ASSERT_TRUE(merge) << merge.error().to_string();
+  std::uint64_t read = 0;
+  for (;;) {
+    auto next = merge->next();
+    ASSERT_TRUE(next) << next.error().to_string();
+    if (!*next) break;
+    ++read;
+  }
+  EXPECT_EQ(read, count);
+
+  ASSERT_TRUE(append(batches, 0, 3));
+  auto state = ShardMachine("orders", consensus_, blob_).fetch();
+  ASSERT_TRUE(state) << state.error().to_string();
+  ASSERT_EQ((*state)->batches.size(), 1u);
+  EXPECT_TRUE((*state)->batches[0].ordered);
+  EXPECT_EQ(read_inputs(**state), 1u) << "a read opens one part at a time";
+  for (Time as_of = 0; as_of < 3; ++as_of) {
+    auto got = read_snapshot(*shard_, as_of);
+    ASSERT_TRUE(got) << got.error().to_string();
+    EXPECT_EQ(*got, model_at(updates, as_of)) << "as_of " << as_of;
+  }
+  auto listener = shard_->listen(0, 3);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  auto listened = read_listen(**listener);
+  ASSERT_TRUE(listened) << listened.error().to_string();
+  std::vector<Update> expected;
+  for (const Update& u : consolidated) {
+    if (u.time > 0) expected.push_back(u);
+  }
+  std::vector<Update> got = listened->updates;
+  ASSERT_TRUE(consolidate(got));  // sorts as `expected` is
+  EXPECT_EQ(got, expected);
+}
+
+TEST_F(ShardTest, ABatchOfFewPartsStaysLooseAndTwoBatchesAreLoose) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(300, 1), 0, 2));
+  ASSERT_GT(batches[0].parts().size(), 1u);
+  ASSERT_LE(batches[0].parts().size(), BatchBuilder::kMaxLooseParts);
+  EXPECT_FALSE(batches[0].ordered());
+  ASSERT_TRUE(append(batches, 0, 2));
+  // Two batches in one call are registered as one batch of loose parts,
+  // even when each alone is ordered.
+  std::vector<Batch> two;
+  two.push_back(make_batch(numbered(6000, 2, "a"), 2, 3));
+  two.push_back(make_batch(numbered(6000, 3, "b"), 3, 4));
+  ASSERT_TRUE(two[0].ordered());
+  ASSERT_TRUE(two[1].ordered());
+  ASSERT_TRUE(append(two, 2, 4));
+  auto state = ShardMachine("orders", consensus_, blob_).fetch();
+  ASSERT_TRUE(state) << state.error().to_string();
+  ASSERT_EQ((*state)->batches.size(), 2u);
+  EXPECT_FALSE((*state)->batches[0].ordered);
+  EXPECT_FALSE((*state)->batches[1].ordered);
+  std::vector<Update> all = numbered(300, 1);
+  for (const Update& u : numbered(6000, 2, "a")) all.push_back(u);
+  for (const Update& u : numbered(6000, 3, "b")) all.push_back(u);
+  EXPECT_EQ(*read_snapshot(*shard_, 3), model_at(all, 3));
+}
+
 TEST_F(ShardTest, IrreconcilablePartIsACorruptionNamingIt) {
   std::vector<Batch> batches;
   batches.push_back(make_batch(numbered(3, 1), 0, 2));
@@ -849,8 +946,8 @@ TEST_F(FaultyReadsTest, AnOutageMidStreamResumesWhereItWas) {
     ASSERT_TRUE(row) << row.error().to_string();
     if (!*row) break;
     ++read;
-    auto [it, fresh] = rows.emplace(std::pair{std::string((*row)->key), std::string((*row)->value)},
-                                    (*row)->diff);
+    auto [it, fresh] =
+        rows.emplace(std::pair{std::string((*row)->key), std::string((*row)->value)}, (*row)->diff);
     EXPECT_TRUE(fresh) << "row twice: " << it->first.first;
   }
   outage.join();

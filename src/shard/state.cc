@@ -313,7 +313,8 @@ Result<RollupRef> version_rollup(std::string_view shard, const VersionedData& da
   return rollup;
 }
 
-std::string encode_diff(const ShardState& before, const ShardState& after, const RollupRef& rollup) {
+std::string encode_diff(const ShardState& before, const ShardState& after,
+                        const RollupRef& rollup) {
   std::string out;
   Encoder e(&out);
   e.put_u8(kDiffFormatVersion);
@@ -522,8 +523,8 @@ bool expire_leases(ShardState& state, std::uint64_t now_ms) {
   });
   dropped += std::erase_if(
       state.writers, [&](const auto& entry) { return entry.second.lease_expires_ms < now_ms; });
-  dropped += std::erase_if(
-      state.producers, [&](const auto& entry) { return entry.second.expires_ms < now_ms; });
+  dropped += std::erase_if(state.producers,
+                           [&](const auto& entry) { return entry.second.expires_ms < now_ms; });
   return dropped > 0;
 }
 
@@ -707,13 +708,12 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
     const ProducerCheck check =
         check_producer(state, range.producer, range.first, request.max_producers);
     if (check.verdict != ProducerCheck::Verdict::kNext) {
-      return make_error(ErrorKind::kSequenceMismatch,
-                        "producer " + range.producer + " appends from sequence " +
-                            std::to_string(range.first) + " but shard " + state.name +
-                            " expects " + std::to_string(check.expected) +
-                            (check.verdict == ProducerCheck::Verdict::kFull
-                                 ? " and keeps no more producers"
-                                 : ""));
+      return make_error(
+          ErrorKind::kSequenceMismatch,
+          "producer " + range.producer + " appends from sequence " + std::to_string(range.first) +
+              " but shard " + state.name + " expects " + std::to_string(check.expected) +
+              (check.verdict == ProducerCheck::Verdict::kFull ? " and keeps no more producers"
+                                                              : ""));
     }
     // A copy: a later range of the same producer continues from this one.
     state.producers[range.producer] =
@@ -723,6 +723,7 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
     HollowBatch batch;
     batch.desc = Description{request.expected_upper, request.new_upper, state.since};
     batch.parts = PartList(std::vector<PartRef>(request.parts.begin(), request.parts.end()));
+    batch.ordered = request.ordered;
     state.batches.push_back(std::move(batch));
   }
   state.upper = request.new_upper;

@@ -117,9 +117,9 @@ struct ReaderState {
 // records, so the two never disagree. Dropped once `expires_ms` passes
 // with nothing committed (each commit pushes it on).
 struct ProducerState {
-  std::uint64_t sequence = 0;     // the highest sequence number committed
-  Time time = 0;                  // the commit time of that record
-  std::uint64_t expires_ms = 0;   // wall-clock ms
+  std::uint64_t sequence = 0;    // the highest sequence number committed
+  Time time = 0;                 // the commit time of that record
+  std::uint64_t expires_ms = 0;  // wall-clock ms
   bool operator==(const ProducerState&) const = default;
 };
 
@@ -279,6 +279,9 @@ struct AppendRequest {
   // The parts of every batch of the call, each carrying its batch's
   // registered range. They become one HollowBatch [expected, new_upper).
   std::span<const PartRef> parts;
+  // The parts form one sorted run (the call's one batch is ordered): the
+  // HollowBatch is registered ordered.
+  bool ordered = false;
   // Extends the writer's lease when nonzero.
   std::uint64_t lease_expires_ms = 0;
   // Idempotent producers' records in this append, in commit order. Each
@@ -301,12 +304,11 @@ enum class AppendOutcome : std::uint8_t {
 // compare_and_append as a transition, with every rule of an append:
 // unknown writer is InvalidUsage (LeaseExpired when it was registered); a
 // part written by a writer that is gone is LeaseExpired (garbage
-// collection may have deleted it: the batch must be built again); an upper that is not `expected_upper` is
-// UpperMismatch{expected, current}; a producer range that does not continue
-// its producer's sequence is SequenceMismatch (nothing changes: the caller
-// re-checks its records against the state and drops or fails the ones
-// that are not next). The request's shape is checked first by
-// validate_append_shape.
+// collection may have deleted it: the batch must be built again); an upper that is not
+// `expected_upper` is UpperMismatch{expected, current}; a producer range that does not continue its
+// producer's sequence is SequenceMismatch (nothing changes: the caller re-checks its records
+// against the state and drops or fails the ones that are not next). The request's shape is checked
+// first by validate_append_shape.
 [[nodiscard]] Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& request);
 
 // Checks an append's shape without a state: lower <= upper, an empty

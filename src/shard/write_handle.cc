@@ -147,6 +147,8 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
       .expected_upper = expected_upper,
       .new_upper = new_upper,
       .parts = parts,
+      // Several batches' parts together are loose, whatever each was.
+      .ordered = batches.size() == 1 && batches[0].ordered(),
       .lease_expires_ms = lease_expiry(),
       .producers = producers,
       .producer_expires_ms =
@@ -172,15 +174,16 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   if (!applied && maybe_landed && applied.error().is(ErrorKind::kLeaseExpired)) {
     applied = std::unexpected(Error{ErrorKind::kIndeterminate,
                                     "this append may have been committed before its writer lost "
-                                    "its lease (" + applied.error().message + ")",
+                                    "its lease (" +
+                                        applied.error().message + ")",
                                     std::nullopt, std::nullopt});
   }
   if (!applied && maybe_landed && !applied.error().is(ErrorKind::kIndeterminate) &&
       is_retryable(applied.error())) {
-    applied = std::unexpected(Error{ErrorKind::kIndeterminate,
-                                    "after an earlier indeterminate attempt: " +
-                                        applied.error().message,
-                                    std::nullopt, std::nullopt});
+    applied =
+        std::unexpected(Error{ErrorKind::kIndeterminate,
+                              "after an earlier indeterminate attempt: " + applied.error().message,
+                              std::nullopt, std::nullopt});
   }
   {
     std::lock_guard lock(mu_);

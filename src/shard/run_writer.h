@@ -1,0 +1,69 @@
+// RunWriter and merge_into: a merge of parts written back as one ordered
+// run, shared by compaction (compactor.h) and by a BatchBuilder that sorts a
+// batch of many parts into one run (write.h).
+//
+// RunWriter takes updates in strictly increasing (key, value, time) order
+// and writes them as parts of part_target_bytes, each named after the
+// writer and carrying the run's description. Memory: the part being
+// written (its encoded blocks, about part_target_bytes, or one huge update
+// compressed) and its open block's columns.
+//
+// merge_into streams a MergeCursor over `runs` into a RunWriter: times below
+// `advance_to` advanced to it, equal (key, value, time) summed, zero sums
+// dropped. Besides the RunWriter it holds what the MergeCursor holds
+// (merge.h: one decoded block per open input) and a copy of the update
+// being consolidated.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "part/part.h"
+#include "shard/context.h"
+#include "shard/merge.h"
+
+namespace tidemark {
+
+class RunWriter {
+ public:
+  // `after_part` (when given) runs after each part is written; its error
+  // ends the run (the compactor renews its leases there).
+  RunWriter(ShardContext& context, std::string writer_id, Description desc,
+            std::function<Status()> after_part = {});
+  RunWriter(const RunWriter&) = delete;
+  RunWriter& operator=(const RunWriter&) = delete;
+
+  // May take *value's buffer (PartWriter::add).
+  [[nodiscard]] Status add(std::string_view key, std::string* value, Time time, Diff diff);
+
+  // Writes the part in progress, if any.
+  [[nodiscard]] Status flush();
+
+  // Deletes every part written (the run is not going to be registered).
+  void drop();
+
+  std::vector<PartRef>& written() { return written_; }
+  std::uint64_t bytes() const { return bytes_; }
+
+ private:
+  ShardContext& context_;
+  const std::string writer_id_;
+  const Description desc_;
+  const std::function<Status()> after_part_;
+  std::optional<PartWriter> part_;
+  std::vector<PartRef> written_;
+  std::uint64_t bytes_ = 0;
+};
+
+// `what` names the merge in a diff overflow's message. `stop` is asked
+// while the inputs open and every 4096 updates: once it says true the merge
+// ends with Closed. Flushes `out` at the end.
+[[nodiscard]] Status merge_into(ShardContext& context,
+                                const std::vector<MergeCursor::PartRun>& runs, Time advance_to,
+                                RunWriter& out, std::string_view what,
+                                const std::function<bool()>& stop = {});
+
+}  // namespace tidemark
