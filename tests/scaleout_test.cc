@@ -308,6 +308,13 @@ TEST_F(ScaleOutTest, FourServersShareOneShardThroughARollingRestart) {
     ports_[i] = servers_[i].port;
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Each read starts two processes that read through S3: on a loaded
+  // machine (CI) only two rounds fit in the restarts' time. The writes go on
+  // until three have compared, so every read still races the writers.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (consistent_reads.load() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   appends.stop();
   readers.join();
 
