@@ -170,6 +170,22 @@ TEST_F(CliTest, MalformedLineIsReportedAndNothingIsAppended) {
   EXPECT_NE(missing_time.err.find("line 1"), std::string::npos);
 }
 
+TEST_F(CliTest, AnInputThatIsADirectoryIsAnErrorNotAnEmptyAppend) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  const std::string dir = shell_quote(dir_.string());
+  for (const std::string& append :
+       {"append s --input " + dir, "append s --lower 0 --upper 2 --input " + dir,
+        "append s --producer p --input " + dir}) {
+    Outcome refused = tidemark(append);
+    EXPECT_EQ(refused.status, 1) << append << ": " << refused.out;
+    EXPECT_NE(refused.err.find("is a directory"), std::string::npos)
+        << append << ": " << refused.err;
+    EXPECT_EQ(refused.out, "") << append;
+  }
+  Outcome inspect = tidemark("shard inspect s --json");
+  EXPECT_NE(inspect.out.find("\"upper\":0"), std::string::npos) << inspect.out;
+}
+
 TEST_F(CliTest, ManagedAppendGoesThroughTheAppender) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   std::string input;
@@ -216,8 +232,8 @@ TEST_F(CliTest, InterruptedManagedAppendsAreAllOrNothingOrResumable) {
   };
   // Killed at a few points: never a part of it.
   for (int delay_ms : {150, 400, 700}) {
-    pid_t pid = tidemark::testing::spawn_tidemark({"--data", data, "append", "plain", "--input", input},
-                                                  dir_ / "err");
+    pid_t pid = tidemark::testing::spawn_tidemark(
+        {"--data", data, "append", "plain", "--input", input}, dir_ / "err");
     ASSERT_GT(pid, 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     kill(pid, SIGKILL);

@@ -1,20 +1,22 @@
 // The shard, append, snapshot and listen commands.
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <charconv>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 
 #include "cli/cli.h"
+#include "shard/state.h"
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
-#include "shard/state.h"
 #include "util/clock.h"
 #include "util/json.h"
 
@@ -196,6 +198,17 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
 
 namespace {
 
+// An --input that names a directory opens, and reads as nothing: refused.
+Status check_input_path(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return invalid_usage("input " + path +
+                         " is a directory; --input takes a file (or - for "
+                         "standard input)");
+  }
+  return {};
+}
+
 // Managed append: records without times. Every line is validated first (a
 // first pass over the input; standard input is spooled to an unnamed
 // temporary file), so a malformed line appends nothing. Then:
@@ -233,6 +246,10 @@ int run_managed_append(const Globals& globals, const Args& args) {
       }
     }
   } else {
+    if (auto readable = check_input_path(input_name); !readable) {
+      std::fprintf(stderr, "tidemark: %s\n", readable.error().message.c_str());
+      return kExitError;
+    }
     input = std::fopen(input_name.c_str(), "rb");
     if (!input) {
       std::fprintf(stderr, "tidemark: cannot open input %s\n", input_name.c_str());
@@ -245,7 +262,7 @@ int run_managed_append(const Globals& globals, const Args& args) {
   } closer{input};
 
   // Reads the records one at a time; `visit` returns false to stop.
-  auto for_each_record = [&](const std::function<bool(std::uint64_t, Record&&)>& visit,
+  auto for_each_record = [&](const std::function<bool(std::uint64_t, Record &&)>& visit,
                              std::string* failure) {
     std::rewind(input);
     char* line = nullptr;
@@ -267,6 +284,13 @@ int run_managed_append(const Globals& globals, const Args& args) {
         complete = false;
         break;
       }
+    }
+    // getline's -1 is an error as well as the end: a read that failed
+    // (EIO, a directory) must not pass for a shorter input.
+    if (complete && std::ferror(input)) {
+      *failure = "cannot read input " + input_name + " after line " + std::to_string(number) +
+                 ": " + std::strerror(errno);
+      complete = false;
     }
     std::free(line);
     return complete;
@@ -416,6 +440,10 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   std::ifstream file;
   std::istream* in = &std::cin;
   if (input_name != "-") {
+    if (auto readable = check_input_path(input_name); !readable) {
+      std::fprintf(stderr, "tidemark: %s\n", readable.error().message.c_str());
+      return kExitError;
+    }
     file.open(input_name, std::ios::binary);
     if (!file) {
       std::fprintf(stderr, "tidemark: cannot open input %s\n", input_name.c_str());
