@@ -37,7 +37,9 @@ trap cleanup EXIT
 
 # Starts the server with the given flags; sets pid and url.
 start_server() {
-  "$bin" --data "$dir" serve --listen 127.0.0.1:0 "$@" 2>"$dir/serve.err" &
+  # Room for every wrk connection and the script's own requests.
+  "$bin" --data "$dir" serve --listen 127.0.0.1:0 --max-connections $((connections + 16)) "$@" \
+    2>"$dir/serve.err" &
   pid=$!
   local port=
   for _ in $(seq 100); do

@@ -1,4 +1,6 @@
 // `tidemark serve`: the HTTP server on the configured location.
+#include <sys/resource.h>
+
 #include <charconv>
 #include <csignal>
 #include <cstdio>
@@ -21,7 +23,7 @@ namespace {
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
     "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
-    "[--max-producers N] "
+    "[--max-producers N] [--max-connections N] "
     "(benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
@@ -89,9 +91,9 @@ ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_lim
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
-                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
-                           "--producer-expiry", "--max-producers", "--retry-deadline",
-                           "--inject-blob-latency-ms", "--appender-queue"},
+                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
+                           "--lease", "--producer-expiry", "--max-producers", "--retry-deadline",
+                           "--max-connections", "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
@@ -187,7 +189,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   std::optional<std::chrono::milliseconds> producer_expiry;
   if (auto text = args->get("--producer-expiry")) {
     auto ms = whole_number(*text, 1000, 365ull * 24 * 3600 * 1000);
-    if (!ms) return usage_error("--producer-expiry takes milliseconds from 1000 to a year, got " + *text);
+    if (!ms)
+      return usage_error("--producer-expiry takes milliseconds from 1000 to a year, got " + *text);
     producer_expiry = std::chrono::milliseconds(*ms);
   }
   // How long a read (a snapshot, a listen, a sink) goes on retrying a
@@ -199,6 +202,31 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     retry_deadline = std::chrono::milliseconds(*ms);
   }
   std::optional<std::size_t> max_producers;
+  if (auto text = args->get("--max-connections")) {
+    auto n = whole_number(*text, 0, 1'000'000);
+    if (!n) return usage_error("--max-connections takes 0 (no limit) to 1000000, got " + *text);
+    options.max_connections = *n;
+  }
+  // Connections, backends and sinks all take file descriptors: the soft
+  // limit is raised to the hard one, and the connection limit kept below
+  // what is left, so the server refuses a connection (503) before it runs
+  // out of descriptors.
+  if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    if (files.rlim_cur < files.rlim_max) {
+      files.rlim_cur = files.rlim_max;
+      (void)::setrlimit(RLIMIT_NOFILE, &files);
+      (void)::getrlimit(RLIMIT_NOFILE, &files);
+    }
+    constexpr rlim_t kReservedFiles = 256;
+    const rlim_t room = files.rlim_cur > kReservedFiles + 16 ? files.rlim_cur - kReservedFiles : 16;
+    if (files.rlim_cur != RLIM_INFINITY &&
+        (options.max_connections == 0 || options.max_connections > room)) {
+      std::fprintf(stderr, "tidemark: at most %llu connections (open files are limited to %llu)\n",
+                   static_cast<unsigned long long>(room),
+                   static_cast<unsigned long long>(files.rlim_cur));
+      options.max_connections = static_cast<std::size_t>(room);
+    }
+  }
   if (auto text = args->get("--max-producers")) {
     auto n = whole_number(*text, 1, 1'000'000);
     if (!n) return usage_error("--max-producers takes 1 to 1000000, got " + *text);

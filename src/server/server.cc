@@ -110,8 +110,7 @@ std::string url_decode(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 &&
-        hex(text[i + 2]) >= 0) {
+    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
       out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
       i += 2;
     } else if (text[i] == '+') {
@@ -222,6 +221,17 @@ struct Server::Impl {
   // Requests whose header was read and that are not answered yet (a
   // stream counts until it ends). stop() waits for them.
   std::atomic<int> in_flight{0};
+  // Sessions alive (open connections); the acceptor refuses past
+  // options.max_connections.
+  std::atomic<std::size_t> connections{0};
+  // After a failed accept (out of file descriptors, say) the acceptor
+  // waits before trying again: the error persists while the backlog holds
+  // the connection, and retrying at once spun a core. Doubles from
+  // kAcceptBackoffFirst to kAcceptBackoffMost; reset by an accept.
+  static constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
+  static constexpr std::chrono::milliseconds kAcceptBackoffMost{1000};
+  std::chrono::milliseconds accept_backoff{0};  // used by the acceptor's strand only
+  std::optional<net::steady_timer> accept_timer;
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
   std::condition_variable stop_cv;
@@ -388,9 +398,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // run them, and handlers still queued are destroyed with its io_context.
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
-  Session(StrandSocket socket, Server::Impl* server)
-      : stream_(std::move(socket)), server_(server) {}
-  ~Session() { end_request(); }
+  Session(StrandSocket socket, Server::Impl* server) : stream_(std::move(socket)), server_(server) {
+    server_->connections.fetch_add(1);
+  }
+  ~Session() {
+    end_request();
+    server_->connections.fetch_sub(1);
+  }
 
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
@@ -506,6 +520,16 @@ class Session : public std::enable_shared_from_this<Session> {
     query_ = parse_query(q == std::string_view::npos ? std::string_view{} : target.substr(q + 1));
     const http::verb method = request.method();
 
+    // A body in a transfer coding other than chunked has no length this
+    // server can find: answered 400 and the connection closed (RFC 9112
+    // 6.3), never read as an empty body.
+    if (request.find(http::field::transfer_encoding) != request.end() && !parser_->chunked()) {
+      route_ = "bad_request";
+      keep_alive_ = false;
+      return respond(400, error_json("unsupported Transfer-Encoding \"" +
+                                     std::string(request[http::field::transfer_encoding]) +
+                                     "\": only chunked is accepted"));
+    }
     if (path_ == "/healthz") {
       route_ = "healthz";
       return read_small_body([self = shared_from_this()] { self->respond(200, "{\"ok\":true}"); });
@@ -671,7 +695,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void create_sink() {
     auto spec = SinkSpec::parse(small_body_);
     if (!spec) return respond_error(spec.error());
-    if (auto inside = check_file_sink(spec->to); !inside) return respond_error(inside.error());
+    auto to = resolve_file_sink(spec->to);
+    if (!to) return respond_error(to.error());
+    spec->to = std::move(*to);
     blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },
                           [self = shared_from_this()](Result<std::string> r) {
                             if (!r) return self->respond_error(r.error());
@@ -679,22 +705,31 @@ class Session : public std::enable_shared_from_this<Session> {
                           });
   }
 
-  // A file sink writes only inside the server's file_sink_root.
-  Status check_file_sink(const std::string& to) {
+  // A file sink writes only inside the server's file_sink_root. Its path is
+  // resolved (symlinks, "..") once, here, and the sink is given the
+  // resolved path, so the check and the writer cannot disagree (a path
+  // climbing out through a symlinked data directory passed the check and
+  // was written outside). Other destinations pass unchanged. A refusal
+  // names no path of the server's.
+  Result<std::string> resolve_file_sink(const std::string& to) {
     constexpr std::string_view kFile = "file://";
-    if (!to.starts_with(kFile)) return {};
+    if (!to.starts_with(kFile)) return to;
     const auto& root = server_->options.file_sink_root;
     if (!root) return invalid_usage("this server has no directory for file sinks");
     std::error_code ec;
     const auto base = std::filesystem::weakly_canonical(*root, ec);
+    if (ec)
+      return make_error(ErrorKind::kDeterminate,
+                        "the server's file sink directory: " + ec.message());
     const auto dir = std::filesystem::weakly_canonical(to.substr(kFile.size()), ec);
     if (ec) return invalid_usage("sink destination " + to + ": " + ec.message());
     auto [b, d] = std::mismatch(base.begin(), base.end(), dir.begin(), dir.end());
     if (b != base.end() || d == dir.end()) {
-      return invalid_usage("sink destination " + to + ": file sinks write inside " + base.string() +
-                           " on this server");
+      return invalid_usage("sink destination " + to +
+                           ": file sinks write inside the sinks/ directory of this server's "
+                           "data directory");
     }
-    return {};
+    return std::string(kFile) + dir.string();
   }
 
   void list_shards() {
@@ -807,8 +842,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // A managed append names an idempotent producer, or is all or nothing.
     auto& request = parser_->get();
-    const auto producer = request.find(beast::string_view(kProducerHeader.data(), kProducerHeader.size()));
-    const auto sequence = request.find(beast::string_view(kSequenceHeader.data(), kSequenceHeader.size()));
+    const auto producer =
+        request.find(beast::string_view(kProducerHeader.data(), kProducerHeader.size()));
+    const auto sequence =
+        request.find(beast::string_view(kSequenceHeader.data(), kSequenceHeader.size()));
     if (producer != request.end()) {
       const std::string id(producer->value().data(), producer->value().size());
       if (auto valid = validate_producer_id(id); !valid) {
@@ -829,8 +866,8 @@ class Session : public std::enable_shared_from_this<Session> {
       first_sequence_ = *first;
     } else if (sequence != request.end()) {
       keep_alive_ = false;
-      return respond(400, error_json(std::string(kSequenceHeader) + " needs " +
-                                     std::string(kProducerHeader)));
+      return respond(
+          400, error_json(std::string(kSequenceHeader) + " needs " + std::string(kProducerHeader)));
     }
     // The shard's appender, opened once (by a worker: it blocks), and where
     // the producer stands.
@@ -882,12 +919,13 @@ class Session : public std::enable_shared_from_this<Session> {
             self->keep_alive_ = false;
             std::string body = "{\"error\":";
             append_json_string(
-                &body, "producer " + *self->producer_ + ": the body starts at sequence " +
-                           std::to_string(self->first_sequence_) + " but shard " + self->name_ +
-                           (lookup.producer ? " has committed up to " +
-                                                  std::to_string(lookup.producer->sequence)
-                                            : " does not know it (new, or expired): it starts at 0") +
-                           "; send from sequence " + std::to_string(expected));
+                &body,
+                "producer " + *self->producer_ + ": the body starts at sequence " +
+                    std::to_string(self->first_sequence_) + " but shard " + self->name_ +
+                    (lookup.producer
+                         ? " has committed up to " + std::to_string(lookup.producer->sequence)
+                         : " does not know it (new, or expired): it starts at 0") +
+                    "; send from sequence " + std::to_string(expected));
             body += ",\"producer\":";
             append_json_string(&body, *self->producer_);
             body += ",\"expected_sequence\":" + std::to_string(expected) + "}";
@@ -1074,8 +1112,8 @@ class Session : public std::enable_shared_from_this<Session> {
     const auto length = parser_->content_length();
     if (!length) return read_managed();
     if (*length > *server_->options.max_record_bytes) return atomic_too_large();
-    const std::uint64_t chunk = std::clamp<std::uint64_t>(*length, kSmallChunkBytes,
-                                                          Server::kBodyChunkBytes);
+    const std::uint64_t chunk =
+        std::clamp<std::uint64_t>(*length, kSmallChunkBytes, Server::kBodyChunkBytes);
     const std::uint64_t want = 2 * *length + chunk;
     if (want > server_->requests->capacity()) return atomic_too_large();
     // A connection's kept chunk serves again when room for the records is
@@ -1244,7 +1282,7 @@ class Session : public std::enable_shared_from_this<Session> {
             if (!upper) return self->respond_error(upper.error());
             std::string body = "{\"time\":";
             body += self->producer_time_ && self->count_ > 0 ? std::to_string(*self->producer_time_)
-                                                              : "null";
+                                                             : "null";
             body += ",\"count\":" + std::to_string(self->count_) + ",\"upper\":" + upper->to_json();
             self->append_producer_fields(&body);
             self->respond(200, body + "}");
@@ -1382,8 +1420,9 @@ class Session : public std::enable_shared_from_this<Session> {
   };
 
   // The query a stream's client sends to go on after the rows it has.
-  static std::string resume_query(std::string_view base, std::string_view after_time,
-                                  std::optional<std::pair<std::string_view, std::string_view>> row) {
+  static std::string resume_query(
+      std::string_view base, std::string_view after_time,
+      std::optional<std::pair<std::string_view, std::string_view>> row) {
     std::string out(base);
     if (!after_time.empty()) out.append("&after_time=").append(after_time);
     if (row) {
@@ -1437,8 +1476,9 @@ class Session : public std::enable_shared_from_this<Session> {
           auto source = *cursor;
           auto position = std::make_shared<StreamPosition>();
           const std::string base = "as_of=" + std::to_string(source->as_of());
-          position->query = after ? resume_query(base, {}, std::pair<std::string_view, std::string_view>(
-                                                                after->first, after->second))
+          position->query = after ? resume_query(base, {},
+                                                 std::pair<std::string_view, std::string_view>(
+                                                     after->first, after->second))
                                   : base;
           // Rows up to `after` were sent to an earlier request.
           auto skip = std::make_shared<std::optional<std::pair<std::string, std::string>>>(after);
@@ -1539,8 +1579,8 @@ class Session : public std::enable_shared_from_this<Session> {
             std::string q = cursor->base();
             if (cursor->after_time && cursor->after) {
               q = resume_query(q, std::to_string(*cursor->after_time),
-                               std::pair<std::string_view, std::string_view>(cursor->after->first,
-                                                                            cursor->after->second));
+                               std::pair<std::string_view, std::string_view>(
+                                   cursor->after->first, cursor->after->second));
             }
             std::lock_guard lock(position->mu);
             position->query = std::move(q);
@@ -1769,11 +1809,11 @@ class Session : public std::enable_shared_from_this<Session> {
     drain(std::make_shared<std::array<char, kLingerBufferBytes>>());
   }
   void drain(std::shared_ptr<std::array<char, kLingerBufferBytes>> buffer) {
-    stream_.async_read_some(net::buffer(*buffer), [self = shared_from_this(), buffer](
-                                                      beast::error_code ec, std::size_t) {
-      if (ec) return self->close();
-      self->drain(buffer);
-    });
+    stream_.async_read_some(net::buffer(*buffer),
+                            [self = shared_from_this(), buffer](beast::error_code ec, std::size_t) {
+                              if (ec) return self->close();
+                              self->drain(buffer);
+                            });
   }
 
   void begin_request() {
@@ -1866,10 +1906,45 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
+// One connection over max_connections: told so and closed.
+void refuse_connection(StrandSocket socket, std::size_t limit) {
+  auto stream = std::make_shared<StrandSocket>(std::move(socket));
+  const std::string body = "{\"error\":\"the server has " + std::to_string(limit) +
+                           " connections open, its limit: try again later\"}\n";
+  auto answer = std::make_shared<std::string>(
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+      "Retry-After: 1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body);
+  net::async_write(*stream, net::buffer(*answer), [stream, answer](beast::error_code, std::size_t) {
+    beast::error_code ignored;
+    stream->shutdown(tcp::socket::shutdown_both, ignored);
+    stream->close(ignored);
+  });
+}
+
 void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, StrandSocket socket) {
     if (!acceptor.is_open()) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), this)->start();
+    if (ec) {
+      accept_backoff = std::clamp(accept_backoff * 2, kAcceptBackoffFirst, kAcceptBackoffMost);
+      if (accept_backoff == kAcceptBackoffFirst) {
+        std::fprintf(stderr, "tidemark: accepting a connection failed (%s); retrying in %lld ms\n",
+                     ec.message().c_str(), static_cast<long long>(accept_backoff.count()));
+      }
+      if (!accept_timer) accept_timer.emplace(acceptor.get_executor());
+      accept_timer->expires_after(accept_backoff);
+      accept_timer->async_wait([this](beast::error_code waited) {
+        if (!waited && acceptor.is_open()) accept();
+      });
+      return;
+    }
+    accept_backoff = std::chrono::milliseconds{0};
+    const std::size_t limit = options.max_connections;
+    if (limit > 0 && connections.load() >= limit) {
+      refuse_connection(std::move(socket), limit);
+    } else {
+      std::make_shared<Session>(std::move(socket), this)->start();
+    }
     accept();
   });
 }
@@ -1934,6 +2009,7 @@ void Server::stop(std::chrono::milliseconds grace) {
   net::post(impl.acceptor.get_executor(), [&impl] {
     beast::error_code ec;
     impl.acceptor.close(ec);
+    if (impl.accept_timer) impl.accept_timer->cancel();
   });
   const auto deadline = Clock::now() + grace;
   // Sinks stop first, each committing what it wrote (its progress).

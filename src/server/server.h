@@ -72,6 +72,10 @@ struct ServerOptions {
   std::optional<std::uint64_t> max_record_bytes;
   unsigned io_threads = 2;
   unsigned workers = 4;
+  // Open connections at most; one more is answered 503 and closed at once
+  // (each holds a file descriptor and, while it sends a body, a chunk of
+  // the requests pool). 0: no limit.
+  std::size_t max_connections = 1000;
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.

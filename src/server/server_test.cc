@@ -4,6 +4,7 @@
 #include "server/server.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -642,6 +643,144 @@ class PendingCall {
 
 // Servers sharing one blob store (as N servers on PostgreSQL + S3 do) see
 // every stored sink definition; a sink runs only on the server that made it.
+// Reads what the server sends on `socket` until it closes (or 10 s pass).
+std::pair<std::string, boost::system::error_code> read_until_closed(tcp::socket& socket) {
+  const timeval limit{10, 0};
+  ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  std::string answer;
+  boost::system::error_code ec;
+  char buffer[4096];
+  for (std::size_t n; (n = socket.read_some(net::buffer(buffer), ec)) > 0 || !ec;) {
+    answer.append(buffer, n);
+  }
+  return {answer, ec};
+}
+
+TEST_F(ServerTest, AFileSinkCannotEscapeThroughASymlinkedDataDirectory) {
+  // The data directory is a symlink to a deeper real one. A path that
+  // resolves inside its sinks/ (symlink first, then "..") climbs, read
+  // lexically, out of the link's parent: the sink must write where the
+  // check looked.
+  const fs::path real = dir_ / "real" / "a" / "data";
+  fs::create_directories(real / "sinks");
+  fs::create_directory_symlink(real, dir_ / "link");
+  options_.file_sink_root = (dir_ / "link" / "sinks").string();
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=2", "{\"key\": 1, \"value\": 2, \"time\": 1}\n")
+                .status,
+            200u);
+  const std::string climbing = (dir_ / "link").string() + "/sinks/x/../../../data/sinks/out";
+  Reply created =
+      post("/v1/sinks", "{\"name\": \"f\", \"shard\": \"s\", \"to\": \"file://" + climbing + "\"}");
+  ASSERT_EQ(created.status, 201u) << created.body;
+  bool written = false;
+  for (int i = 0; i < 1000 && !written; ++i) {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(real / "sinks" / "out", ec)) {
+      written |= entry.path().extension() == ".json";
+    }
+    if (!written) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(written) << get("/v1/sinks/f").body;
+  EXPECT_FALSE(fs::exists(dir_ / "data")) << "the sink wrote outside the data directory";
+
+  // A refusal names no path of the server's (the resolved root is real/).
+  Reply refused = post("/v1/sinks", "{\"name\": \"g\", \"shard\": \"s\", \"to\": \"file://" +
+                                        (dir_ / "link").string() + "/sinks/../../elsewhere\"}");
+  EXPECT_EQ(refused.status, 400u) << refused.body;
+  EXPECT_EQ(refused.body.find("real"), std::string::npos) << refused.body;
+}
+
+TEST_F(ServerTest, ATransferCodingOtherThanChunkedIsRefusedAndTheConnectionClosed) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  net::io_context ioc;
+  tcp::socket socket(ioc);
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  net::write(socket, net::buffer(std::string("POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\n"
+                                             "Transfer-Encoding: gzip\r\n\r\n"
+                                             "{\"key\": 1, \"value\": 2}\n")));
+  auto [answer, ec] = read_until_closed(socket);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 400")) << answer;
+  EXPECT_NE(answer.find("only chunked"), std::string::npos) << answer;
+  EXPECT_EQ(ec, net::error::eof) << "the server closes the connection: " << ec.message();
+  Reply shard = get("/v1/shards/s");
+  EXPECT_NE(shard.body.find("\"updates\":0"), std::string::npos) << shard.body;
+}
+
+TEST_F(ServerTest, AConnectionPastTheLimitIsRefusedWith503) {
+  options_.max_connections = 3;
+  ASSERT_NO_FATAL_FAILURE(start());
+  net::io_context ioc;
+  std::vector<tcp::socket> idle;
+  for (int i = 0; i < 3; ++i) {
+    idle.emplace_back(ioc).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all three accepted
+  tcp::socket extra(ioc);
+  extra.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+  net::write(extra, net::buffer(std::string("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")));
+  auto [answer, ec] = read_until_closed(extra);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 503")) << answer;
+  EXPECT_NE(answer.find("3 connections open, its limit"), std::string::npos) << answer;
+  EXPECT_EQ(ec, net::error::eof) << ec.message();
+  // A connection closed makes room.
+  idle.front().close();
+  unsigned status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    status = get("/healthz").status;
+  }
+  EXPECT_EQ(status, 200u);
+}
+
+TEST_F(ServerTest, OutOfFileDescriptorsTheAcceptorWaitsAndRecovers) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  // The server and this test are one process: with the open-file limit a
+  // little above what is open, connecting until no socket can be made
+  // leaves connections the server cannot accept (EMFILE).
+  std::size_t open_files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/fd")) ++open_files;
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &before), 0);
+  rlimit tight = before;
+  tight.rlim_cur = open_files + 40;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  net::io_context ioc;
+  std::vector<tcp::socket> clients;
+  for (int i = 0; i < 200; ++i) {
+    boost::system::error_code ec;
+    tcp::socket socket(ioc);
+    socket.open(tcp::v4(), ec);
+    if (ec) break;
+    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_), ec);
+    if (ec) break;
+    clients.push_back(std::move(socket));
+  }
+  rusage start_usage{}, end_usage{};
+  ::getrusage(RUSAGE_SELF, &start_usage);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ::getrusage(RUSAGE_SELF, &end_usage);
+  const auto cpu_seconds = [](const rusage& u) {
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  const double cpu = cpu_seconds(end_usage) - cpu_seconds(start_usage);
+  const std::size_t connected = clients.size();
+  clients.clear();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &before), 0);
+  EXPECT_GT(connected, 0u);
+  // Retrying at once spun a core (about a second of CPU in this second).
+  EXPECT_LT(cpu, 0.5) << "the acceptor spun while out of file descriptors";
+  unsigned status = 0;
+  for (int i = 0; i < 100 && status != 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    status = get("/healthz").status;
+  }
+  EXPECT_EQ(status, 200u) << "the server accepts again once descriptors are free";
+}
+
 TEST_F(ServerTest, ASinkRunsOnlyOnTheServerThatCreatedIt) {
   options_.sink_owner = "server-a";
   ASSERT_NO_FATAL_FAILURE(start());
@@ -902,9 +1041,9 @@ TEST_F(ServerTest, BackpressureKeepsThePoolsWithinTheirBudget) {
   constexpr int kStreamed = 10000, kAtomic = 4000;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
-      Reply reply = post("/v1/shards/s/append", body_of(c, kStreamed),
-                         {{"Tidemark-Producer", "p" + std::to_string(c)},
-                          {"Tidemark-Sequence", "0"}});
+      Reply reply =
+          post("/v1/shards/s/append", body_of(c, kStreamed),
+               {{"Tidemark-Producer", "p" + std::to_string(c)}, {"Tidemark-Sequence", "0"}});
       if (reply.status == 200) ++ok;
     });
   }
