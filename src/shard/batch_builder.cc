@@ -138,24 +138,23 @@ struct BatchBuilder::State {
   // yet deleted stays in `parts`, so after an error abandon() finds them.
   // REQUIRES: no upload in flight; every part's registered range is desc's.
   Status sort_into_run(const Description& desc) {
-    std::vector<std::vector<PartRef>> runs;
-    runs.reserve(parts.size());
-    for (PartRef& part : parts) runs.push_back({std::move(part)});
-    parts.clear();
-    auto bytes = [](const std::vector<PartRef>& run) {
-      std::uint64_t total = 0;
-      for (const PartRef& part : run) total += part.size;
-      return total;
+    struct SortedRun {
+      std::uint64_t bytes = 0;  // encoded bytes of its parts
+      std::vector<PartRef> parts;
     };
+    std::vector<SortedRun> runs;
+    runs.reserve(parts.size());
+    for (PartRef& part : parts) runs.push_back({part.size, {std::move(part)}});
+    parts.clear();
     Status status;
     while (runs.size() > 1) {
       const std::size_t take =
           runs.size() <= kRunFanIn ? runs.size() : std::min(kRunFanIn, runs.size() - kRunFanIn + 1);
       std::stable_sort(runs.begin(), runs.end(),
-                       [&](const auto& a, const auto& b) { return bytes(a) < bytes(b); });
+                       [](const SortedRun& a, const SortedRun& b) { return a.bytes < b.bytes; });
       std::vector<MergeCursor::PartRun> inputs;
       inputs.reserve(take);
-      for (std::size_t i = 0; i < take; ++i) inputs.push_back({runs[i], /*ordered=*/true});
+      for (std::size_t i = 0; i < take; ++i) inputs.push_back({runs[i].parts, /*ordered=*/true});
       RunWriter out(*context, writer_id, desc);
       status = merge_into(*context, inputs, /*advance_to=*/0, out, "a batch");
       if (!status) {
@@ -165,14 +164,14 @@ struct BatchBuilder::State {
       for (std::size_t i = 0; i < take; ++i) {
         // Best effort: one left behind is an orphan garbage collection
         // deletes once this writer is gone.
-        for (const PartRef& part : runs[i]) (void)context->location.blob->remove(part.key);
+        for (const PartRef& part : runs[i].parts) (void)context->location.blob->remove(part.key);
       }
       runs.erase(runs.begin(), runs.begin() + static_cast<std::ptrdiff_t>(take));
       // A run that consolidated to nothing has no parts.
-      if (!out.written().empty()) runs.push_back(std::move(out.written()));
+      if (!out.written().empty()) runs.push_back({out.bytes(), std::move(out.written())});
     }
-    for (auto& run : runs) {
-      for (PartRef& part : run) parts.push_back(std::move(part));
+    for (SortedRun& run : runs) {
+      for (PartRef& part : run.parts) parts.push_back(std::move(part));
     }
     return status;
   }
