@@ -88,6 +88,15 @@ class ServerTest : public ::testing::Test {
     port_ = server_->port();
   }
 
+  // A connection to the server that has sent `request` (raw bytes, which
+  // may be a malformed or partial request).
+  tcp::socket send_raw(net::io_context& ioc, const std::string& request) {
+    tcp::socket socket(ioc);
+    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    if (!request.empty()) net::write(socket, net::buffer(request));
+    return socket;
+  }
+
   Reply get(const std::string& target, const std::map<std::string, std::string>& headers = {}) {
     return call(port_, http::verb::get, target, "", headers);
   }
@@ -696,11 +705,9 @@ TEST_F(ServerTest, ATransferCodingOtherThanChunkedIsRefusedAndTheConnectionClose
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   net::io_context ioc;
-  tcp::socket socket(ioc);
-  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
-  net::write(socket, net::buffer(std::string("POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\n"
-                                             "Transfer-Encoding: gzip\r\n\r\n"
-                                             "{\"key\": 1, \"value\": 2}\n")));
+  tcp::socket socket = send_raw(ioc,
+                                "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\n"
+                                "Transfer-Encoding: gzip\r\n\r\n{\"key\": 1, \"value\": 2}\n");
   auto [answer, ec] = read_until_closed(socket);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 400")) << answer;
   EXPECT_NE(answer.find("only chunked"), std::string::npos) << answer;
@@ -715,12 +722,10 @@ TEST_F(ServerTest, AConnectionPastTheLimitIsRefusedWith503) {
   net::io_context ioc;
   std::vector<tcp::socket> idle;
   for (int i = 0; i < 3; ++i) {
-    idle.emplace_back(ioc).connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
+    idle.push_back(send_raw(ioc, ""));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // all three accepted
-  tcp::socket extra(ioc);
-  extra.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
-  net::write(extra, net::buffer(std::string("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")));
+  tcp::socket extra = send_raw(ioc, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
   auto [answer, ec] = read_until_closed(extra);
   EXPECT_TRUE(answer.starts_with("HTTP/1.1 503")) << answer;
   EXPECT_NE(answer.find("3 connections open, its limit"), std::string::npos) << answer;
@@ -958,10 +963,8 @@ TEST_F(ServerTest, AnIdleListenWhoseClientLeftIsForgotten) {
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   // A listen on a quiet shard: after its header nothing is ever written.
   net::io_context ioc;
-  tcp::socket socket(ioc);
-  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
-  net::write(socket, net::buffer(std::string("GET /v1/shards/s/listen?from=0 HTTP/1.1\r\n"
-                                             "Host: 127.0.0.1\r\n\r\n")));
+  tcp::socket socket =
+      send_raw(ioc, "GET /v1/shards/s/listen?from=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
   std::string head;
   net::read_until(socket, net::dynamic_buffer(head), "\r\n\r\n");
   ASSERT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
@@ -1155,13 +1158,11 @@ TEST_F(ServerTest, ARequestCutShortLeavesNothingTheClientCannotFindOut) {
   // the server to take them, then drops the connection.
   auto cut = [&](const std::map<std::string, std::string>& headers, std::size_t sent) {
     net::io_context ioc;
-    tcp::socket socket(ioc);
-    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), port_));
     std::string request = "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                           std::to_string(body.size()) + "\r\n";
     for (const auto& [name, value] : headers) request += name + ": " + value + "\r\n";
     request += "\r\n" + body.substr(0, sent);
-    net::write(socket, net::buffer(request));
+    tcp::socket socket = send_raw(ioc, request);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     socket.close();
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
