@@ -469,8 +469,8 @@ void run_model(std::uint64_t seed, Backends backends, int operations,
       for (const Update& u : model) {
         if (u.time > from) expected_updates.push_back(u);
       }
-      ASSERT_TRUE(consolidate(expected_updates));
-      ASSERT_TRUE(consolidate(out->updates));
+      consolidate(expected_updates);
+      consolidate(out->updates);
       ASSERT_EQ(out->updates, expected_updates) << "listen from " << from << " since " << since;
     }
   };

@@ -179,6 +179,7 @@ class PartReader {
   // blocks, and the totals checked against the stats at the last block.
   std::string previous_key_, previous_value_;
   Time previous_time_ = 0;
+  Diff previous_diff_ = 0;
   Time observed_time_min_ = 0, observed_time_max_ = 0;
   std::uint64_t observed_bytes_ = 0;
 };

@@ -124,6 +124,7 @@ Result<std::optional<UpdateView>> PartReader::next_block() {
     previous_key_.assign(last.key);
     previous_value_.assign(last.value);
     previous_time_ = last.time;
+    previous_diff_ = last.diff;
   }
   block_.clear();
   position_ = 0;
@@ -178,7 +179,7 @@ Status PartReader::check_block(std::size_t index) {
   // to lie within the inline description.
   Time time_min = index == 0 ? stats.time_max : observed_time_min_;
   Time time_max = index == 0 ? stats.time_min : observed_time_max_;
-  UpdateView previous{previous_key_, previous_value_, previous_time_, 0};
+  UpdateView previous{previous_key_, previous_value_, previous_time_, previous_diff_};
   for (std::size_t i = 0; i < count; ++i) {
     const UpdateView update = block_.at(i);
     if (update.diff == 0) return failure(i, "diff is 0");
@@ -190,7 +191,7 @@ Status PartReader::check_block(std::size_t index) {
     if (i > 0 || index > 0) {
       const int order = compare_key_value_time(previous.key, previous.value, previous.time,
                                                update.key, update.value, update.time);
-      if (order >= 0) {
+      if (order > 0 || (order == 0 && !continues_carry(previous.diff, update.diff))) {
         return failure(i, order == 0 ? "repeats the previous (key, value, time)"
                                      : "out of (key, value, time) order");
       }

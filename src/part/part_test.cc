@@ -38,7 +38,7 @@ std::vector<Update> make_updates(std::size_t n, std::uint64_t seed, std::size_t 
     updates.push_back(
         Update{std::move(key), std::move(value), 10 + random() % time_span, diff == 0 ? 1 : diff});
   }
-  EXPECT_TRUE(consolidate(updates).has_value());
+  consolidate(updates);
   return updates;
 }
 
@@ -199,6 +199,16 @@ TEST(PartTest, OneUpdateRoundTrips) {
   EXPECT_EQ(read_all(*reader), updates);
 }
 
+TEST(PartTest, ACarryRoundTrips) {
+  // A total of 2 * i64::MAX + 3 for one (key, value, time) (update.h).
+  const std::vector<Update> updates = {
+      {"a", "v", 7, INT64_MAX}, {"a", "v", 7, INT64_MAX}, {"a", "v", 7, 3}, {"b", "v", 7, 1}};
+  const std::string bytes = must_write(description(5, 8), updates);
+  auto reader = PartReader::from_bytes(kName, bytes);
+  ASSERT_TRUE(reader.has_value()) << reader.error().to_string();
+  EXPECT_EQ(read_all(*reader), updates);
+}
+
 TEST(PartTest, ManyBlocksRoundTrip) {
   const auto updates = make_updates(5000, 1);
   PartOptions options;
@@ -269,7 +279,7 @@ TEST(PartTest, BinaryKeysAndValuesWithNuls) {
                                  {std::string("a\0b", 3), std::string("\xff\0", 2), 1, 1},
                                  {std::string("a\0b", 3), std::string("\xff\0", 2), 2, -1},
                                  {"\xff\xfe", std::string(1000, '\0'), 3, 5}};
-  ASSERT_TRUE(consolidate(updates).has_value());
+  consolidate(updates);
   auto decoded = decode_part(kName, must_write(description(1, 4), updates));
   ASSERT_TRUE(decoded.has_value()) << decoded.error().to_string();
   EXPECT_EQ(*decoded, updates);
@@ -340,6 +350,10 @@ TEST(PartWriterTest, RejectsBrokenContract) {
   expect_rejected({{"a", "w", 11, 1}, {"a", "v", 11, 1}}, "order");
   expect_rejected({{"a", "v", 12, 1}, {"a", "v", 11, 1}}, "order");
   expect_rejected({{"a", "v", 11, 1}, {"a", "v", 11, 2}}, "repeats");
+  // A repeat is a carry (update.h) only after a saturated diff of its sign.
+  expect_rejected({{"a", "v", 11, INT64_MAX}, {"a", "v", 11, -1}}, "repeats");
+  expect_rejected({{"a", "v", 11, INT64_MAX - 1}, {"a", "v", 11, 1}}, "repeats");
+  expect_rejected({{"a", "v", 11, INT64_MIN}, {"a", "v", 11, 1}}, "repeats");
   expect_rejected({{"a", "v", 11, 0}}, "diff 0");
   expect_rejected({{"a", "v", 9, 1}}, "outside");
   expect_rejected({{"a", "v", 20, 1}}, "outside");
@@ -827,6 +841,16 @@ TEST(PartBlockTest, CraftedBadBlocks) {
   check({{{"a", "1", 1, 1}}, {{"a", "1", 1, 1}}}, "block 1 update 0: repeats");
   check({{{"a", "1", 2, 1}}, {{"a", "1", 1, 1}}}, "block 1 update 0: out of");
   check({{{"a", "1", 1, 1}, {"b", "1", 1, 0}}}, "block 0 update 1: diff is 0");
+  // A carry (update.h) repeats its (key, value, time), within a block and
+  // across blocks; any other repeat is corruption.
+  const std::vector<std::vector<Update>> carry = {
+      {{"a", "1", 1, INT64_MAX}, {"a", "1", 1, INT64_MAX}},
+      {{"a", "1", 1, 5}, {"b", "1", 1, INT64_MIN}},
+      {{"b", "1", 1, -1}}};
+  auto carried = decode_part(kName, craft(desc, stats_for(carry), carry));
+  ASSERT_TRUE(carried.has_value()) << carried.error().to_string();
+  check({{{"a", "1", 1, INT64_MAX}}, {{"a", "1", 1, -1}}}, "block 1 update 0: repeats");
+  check({{{"a", "1", 1, INT64_MIN}, {"a", "1", 1, 1}}}, "block 0 update 1: repeats");
 
   // A time outside the description (and consistent stats) is refused at open.
   check({{{"a", "1", 1, 1}, {"b", "1", 100, 1}}}, "outside the inline description");

@@ -49,7 +49,9 @@ Status PartWriter::add_update(UpdateView update, std::string* value_buffer) {
     const UpdateView last = block_.last();
     const int order = compare_key_value_time(last.key, last.value, last.time, update.key,
                                              update.value, update.time);
-    if (order == 0) return fail(position() + " repeats the previous (key, value, time)");
+    if (order == 0 && !continues_carry(last.diff, update.diff)) {
+      return fail(position() + " repeats the previous (key, value, time)");
+    }
     if (order > 0) return fail(position() + " is before the previous in (key, value, time) order");
   }
   const std::uint64_t payload = update_payload_bytes(update);

@@ -61,17 +61,17 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
                     PartOptions{context->options.block_bytes, context->options.zstd_level});
   const auto& entries = buffer.entries;
   for (std::size_t i = 0; i < entries.size();) {
-    Diff sum = entries[i].diff;
+    DiffSum sum = entries[i].diff;
     std::size_t j = i + 1;
     while (j < entries.size() && entries[j].time == entries[i].time &&
            buffer.key(entries[j]) == buffer.key(entries[i]) &&
            buffer.value(entries[j]) == buffer.value(entries[i])) {
-      TM_ASSIGN(sum, checked_add_diff(sum, entries[j].diff, "a batch"));
+      sum += entries[j].diff;
       ++j;
     }
-    if (sum != 0) {
-      TM_TRY(writer.add(
-          UpdateView{buffer.key(entries[i]), buffer.value(entries[i]), entries[i].time, sum}));
+    while (sum != 0) {
+      TM_TRY(writer.add(UpdateView{buffer.key(entries[i]), buffer.value(entries[i]),
+                                   entries[i].time, take_carried_diff(sum)}));
     }
     i = j;
   }

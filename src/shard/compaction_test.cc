@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <random>
 #include <set>
@@ -245,6 +248,121 @@ TEST_F(CompactionTest, TimesAdvanceToSinceAndConsolidate) {
   for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(out.updates[i].time, 6 + i);
 }
 
+// The poison update: diffs near i64::MAX for one (key, value) in separate
+// batches once made every snapshot of the shard fail ("diff overflow"), and
+// compaction could not repair it. Sums are now exact and a total beyond an
+// i64 is carried as several updates (update.h): every read and every merge
+// goes on, other keys are untouched, and the totals are right.
+TEST_F(CompactionTest, HugeDiffsAreCarriedAndNeverMakeTheShardUnreadable) {
+  constexpr Diff kMax = std::numeric_limits<Diff>::max();
+  constexpr Diff kMin = std::numeric_limits<Diff>::min();
+  auto reader = *shard_->open_reader(ReaderOptions{});
+  // 200 keys so that the merged run's part boundaries (2 KiB parts) fall
+  // inside carries unless the writer keeps each carry in one part.
+  auto huge = [](int i) {
+    char key[8];
+    std::snprintf(key, sizeof key, "p%03d", i);
+    return std::string(key);
+  };
+  // Values that do not compress away, so the run has many parts.
+  auto value_of = [](int i) {
+    std::mt19937_64 random(i);
+    std::string value(48, ' ');
+    for (char& c : value) c = static_cast<char>('a' + random() % 26);
+    return value;
+  };
+  for (Time t = 0; t < 3; ++t) {
+    std::vector<Update> updates;
+    for (int i = 0; i < 200; ++i) {
+      updates.push_back(Update{huge(i), value_of(i), t, i % 2 ? kMin : kMax});
+    }
+    updates.push_back(Update{"plain" + std::to_string(t), "v", t, 1});
+    // Twice in one batch: carried within a part by the batch builder.
+    updates.push_back(Update{"twice", "v", t, kMax});
+    updates.push_back(Update{"twice", "v", t, kMax});
+    append_at(t, updates);
+  }
+
+  // Reads a snapshot and sums it in 128 bits, checking that a (key, value)
+  // repeats only inside a carry.
+  using Totals = std::map<std::pair<std::string, std::string>, DiffSum>;
+  auto totals_at = [&](Time as_of) -> Totals {
+    Totals totals;
+    auto cursor = shard_->snapshot(as_of);
+    EXPECT_TRUE(cursor) << cursor.error().to_string();
+    if (!cursor) return totals;
+    std::optional<Update> previous;
+    for (;;) {
+      auto row = cursor->next();
+      EXPECT_TRUE(row) << row.error().to_string();
+      if (!row || !*row) break;
+      Update update{std::string((*row)->key), std::string((*row)->value), as_of, (*row)->diff};
+      if (previous && previous->key == update.key && previous->value == update.value) {
+        EXPECT_TRUE(continues_carry(previous->diff, update.diff)) << update.key;
+      }
+      totals[{update.key, update.value}] += update.diff;
+      previous = update;
+    }
+    return totals;
+  };
+  auto model_totals = [&](Time as_of) {
+    Totals totals;
+    for (const Update& u : model_) {
+      if (u.time <= as_of) totals[{u.key, u.value}] += u.diff;
+    }
+    std::erase_if(totals, [](const auto& entry) { return entry.second == 0; });
+    return totals;
+  };
+  for (Time as_of = 0; as_of < 3; ++as_of) {
+    EXPECT_EQ(totals_at(as_of), model_totals(as_of)) << "as_of " << as_of;
+  }
+  EXPECT_EQ((totals_at(2)[{"p000", value_of(0)}]), DiffSum{3} * kMax);
+  EXPECT_EQ((totals_at(2)[{"p001", value_of(1)}]), DiffSum{3} * kMin);
+  EXPECT_EQ((totals_at(2)[{"twice", "v"}]), DiffSum{6} * kMax);
+
+  // A listen sums within each time: "twice" carries, the others do not.
+  {
+    auto listener = shard_->listen(0, 3);
+    ASSERT_TRUE(listener) << listener.error().to_string();
+    auto out = testing::read_listen(**listener);
+    ASSERT_TRUE(out) << out.error().to_string();
+    DiffSum twice = 0;
+    for (const Update& u : out->updates) {
+      if (u.key == "twice") twice += u.diff;
+    }
+    EXPECT_EQ(twice, DiffSum{4} * kMax);  // times 1 and 2
+  }
+
+  // Compaction merges everything at time 9 (the since): each huge key's
+  // total is carried in the merged run, and reads stay right.
+  for (Time t = 3; t < 10; ++t) append_at(t, {Update{"plain" + std::to_string(t), "v", t, 1}});
+  ASSERT_TRUE(reader->downgrade_since(Frontier::at(9)));
+  while (shard_->inspect()->batches > 1) {
+    auto report = shard_->compact();
+    ASSERT_TRUE(report) << report.error().to_string();
+    if (report->merges == 0) break;
+  }
+  ASSERT_EQ(shard_->inspect()->batches, 1u);
+  auto state = *ShardMachine("s", consensus_, blob_).fetch();
+  EXPECT_GT(state->batches.front().parts.size(), 5u) << "the test wants a multi-part run";
+  EXPECT_EQ(totals_at(9), model_totals(9));
+
+  // Retracting what was added leaves only the plain keys.
+  std::vector<Update> retract;
+  for (int i = 0; i < 200; ++i) {
+    for (int n = 0; n < 3; ++n) {
+      retract.push_back(Update{huge(i), value_of(i), 10, i % 2 ? kMax : -kMax});
+    }
+    if (i % 2) retract.push_back(Update{huge(i), value_of(i), 10, 3});
+  }
+  for (int n = 0; n < 6; ++n) retract.push_back(Update{"twice", "v", 10, -kMax});
+  append_at(10, retract);
+  Totals expected;
+  for (Time t = 0; t < 10; ++t) expected[{"plain" + std::to_string(t), "v"}] = 1;
+  EXPECT_EQ(totals_at(10), expected);
+  EXPECT_EQ(totals_at(10), model_totals(10));
+}
+
 TEST_F(CompactionTest, ConcurrentCompactorsNeverLoseOrDoubleData) {
   auto second = *(*Client::open(Location{blob_, consensus_}, options_))->open_shard("s");
   for (Time t = 0; t < 40; ++t) {
@@ -364,8 +482,8 @@ TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
   ASSERT_GE(retained.size(), 2u);
   const RollupRef oldest_rollup = *version_rollup("s", retained[1]);
   EXPECT_EQ(oldest_rollup.seqno, retained.front().seqno);
-  EXPECT_EQ(listed(shard_rollup_prefix("s")).count(
-                rollup_key("s", oldest_rollup.seqno, oldest_rollup.id)),
+  EXPECT_EQ(listed(shard_rollup_prefix("s"))
+                .count(rollup_key("s", oldest_rollup.seqno, oldest_rollup.id)),
             1u);
   // GC again finds nothing to do.
   gc = *shard_->collect_garbage();

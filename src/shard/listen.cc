@@ -136,10 +136,10 @@ class ShardListener final : public Listener {
     windows_.pop_front();
     const TimeWindow window = next.window;
     TM_ASSIGN(MergeCursor merge,
-              MergeCursor::open(context_->read_blob,
-                                std::vector<MergeCursor::PartRun>{next.parts}, window));
+              MergeCursor::open(context_->read_blob, std::vector<MergeCursor::PartRun>{next.parts},
+                                window));
     if (window.min == window.max) {
-      merge_.emplace(std::move(merge), "listen");
+      merge_.emplace(std::move(merge));
       streaming_ = true;
       return {};
     }
@@ -161,7 +161,7 @@ class ShardListener final : public Listener {
       }
       buffer_.push_back(update->to_owned());
     }
-    TM_TRY(consolidate(buffer_));
+    consolidate(buffer_);
     std::stable_sort(buffer_.begin(), buffer_.end(),
                      [](const Update& a, const Update& b) { return a.time < b.time; });
     return {};

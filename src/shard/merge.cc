@@ -415,10 +415,12 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
   return inputs_[*current_].head;
 }
 
-ConsolidatingCursor::ConsolidatingCursor(MergeCursor merge, std::string what)
-    : merge_(std::move(merge)), what_(std::move(what)) {}
+ConsolidatingCursor::ConsolidatingCursor(MergeCursor merge) : merge_(std::move(merge)) {}
 
 Result<std::optional<UpdateView>> ConsolidatingCursor::next() {
+  if (carry_ != 0) {
+    return std::optional<UpdateView>{UpdateView{key_, value_, time_, take_carried_diff(carry_)}};
+  }
   for (;;) {
     if (!peek_) {
       if (exhausted_) return std::optional<UpdateView>{};
@@ -430,8 +432,8 @@ Result<std::optional<UpdateView>> ConsolidatingCursor::next() {
     }
     key_.assign(peek_->key);
     value_.assign(peek_->value);
-    const Time time = peek_->time;
-    Diff sum = peek_->diff;
+    time_ = peek_->time;
+    DiffSum sum = peek_->diff;
     peek_.reset();
     for (;;) {
       TM_ASSIGN(auto update, merge_.next());
@@ -443,9 +445,12 @@ Result<std::optional<UpdateView>> ConsolidatingCursor::next() {
         peek_ = update;
         break;
       }
-      TM_ASSIGN(sum, checked_add_diff(sum, update->diff, what_));
+      sum += update->diff;
     }
-    if (sum != 0) return std::optional<UpdateView>{UpdateView{key_, value_, time, sum}};
+    if (sum != 0) {
+      carry_ = sum;
+      return std::optional<UpdateView>{UpdateView{key_, value_, time_, take_carried_diff(carry_)}};
+    }
   }
 }
 

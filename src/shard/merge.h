@@ -154,14 +154,14 @@ inline constexpr std::uint64_t kExactBlockBytesAbove = 1 << 20;
 // A MergeCursor whose consecutive updates with equal (key, value) are summed
 // into one, zero sums dropped: the consolidation a snapshot does (times
 // advanced to as_of) and a listen does within a window of one time. The
-// update returned carries the time of the first update of its group.
+// update returned carries the time of the first update of its group; a sum
+// that does not fit an i64 comes out as a carry (update.h), several updates.
 //
 // Memory: the current key and value are copied into buffers reused across
 // updates (advancing the merge may invalidate the views it returned).
 class ConsolidatingCursor {
  public:
-  // `what` names the read in a diff-overflow error.
-  ConsolidatingCursor(MergeCursor merge, std::string what);
+  explicit ConsolidatingCursor(MergeCursor merge);
 
   // The next consolidated update, or nullopt at the end. Its views stay
   // valid until the next call.
@@ -169,9 +169,10 @@ class ConsolidatingCursor {
 
  private:
   MergeCursor merge_;
-  std::string what_;
   std::string key_;
   std::string value_;
+  Time time_ = 0;
+  DiffSum carry_ = 0;               // what is left of a total too large for one update
   std::optional<UpdateView> peek_;  // the first update of the next group
   bool exhausted_ = false;
 };

@@ -14,12 +14,15 @@ RunWriter::RunWriter(ShardContext& context, std::string writer_id, Description d
       desc_(desc),
       after_part_(std::move(after_part)) {}
 
-Status RunWriter::add(std::string_view key, std::string* value, Time time, Diff diff) {
+Status RunWriter::add(std::string_view key, std::string* value, Time time, Diff diff,
+                      bool carry_goes_on) {
   if (!part_) {
     part_.emplace(desc_, PartOptions{context_.options.block_bytes, context_.options.zstd_level});
   }
   TM_TRY(part_->add(key, value, time, diff));
-  if (part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) TM_TRY(flush());
+  if (!carry_goes_on && part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) {
+    TM_TRY(flush());
+  }
   return {};
 }
 
@@ -54,8 +57,9 @@ Status merge_into(ShardContext& context, const std::vector<MergeCursor::PartRun>
   TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.read_blob, runs, TimeWindow{}, stop));
   std::string key, value;
   Time time = 0;
-  Diff sum = 0;
+  DiffSum sum = 0;
   bool have = false;
+  std::string carried;  // a copy of the value for each carried update but the last
   for (std::uint64_t n = 1;; ++n) {
     if (stop && n % 4096 == 0 && stop()) {
       return make_error(ErrorKind::kClosed, std::string(what) + " was stopped");
@@ -64,12 +68,20 @@ Status merge_into(ShardContext& context, const std::vector<MergeCursor::PartRun>
     if (update) {
       const Time t = std::max(update->time, advance_to);
       if (have && t == time && update->key == key && update->value == value) {
-        TM_ASSIGN(sum, checked_add_diff(sum, update->diff, what));
+        sum += update->diff;
         continue;
       }
     }
     // A huge value's buffer moves into the part rather than being copied.
-    if (have && sum != 0) TM_TRY(out.add(key, &value, time, sum));
+    while (have && sum != 0) {
+      const Diff diff = take_carried_diff(sum);
+      if (sum == 0) {
+        TM_TRY(out.add(key, &value, time, diff));
+      } else {
+        carried.assign(value);
+        TM_TRY(out.add(key, &carried, time, diff, /*carry_goes_on=*/true));
+      }
+    }
     if (!update) break;
     key.assign(update->key);
     release_oversized(value, update->value.size());

@@ -3,7 +3,8 @@
 // batch of many parts into one run (write.h).
 //
 // RunWriter takes updates in strictly increasing (key, value, time) order
-// and writes them as parts of part_target_bytes, each named after the
+// (a carry aside: update.h) and writes them as parts of part_target_bytes,
+// never cutting a carry between two parts, each named after the
 // writer and carrying the run's description. Memory: the part being
 // written (its encoded blocks, about part_target_bytes, or one huge update
 // compressed) and its open block's columns.
@@ -36,8 +37,10 @@ class RunWriter {
   RunWriter(const RunWriter&) = delete;
   RunWriter& operator=(const RunWriter&) = delete;
 
-  // May take *value's buffer (PartWriter::add).
-  [[nodiscard]] Status add(std::string_view key, std::string* value, Time time, Diff diff);
+  // May take *value's buffer (PartWriter::add). `carry_goes_on`: the next
+  // update continues this one's carry, so the part is not cut here.
+  [[nodiscard]] Status add(std::string_view key, std::string* value, Time time, Diff diff,
+                           bool carry_goes_on = false);
 
   // Writes the part in progress, if any.
   [[nodiscard]] Status flush();
@@ -58,7 +61,7 @@ class RunWriter {
   std::uint64_t bytes_ = 0;
 };
 
-// `what` names the merge in a diff overflow's message. `stop` is asked
+// `what` names the merge in a stop's message. `stop` is asked
 // while the inputs open and every 4096 updates: once it says true the merge
 // ends with Closed. Flushes `out` at the end.
 [[nodiscard]] Status merge_into(ShardContext& context,

@@ -58,11 +58,10 @@ Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& contex
     if (!batch.desc.lower.includes(as_of)) break;  // batches are in time order
     runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
   }
-  TM_ASSIGN(MergeCursor merge,
-            MergeCursor::open(context_->read_blob, runs, TimeWindow{0, as_of}));
+  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context_->read_blob, runs, TimeWindow{0, as_of}));
   auto impl = std::make_unique<SnapshotCursor::Impl>();
   impl->as_of = as_of;
-  impl->rows.emplace(std::move(merge), "snapshot");
+  impl->rows.emplace(std::move(merge));
   impl->pin = std::move(pin);
   impl->owner = std::move(owner);
   return SnapshotCursor(std::move(impl));

@@ -92,12 +92,16 @@ class Pass {
       if (update.diff == 0) {
         return invalid_usage("diff pairs: a zero diff for " + describe_group(key, time));
       }
-      // Strictly increasing values: sorted, and each value at most once.
-      if (updates_in_group_ > 0 && update.value <= previous_value_) {
+      // Strictly increasing values: sorted, and each value at most once
+      // (or a carry: a diff too large for one update, in several).
+      if (updates_in_group_ > 0 &&
+          (update.value < previous_value_ ||
+           (update.value == previous_value_ && !continues_carry(previous_diff_, update.diff)))) {
         return invalid_usage("diff pairs: the values of " + describe_group(key, time) +
                              " are not strictly increasing");
       }
       previous_value_.assign(update.value);
+      previous_diff_ = update.diff;
       ++updates_in_group_;
       fingerprint_ = XXH3_64bits_withSeed(update.value.data(), update.value.size(),
                                           fingerprint_ ^ static_cast<std::uint64_t>(update.diff));
@@ -117,6 +121,7 @@ class Pass {
   bool group_done_ = false;
   // Bounded by the largest value; its capacity is reused from group to group.
   std::string previous_value_;
+  Diff previous_diff_ = 0;
   std::uint64_t updates_in_group_ = 0;
   std::uint64_t fingerprint_ = 0;
 };

@@ -443,6 +443,33 @@ TEST(DiffPairWalkerTest, TheLargestDiffsCountExactly) {
   }
 }
 
+TEST(DiffPairWalkerTest, ACarryRepeatsItsValueAndCountsOn) {
+  // A total beyond an i64 comes as several updates of one value (update.h).
+  // The befores' pass reads past the afters' carry to its first before,
+  // checking the carry's order on the way.
+  constexpr Diff kMax = std::numeric_limits<Diff>::max();
+  constexpr Diff kMin = std::numeric_limits<Diff>::min();
+  std::vector<Update> updates = {
+      {"k", "a", 0, kMax}, {"k", "a", 0, 1}, {"k", "b", 0, kMin}, {"k", "b", 0, -1}};
+  auto walker = DiffPairWalker::open(open_vector(&updates));
+  ASSERT_TRUE(walker) << walker.error().to_string();
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    auto pair = walker->next();
+    ASSERT_TRUE(pair && *pair) << (pair ? "end" : pair.error().to_string());
+    EXPECT_EQ(owned(**pair), pair_of("k", 0, "b", "a", i));
+  }
+  // A repeat after anything but a saturated diff of its sign is no carry.
+  std::vector<Update> bad = {{"k", "a", 0, kMax - 1}, {"k", "a", 0, 1}, {"k", "b", 0, -1}};
+  auto refused = DiffPairWalker::open(open_vector(&bad));
+  if (refused) {
+    auto pair = refused->next();
+    ASSERT_FALSE(pair) << "a repeat that is no carry was accepted";
+    EXPECT_TRUE(pair.error().is(ErrorKind::kInvalidUsage)) << pair.error().to_string();
+  } else {
+    EXPECT_TRUE(refused.error().is(ErrorKind::kInvalidUsage)) << refused.error().to_string();
+  }
+}
+
 // --- Contract violations --------------------------------------------------
 
 void expect_invalid_usage(const std::vector<Update>& updates, const std::string& what) {
