@@ -187,8 +187,10 @@ bool CappedServer::start() {
       options_.data_dir.parent_path() / ("server-" + std::to_string(incarnation_) + ".log");
   // Everything the child needs, built before fork (only async-signal-safe
   // calls after it).
-  std::vector<std::string> words = {options_.binary, "--data",   options_.data_dir.string(),
-                                    "serve",         "--listen", "127.0.0.1:0"};
+  // Sinks reach the Kafka mock broker, on 127.0.0.1 at a port of its own.
+  std::vector<std::string> words = {
+      options_.binary, "--data",      options_.data_dir.string(), "serve",
+      "--listen",      "127.0.0.1:0", "--allow-kafka-brokers",    "127.0.0.1"};
   words.insert(words.end(), options_.serve_args.begin(), options_.serve_args.end());
   std::vector<char*> argv;
   for (auto& word : words) argv.push_back(word.data());

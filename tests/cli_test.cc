@@ -504,15 +504,20 @@ TEST_F(CliTest, SinkRunToS3WritesObjectsAndResumes) {
   EXPECT_EQ(objects(), after);
 }
 
-// `tidemark serve` takes s3:// sinks (POST /v1/sinks; only file:// sinks
-// are confined to <data>/sinks/) and writes their objects.
+// `tidemark serve` takes s3:// sinks (POST /v1/sinks) to the endpoints
+// its --allow-s3-endpoints lists (file:// sinks are confined to
+// <data>/sinks/), and writes their objects.
 TEST_F(CliTest, ServeRunsS3Sinks) {
   std::optional<std::string> server = tidemark::s3_test_server();
   if (!server) GTEST_SKIP() << tidemark::no_s3_server_message();
   auto prefix = tidemark::open_fresh_s3_blob(*server);
   ASSERT_TRUE(prefix.has_value()) << prefix.error().to_string();
+  Outcome bad_list = tidemark("serve --allow-s3-endpoints minio:9000");
+  EXPECT_EQ(bad_list.status, 2);
+  EXPECT_NE(bad_list.err.find("is not http[s]://host[:port]"), std::string::npos) << bad_list.err;
   auto serving =
-      tidemark::testing::start_server({"--data", (dir_ / "data").string()}, dir_ / "serve.err");
+      tidemark::testing::start_server({"--data", (dir_ / "data").string()}, dir_ / "serve.err",
+                                      {"--allow-s3-endpoints", (*prefix)->url().endpoint});
   ASSERT_GT(serving.port, 0) << tidemark::testing::slurp(dir_ / "serve.err");
   struct Stop {
     pid_t pid;

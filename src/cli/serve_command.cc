@@ -24,6 +24,7 @@ constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
     "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
     "[--max-producers N] [--max-connections N] "
+    "[--allow-s3-endpoints http[s]://HOST[:PORT],...] [--allow-kafka-brokers HOST[:PORT],...] "
     "(benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
 
@@ -93,7 +94,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
                           {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
                            "--lease", "--producer-expiry", "--max-producers", "--retry-deadline",
-                           "--max-connections", "--inject-blob-latency-ms", "--appender-queue"},
+                           "--max-connections", "--allow-s3-endpoints", "--allow-kafka-brokers",
+                           "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
@@ -227,6 +229,12 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
       options.max_connections = static_cast<std::size_t>(room);
     }
   }
+  // The S3 endpoints and Kafka brokers sinks created over HTTP may reach:
+  // none unless listed.
+  auto allowed = DestinationAllowList::parse(args->get("--allow-s3-endpoints").value_or(""),
+                                             args->get("--allow-kafka-brokers").value_or(""));
+  if (!allowed) return usage_error(allowed.error().message);
+  options.allowed_destinations = std::move(*allowed);
   if (auto text = args->get("--max-producers")) {
     auto n = whole_number(*text, 1, 1'000'000);
     if (!n) return usage_error("--max-producers takes 1 to 1000000, got " + *text);

@@ -698,6 +698,11 @@ class Session : public std::enable_shared_from_this<Session> {
     auto to = resolve_file_sink(spec->to);
     if (!to) return respond_error(to.error());
     spec->to = std::move(*to);
+    auto url = parse_sink_url(spec->to, spec->format);
+    if (!url) return respond_error(url.error());
+    if (auto allowed = server_->options.allowed_destinations.check(*url); !allowed) {
+      return respond_error(allowed.error());
+    }
     blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },
                           [self = shared_from_this()](Result<std::string> r) {
                             if (!r) return self->respond_error(r.error());
@@ -1986,7 +1991,8 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
   impl->sinks = std::make_unique<SinkManager>(
       impl->client, impl->sink_pool,
       SinkRunner{"tidemark serve on " + impl->options.host + ":" + std::to_string(impl->bound_port),
-                 impl->options.sink_owner});
+                 impl->options.sink_owner},
+      impl->options.allowed_destinations);
   if (auto resumed = impl->sinks->resume_all(); !resumed) {
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());

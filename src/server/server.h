@@ -56,6 +56,7 @@
 #include <optional>
 #include <string>
 
+#include "sink/destination_url.h"
 #include "tidemark/appender.h"
 #include "tidemark/client.h"
 
@@ -80,6 +81,11 @@ struct ServerOptions {
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.
   std::optional<std::string> file_sink_root;
+  // The S3 endpoints and Kafka brokers that sinks created over HTTP may
+  // reach (destination_url.h); anything else is refused with 400 before a
+  // connection is made. Empty: none. Sinks stored before are resumed
+  // whatever the list says.
+  DestinationAllowList allowed_destinations;
   // This server's id among servers sharing one blob store: sinks it creates
   // are its own, and on start it resumes only those (and ownerless ones).
   // Empty: it resumes every stored sink (one server). `tidemark serve`

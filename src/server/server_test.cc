@@ -3,8 +3,11 @@
 // port, and clients that speak HTTP/1.1 with Boost.Beast.
 #include "server/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -663,6 +667,144 @@ std::pair<std::string, boost::system::error_code> read_until_closed(tcp::socket&
     answer.append(buffer, n);
   }
   return {answer, ec};
+}
+
+// A TCP listener on 127.0.0.1 that only counts the connections made to it:
+// the S3 endpoint or Kafka broker a refused sink must never reach.
+class CountingListener {
+ public:
+  CountingListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+        ::listen(fd_, 64) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      ADD_FAILURE() << "cannot listen: " << std::strerror(errno);
+    }
+    port_ = ntohs(address.sin_port);
+  }
+  ~CountingListener() { ::close(fd_); }
+  std::uint16_t port() const { return port_; }
+  // Connections made so far (accepted and closed here).
+  int connections() {
+    for (;;) {
+      const int connection = ::accept(fd_, nullptr, nullptr);
+      if (connection < 0) return accepted_;
+      ::close(connection);
+      ++accepted_;
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  int accepted_ = 0;
+};
+
+TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnection) {
+  CountingListener target;
+  const std::string port = std::to_string(target.port());
+  auto allowed = DestinationAllowList::parse("https://S3.example.com,http://127.0.0.1:1",
+                                             "Broker.example.com:9092,127.0.0.2");
+  ASSERT_TRUE(allowed) << allowed.error().to_string();
+  options_.allowed_destinations = *allowed;
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto create = [&](const std::string& to) {
+    return post("/v1/sinks", R"({"name": "x", "shard": "s", "to": ")" + to + "\"}");
+  };
+  for (const std::string& to : {
+           "s3://bucket/p?endpoint=http://127.0.0.1:" + port,
+           "s3://bucket/p?endpoint=https://127.0.0.1:" + port,  // the port allowed is 1 only
+           "kafka://127.0.0.1:" + port + "/t",
+           "kafka://broker.example.com:9092,127.0.0.1:" + port + "/t",  // one allowed, one not
+           std::string("kafka://broker.example.com:9093/t"),            // another port
+       }) {
+    SCOPED_TRACE(to);
+    Reply refused = create(to);
+    EXPECT_EQ(refused.status, 400u) << refused.body;
+    EXPECT_NE(
+        refused.body.find(to.starts_with("s3") ? "--allow-s3-endpoints" : "--allow-kafka-brokers"),
+        std::string::npos)
+        << refused.body;
+  }
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+  // Nothing is stored, and nothing connected.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(target.connections(), 0);
+
+  // A sink stored before (when the list allowed it) does not reach its
+  // destination either: it fails, saying why, on every attempt.
+  server_.reset();
+  SinkSpec stored;
+  stored.name = "old";
+  stored.shard = "s";
+  stored.to = "kafka://127.0.0.1:" + port + "/t";
+  auto blob = open_blob("file://" + (dir_ / "blob").string());
+  ASSERT_TRUE(blob);
+  ASSERT_TRUE((*blob)->set("server/sinks/old", stored.to_json()));
+  ASSERT_NO_FATAL_FAILURE(start());
+  Reply status;
+  for (int i = 0; i < 500; ++i) {
+    status = get("/v1/sinks/old");
+    if (status.body.find("\"failed\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_NE(status.body.find("\"status\":\"failed\""), std::string::npos) << status.body;
+  EXPECT_NE(status.body.find("--allow-kafka-brokers"), std::string::npos) << status.body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(target.connections(), 0);
+}
+
+TEST(DestinationAllowListTest, EntriesParseAndMatchHostsAsSpelled) {
+  auto list = DestinationAllowList::parse("http://minio:9000,HTTPS://S3.example.com",
+                                          "kafka-1:9092,[::1],Kafka-2");
+  ASSERT_TRUE(list) << list.error().to_string();
+  auto allowed = [&](const std::string& to) {
+    auto url = parse_sink_url(to, SinkFormat::kJson);
+    EXPECT_TRUE(url) << to << ": " << url.error().to_string();
+    return url && list->check(*url).has_value();
+  };
+  EXPECT_TRUE(allowed("s3://bkt/p?endpoint=http://minio:9000"));
+  EXPECT_TRUE(allowed("s3://bkt/p?endpoint=http://MINIO:9000/some/path"));
+  EXPECT_FALSE(allowed("s3://bkt/p?endpoint=http://minio:9001"));
+  EXPECT_FALSE(allowed("s3://bkt/p?endpoint=https://minio:9000"));  // another scheme
+  EXPECT_TRUE(allowed("s3://bkt/p?endpoint=https://s3.example.com"));
+  EXPECT_TRUE(allowed("s3://bkt/p?endpoint=https://s3.example.com:8443"));  // no port: any
+  EXPECT_FALSE(allowed("s3://bkt/p?endpoint=https://s3.example.com.evil.net"));
+  EXPECT_FALSE(allowed("s3://bkt/p?endpoint=http://127.0.0.1:9000"));  // an address is another host
+  EXPECT_TRUE(allowed("kafka://kafka-1:9092/t"));
+  EXPECT_FALSE(allowed("kafka://kafka-1:9093/t"));
+  EXPECT_TRUE(allowed("kafka://kafka-2:1,KAFKA-2:2/t"));
+  EXPECT_TRUE(allowed("kafka://[::1]:9092/t"));
+  EXPECT_FALSE(allowed("kafka://kafka-2:1,kafka-3:1/t"));
+  EXPECT_TRUE(allowed("file:///tmp/x"));  // file sinks have their own check
+
+  auto none = DestinationAllowList::parse("", "");
+  ASSERT_TRUE(none);
+  auto url = parse_sink_url("kafka://kafka-1:9092/t", SinkFormat::kJson);
+  ASSERT_TRUE(url);
+  EXPECT_FALSE(none->check(*url));
+
+  for (auto [s3, kafka] : std::vector<std::pair<std::string, std::string>>{
+           {"minio:9000", ""},             // no scheme
+           {"ftp://minio", ""},            // not http(s)
+           {"http://minio:0", ""},         // port out of range
+           {"http://minio:9000x", ""},     // trailing junk
+           {"http://", ""},                // no host
+           {"", "kafka:"},                 // empty port
+           {"", "kafka:70000"},            // port out of range
+           {"", "kafka-1:9092,,kafka-2"},  // an empty entry
+           {"", "[::1"},                   // unclosed bracket
+       }) {
+    auto bad = DestinationAllowList::parse(s3, kafka);
+    EXPECT_FALSE(bad) << s3 << " / " << kafka;
+    if (!bad) continue;
+    EXPECT_TRUE(bad.error().is(ErrorKind::kInvalidUsage)) << bad.error().to_string();
+  }
 }
 
 TEST_F(ServerTest, AFileSinkCannotEscapeThroughASymlinkedDataDirectory) {

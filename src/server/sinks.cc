@@ -82,6 +82,7 @@ struct SinkManager::Task {
   // Held from the sink's start (or its first run, when resumed) until it
   // stops; used by the task's thread only once started.
   std::shared_ptr<SinkClaim> claim;
+  DestinationAllowList allowed;
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
     std::lock_guard lock(mutex);
@@ -133,6 +134,9 @@ struct SinkManager::Task {
       shard = opened;
     }
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
+    // Checked on every run, so a stored sink whose destination the server
+    // no longer allows fails (and says why) instead of reaching it.
+    TM_TRY(allowed.check(url));
     // A claim taken over (after its leases went unrenewed) is claimed
     // again, or this run fails naming the new holder. One that only could
     // not be checked is kept: its leases renew once the Consensus is back.
@@ -167,8 +171,11 @@ struct SinkManager::Task {
 };
 
 SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
-                         SinkRunner runner)
-    : client_(std::move(client)), pool_(std::move(pool)), runner_(std::move(runner)) {}
+                         SinkRunner runner, DestinationAllowList allowed)
+    : client_(std::move(client)),
+      pool_(std::move(pool)),
+      runner_(std::move(runner)),
+      allowed_(std::move(allowed)) {}
 
 SinkManager::~SinkManager() {
   stop_all();
@@ -178,6 +185,7 @@ void SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim) 
   auto task = std::make_shared<Task>();
   task->spec = spec;
   task->claim = std::move(claim);
+  task->allowed = allowed_;
   task->thread = std::thread([task, client = client_, pool = pool_, runner = runner_] {
     task->run(client, pool, runner);
   });

@@ -44,6 +44,7 @@
 #include <mutex>
 #include <string>
 
+#include "sink/destination_url.h"
 #include "sink/envelope.h"
 #include "sink/sink_claim.h"
 #include "tidemark/client.h"
@@ -71,7 +72,11 @@ class SinkManager {
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
   // ("tidemark serve on HOST:PORT").
-  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner);
+  // `allowed`: the S3 endpoints and Kafka brokers its sinks may reach; a
+  // sink whose destination is not allowed fails (status "failed", the
+  // reason in "error") without connecting, stored sinks too.
+  SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner,
+              DestinationAllowList allowed);
   ~SinkManager();  // stop_all()
 
   // Starts every stored sink this server owns (see above).
@@ -98,6 +103,7 @@ class SinkManager {
   std::shared_ptr<Client> client_;
   std::shared_ptr<MemoryPool> pool_;
   const SinkRunner runner_;
+  const DestinationAllowList allowed_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
 };

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "sink/file_destination.h"
@@ -40,16 +43,83 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
                        "kafka://host:port[,host:port]/topic");
 }
 
+namespace {
+
+std::string lowercase(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// "host", "host:port", "[v6]" or "[v6]:port": the host (lowercased) and
+// the port, if any; nullopt when malformed (an empty host, a port that is
+// not 1..65535).
+std::optional<std::pair<std::string, std::optional<std::string>>> split_host_port(
+    std::string_view text) {
+  std::string_view host = text, port;
+  bool has_port = false;
+  if (text.starts_with('[')) {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    host = text.substr(0, close + 1);
+    std::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return std::nullopt;
+      port = rest.substr(1);
+      has_port = true;
+    }
+  } else if (const auto colon = text.rfind(':'); colon != std::string_view::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    has_port = true;
+  }
+  if (host.empty() || host == "[]" || host.find_first_of("/?#@ ,") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  if (!has_port) return std::pair{lowercase(host), std::optional<std::string>{}};
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value == 0 ||
+      value > 65535) {
+    return std::nullopt;
+  }
+  return std::pair{lowercase(host), std::optional<std::string>{std::to_string(value)}};
+}
+
+// "http[s]://host[:port][/path]" as scheme, host and port (the scheme's
+// default when `default_port` and none is given).
+std::optional<std::tuple<std::string, std::string, std::optional<std::string>>> split_endpoint(
+    std::string_view endpoint, bool default_port) {
+  const auto sep = endpoint.find("://");
+  if (sep == std::string_view::npos) return std::nullopt;
+  const std::string scheme = lowercase(endpoint.substr(0, sep));
+  if (scheme != "http" && scheme != "https") return std::nullopt;
+  std::string_view authority = endpoint.substr(sep + 3);
+  authority = authority.substr(0, authority.find('/'));
+  auto host = split_host_port(authority);
+  if (!host) return std::nullopt;
+  if (!host->second && default_port) host->second = scheme == "https" ? "443" : "80";
+  return std::tuple{scheme, host->first, host->second};
+}
+
+template <typename Visit>
+void for_each_item(std::string_view list, Visit visit) {
+  while (!list.empty()) {
+    const auto comma = list.find(',');
+    visit(list.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    list = list.substr(comma + 1);
+  }
+}
+
+}  // namespace
+
 Result<std::string> destination_identity(const SinkUrl& url) {
   if (url.directory) {
     TM_ASSIGN(std::string directory, FileDestination::normalize_directory(*url.directory));
     return file_destination_identity(directory);
   }
-  auto lowercase = [](std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return text;
-  };
   if (url.s3) {
     // Scheme and host are case-insensitive; a path after them is not.
     std::string endpoint = url.s3->endpoint;
@@ -73,6 +143,64 @@ Result<std::string> destination_identity(const SinkUrl& url) {
   std::string out = "kafka://";
   for (std::size_t i = 0; i < brokers.size(); ++i) out += (i > 0 ? "," : "") + brokers[i];
   return out + "/" + url.kafka->topic;
+}
+
+Result<DestinationAllowList> DestinationAllowList::parse(std::string_view s3_endpoints,
+                                                         std::string_view kafka_brokers) {
+  DestinationAllowList out;
+  std::optional<std::string> bad;
+  for_each_item(s3_endpoints, [&](std::string_view item) {
+    auto endpoint = split_endpoint(item, /*default_port=*/false);
+    if (!endpoint) {
+      if (!bad) bad = "S3 endpoint \"" + std::string(item) + "\" is not http[s]://host[:port]";
+      return;
+    }
+    out.s3_.push_back(Host{std::get<0>(*endpoint), std::get<1>(*endpoint), std::get<2>(*endpoint)});
+  });
+  for_each_item(kafka_brokers, [&](std::string_view item) {
+    auto broker = split_host_port(item);
+    if (!broker) {
+      if (!bad) bad = "Kafka broker \"" + std::string(item) + "\" is not host[:port]";
+      return;
+    }
+    out.kafka_.push_back(Host{"", broker->first, broker->second});
+  });
+  if (bad) return invalid_usage("allowed destinations: " + *bad);
+  return out;
+}
+
+bool DestinationAllowList::allows(const std::vector<Host>& list, const Host& wanted) {
+  return std::any_of(list.begin(), list.end(), [&](const Host& entry) {
+    return entry.scheme == wanted.scheme && entry.host == wanted.host &&
+           (!entry.port || entry.port == wanted.port);
+  });
+}
+
+Status DestinationAllowList::check(const SinkUrl& url) const {
+  if (url.s3) {
+    auto endpoint = split_endpoint(url.s3->endpoint, /*default_port=*/true);
+    if (!endpoint || !allows(s3_, Host{std::get<0>(*endpoint), std::get<1>(*endpoint),
+                                       std::get<2>(*endpoint)})) {
+      return invalid_usage("S3 endpoint " + url.s3->endpoint +
+                           " is not one this server's sinks may reach (the server's "
+                           "--allow-s3-endpoints lists them)");
+    }
+  }
+  if (url.kafka) {
+    std::optional<std::string> refused;
+    for_each_item(url.kafka->brokers, [&](std::string_view item) {
+      auto broker = split_host_port(item);
+      if (!refused && (!broker || !allows(kafka_, Host{"", broker->first, broker->second}))) {
+        refused = std::string(item);
+      }
+    });
+    if (refused) {
+      return invalid_usage("Kafka broker " + *refused +
+                           " is not one this server's sinks may reach (the server's "
+                           "--allow-kafka-brokers lists them)");
+    }
+  }
+  return {};
 }
 
 Result<std::unique_ptr<SinkDestination>> open_sink_destination(

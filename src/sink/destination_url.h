@@ -58,6 +58,37 @@ struct SinkUrl {
 
 [[nodiscard]] Result<std::string> destination_identity(const SinkUrl& url);
 
+// The S3 endpoints and Kafka brokers that sinks created over HTTP may
+// reach (`tidemark serve --allow-s3-endpoints`, `--allow-kafka-brokers`).
+// An empty list allows none. Entries: "http[s]://host[:port]" for S3,
+// "host[:port]" for Kafka; hosts compare case-insensitively, as spelled (a
+// name and its address are two entries), and an entry without a port
+// allows every port of its host. A Kafka URL is allowed when every
+// bootstrap broker it names is; the cluster then sends the producer to
+// the brokers it advertises, which only the cluster's configuration
+// bounds. An S3 endpoint's path is not compared.
+class DestinationAllowList {
+ public:
+  // Comma-separated entries; InvalidUsage naming a malformed one.
+  [[nodiscard]] static Result<DestinationAllowList> parse(std::string_view s3_endpoints,
+                                                          std::string_view kafka_brokers);
+
+  // InvalidUsage naming the first endpoint or broker not allowed (and the
+  // flag that would allow it). A file:// URL always passes: its directory
+  // has its own check.
+  [[nodiscard]] Status check(const SinkUrl& url) const;
+
+ private:
+  struct Host {
+    std::string scheme;               // S3 only: "http" or "https"
+    std::string host;                 // lowercased; an IPv6 address keeps its brackets
+    std::optional<std::string> port;  // none: every port
+  };
+  static bool allows(const std::vector<Host>& list, const Host& wanted);
+  std::vector<Host> s3_;
+  std::vector<Host> kafka_;
+};
+
 [[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
