@@ -189,6 +189,49 @@ TEST_F(CliTest, MismatchExitsThreeNamingTheCurrentUpper) {
   EXPECT_EQ(part_files(), 0u) << "the failed append's part was not deleted";
 }
 
+// A record line longer than --max-record-bytes (default 32 MiB, as a
+// server's) is refused by number as soon as it passes the limit, in both
+// kinds of append, and nothing is appended; a line at the limit is taken.
+TEST_F(CliTest, ALineOverTheRecordLimitIsRefusedByNumber) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  const std::string at_limit = "{\"key\":\"k\",\"value\":\"" + std::string(1000, 'x') + "\"}";
+  const std::string over = "{\"key\":\"k\",\"value\":\"" + std::string(1001, 'x') + "\"}";
+  const std::string limit = " --max-record-bytes " + std::to_string(at_limit.size());
+  for (const bool explicit_times : {false, true}) {
+    SCOPED_TRACE(explicit_times ? "explicit" : "managed");
+    auto with_time = [&](std::string line) {
+      if (explicit_times) line.insert(line.size() - 1, ",\"time\":0");
+      return line;
+    };
+    // An explicit line carries 9 more bytes (the time): so does its limit.
+    const std::string command = explicit_times
+                                    ? "append s --lower 0 --upper 1 --max-record-bytes " +
+                                          std::to_string(at_limit.size() + 9)
+                                    : "append s" + limit;
+    Outcome refused = tidemark(command, with_time(at_limit) + "\n\n" + with_time(over) + "\n");
+    EXPECT_EQ(refused.status, 1) << refused.err;
+    EXPECT_NE(refused.err.find("line 3 is longer than"), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("--max-record-bytes"), std::string::npos) << refused.err;
+    EXPECT_NE(refused.err.find("nothing was appended"), std::string::npos) << refused.err;
+    // The last line, without a newline, is bounded too.
+    refused = tidemark(command, with_time(over));
+    EXPECT_EQ(refused.status, 1) << refused.err;
+    EXPECT_NE(refused.err.find("line 1 is longer than"), std::string::npos) << refused.err;
+  }
+  EXPECT_EQ(tidemark("snapshot s").out, "");
+  EXPECT_EQ(part_files(), 0u);
+  // At the limit it is taken.
+  Outcome taken = tidemark("append s" + limit, at_limit + "\n");
+  EXPECT_EQ(taken.status, 0) << taken.err;
+  // The default limit is 32 MiB.
+  const std::string huge = "{\"key\":\"k\",\"value\":\"" + std::string(32 << 20, 'x') + "\"}\n";
+  Outcome refused = tidemark("append s", huge);
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("line 1 is longer than 32.0 MiB"), std::string::npos) << refused.err;
+  EXPECT_EQ(tidemark("append s --max-record-bytes 0", "").status, 2);
+  EXPECT_EQ(tidemark("append s --max-record-bytes 1GiB", "").status, 2);
+}
+
 TEST_F(CliTest, MalformedLineIsReportedAndNothingIsAppended) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   // Enough good lines first that parts are already uploaded when line 5001

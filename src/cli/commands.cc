@@ -13,12 +13,15 @@
 #include <iostream>
 
 #include "cli/cli.h"
+#include "cli/line_reader.h"
+#include "part/part_format.h"
 #include "shard/state.h"
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/json.h"
+#include "util/size.h"
 
 namespace tidemark::cli {
 
@@ -198,6 +201,10 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
 
 namespace {
 
+// The longest record line `append` reads unless --max-record-bytes says
+// otherwise: a server's default too.
+constexpr std::uint64_t kDefaultMaxRecordBytes = 32ull << 20;
+
 // An --input that names a directory opens, and reads as nothing: refused.
 Status check_input_path(const std::string& path) {
   std::error_code ec;
@@ -222,7 +229,7 @@ Status check_input_path(const std::string& path) {
 //     committed for ID already are skipped, and the rest stream through the
 //     background appender, which commits them in order, a prefix at a time.
 //     Interrupted, running it again appends exactly the rest.
-int run_managed_append(const Globals& globals, const Args& args) {
+int run_managed_append(const Globals& globals, const Args& args, std::uint64_t max_record_bytes) {
   std::optional<std::string> producer = args.get("--producer");
   if (producer) {
     if (auto valid = validate_producer_id(*producer); !valid) {
@@ -265,35 +272,22 @@ int run_managed_append(const Globals& globals, const Args& args) {
   auto for_each_record = [&](const std::function<bool(std::uint64_t, Record &&)>& visit,
                              std::string* failure) {
     std::rewind(input);
-    char* line = nullptr;
-    std::size_t capacity = 0;
-    std::uint64_t number = 0;
-    bool complete = true;
-    for (ssize_t n; (n = getline(&line, &capacity, input)) >= 0;) {
-      ++number;
-      std::string_view text(line, static_cast<std::size_t>(n));
-      if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
-      if (is_blank_line(text)) continue;
-      auto record = parse_record_line(text, RecordMode::kManaged);
+    LineReader lines(input, "input " + input_name, max_record_bytes, "--max-record-bytes");
+    for (;;) {
+      auto text = lines.next();
+      if (!text) {
+        *failure = text.error().message;
+        return false;
+      }
+      if (!*text) return true;
+      if (is_blank_line(**text)) continue;
+      auto record = parse_record_line(**text, RecordMode::kManaged);
       if (!record) {
-        *failure = "line " + std::to_string(number) + ": " + record.error().message;
-        complete = false;
-        break;
+        *failure = "line " + std::to_string(lines.number()) + ": " + record.error().message;
+        return false;
       }
-      if (!visit(number, std::move(*record))) {
-        complete = false;
-        break;
-      }
+      if (!visit(lines.number(), std::move(*record))) return false;
     }
-    // getline's -1 is an error as well as the end: a read that failed
-    // (EIO, a directory) must not pass for a shorter input.
-    if (complete && std::ferror(input)) {
-      *failure = "cannot read input " + input_name + " after line " + std::to_string(number) +
-                 ": " + std::strerror(errno);
-      complete = false;
-    }
-    std::free(line);
-    return complete;
   };
 
   std::string failure;
@@ -417,9 +411,20 @@ int run_managed_append(const Globals& globals, const Args& args) {
 }  // namespace
 
 int run_append(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--input", "--lower", "--upper", "--producer"}, {});
+  auto args =
+      Args::parse(argv, {"--input", "--lower", "--upper", "--producer", "--max-record-bytes"}, {});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1) return usage_error("append takes one NAME");
+  // The longest record line read, as a server's default (a part block
+  // holds at most 1 GiB).
+  std::uint64_t max_record_bytes = kDefaultMaxRecordBytes;
+  if (auto text = args->get("--max-record-bytes")) {
+    auto bytes = parse_size(*text);
+    if (!bytes || *bytes == 0 || *bytes > kMaxBlockUncompressedBytes / 2) {
+      return usage_error("--max-record-bytes takes a size from 1 byte to 512MiB, got " + *text);
+    }
+    max_record_bytes = *bytes;
+  }
   if (args->has("--producer") && args->has("--lower")) {
     return usage_error("--producer is for managed appends (without --lower/--upper)");
   }
@@ -430,27 +435,31 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   if (lower->has_value() != upper->has_value()) {
     return usage_error("--lower and --upper go together");
   }
-  if (!lower->has_value()) return run_managed_append(globals, *args);
+  if (!lower->has_value()) return run_managed_append(globals, *args, max_record_bytes);
   if (**upper < **lower) {
     return usage_error("--upper " + (*upper)->to_string() + " is below --lower " +
                        (*lower)->to_string());
   }
 
   std::string input_name = args->get("--input").value_or("-");
-  std::ifstream file;
-  std::istream* in = &std::cin;
+  std::FILE* in = stdin;
   if (input_name != "-") {
     if (auto readable = check_input_path(input_name); !readable) {
       std::fprintf(stderr, "tidemark: %s\n", readable.error().message.c_str());
       return kExitError;
     }
-    file.open(input_name, std::ios::binary);
-    if (!file) {
+    in = std::fopen(input_name.c_str(), "rb");
+    if (!in) {
       std::fprintf(stderr, "tidemark: cannot open input %s\n", input_name.c_str());
       return kExitError;
     }
-    in = &file;
   }
+  struct Closer {
+    std::FILE* f;
+    ~Closer() {
+      if (f != stdin) std::fclose(f);
+    }
+  } closer{in};
 
   auto shard = open_named_shard(globals, args->positionals()[0]);
   if (!shard) return report(shard.error());
@@ -461,15 +470,20 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
   // builder is dropped, which deletes the parts it uploaded.
   Description desc{**lower, **upper, Frontier::at(0)};
   BatchBuilder builder = (*writer)->builder(desc.lower);
-  std::string line;
-  std::uint64_t line_number = 0, count = 0;
-  while (std::getline(*in, line)) {
-    ++line_number;
-    if (is_blank_line(line)) continue;
-    auto record = parse_record_line(line, RecordMode::kExplicit);
+  LineReader lines(in, "input " + input_name, max_record_bytes, "--max-record-bytes");
+  std::uint64_t count = 0;
+  for (;;) {
+    auto line = lines.next();
+    if (!line) {
+      std::fprintf(stderr, "tidemark: %s; nothing was appended\n", line.error().message.c_str());
+      return kExitError;
+    }
+    if (!*line) break;
+    if (is_blank_line(**line)) continue;
+    auto record = parse_record_line(**line, RecordMode::kExplicit);
     auto fail = [&](const std::string& message) {
       std::fprintf(stderr, "tidemark: line %llu: %s; nothing was appended\n",
-                   static_cast<unsigned long long>(line_number), message.c_str());
+                   static_cast<unsigned long long>(lines.number()), message.c_str());
       return kExitError;
     };
     if (!record) return fail(record.error().message);
@@ -480,10 +494,6 @@ int run_append(const Globals& globals, const std::vector<std::string>& argv) {
     auto added = builder.add(record->key, record->value, *record->time, record->diff);
     if (!added) return fail(added.error().message);
     ++count;
-  }
-  if (in->bad()) {
-    std::fprintf(stderr, "tidemark: error reading %s; nothing was appended\n", input_name.c_str());
-    return kExitError;
   }
   auto batch = builder.finish(desc.upper);
   if (!batch) return report(batch.error());

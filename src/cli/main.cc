@@ -13,7 +13,7 @@ namespace {
 constexpr const char* kUsage =
     R"(usage: tidemark [--data DIR] [--blob URL] [--consensus URL] COMMAND
   shard create NAME | shard list | shard inspect NAME [--json]
-  append NAME [--input FILE|-] [--lower T --upper T | --producer ID]
+  append NAME [--input FILE|-] [--lower T --upper T | --producer ID] [--max-record-bytes SIZE]
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
