@@ -94,8 +94,8 @@ class BatchBuilder {
 
 class WriteHandle {
  public:
-  // REQUIRES: `writer_id` registered (Shard::open_writer does it). Starts
-  // the lease heartbeat.
+  // REQUIRES: `writer_id` registered (Shard::open_writer does it, and
+  // starts the lease heartbeat).
   WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id);
   // Stops the heartbeat and removes the writer from the shard (best
   // effort: otherwise its lease runs out).
@@ -163,6 +163,9 @@ class WriteHandle {
   std::chrono::milliseconds wait_for_compaction(const std::function<bool()>& stop = {});
 
  private:
+  friend class Shard;
+  // Starts the lease heartbeat; an error when no thread could be started.
+  [[nodiscard]] Status start_heartbeat();
   std::uint64_t lease_expiry() const;
   // Registers a writer of a new id in place of `expired_id` (unless that
   // happened already).

@@ -22,6 +22,7 @@
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/json.h"
+#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -1974,7 +1975,12 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     return invalid_usage("--max-record-bytes must be between 1 and a quarter of --memory-limit (" +
                          std::to_string(options.memory_limit / 4) + ")");
   }
-  auto impl = std::make_shared<Impl>(std::move(client), std::move(options));
+  std::shared_ptr<Impl> impl;
+  try {  // the worker pool starts its threads here
+    impl = std::make_shared<Impl>(std::move(client), std::move(options));
+  } catch (const std::system_error& error) {
+    return std::unexpected(thread_start_error("the server's workers", error));
+  }
   beast::error_code ec;
   const auto address = net::ip::make_address(impl->options.host, ec);
   if (ec) return invalid_usage("cannot listen on host " + impl->options.host + ": " + ec.message());
@@ -1997,10 +2003,19 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());
   }
-  impl->accept();
+  // The I/O threads before the first accept, so that a server with none
+  // leaves no handler behind. Fewer than asked for still serve.
   for (unsigned i = 0; i < impl->options.io_threads; ++i) {
-    impl->threads.emplace_back([impl] { impl->ioc.run(); });
+    auto thread = start_thread("the server's connections", [impl] { impl->ioc.run(); });
+    if (!thread) {
+      if (impl->threads.empty()) return std::unexpected(thread.error());
+      std::fprintf(stderr, "tidemark: warning: %s; serving with %zu I/O threads\n",
+                   thread.error().message.c_str(), impl->threads.size());
+      break;
+    }
+    impl->threads.push_back(std::move(*thread));
   }
+  impl->accept();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 

@@ -9,6 +9,7 @@
 #include "sink/runner.h"
 #include "tidemark/read.h"
 #include "util/json.h"
+#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -181,16 +182,26 @@ SinkManager::~SinkManager() {
   stop_all();
 }
 
-void SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim) {
+Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim) {
   auto task = std::make_shared<Task>();
   task->spec = spec;
   task->claim = std::move(claim);
   task->allowed = allowed_;
-  task->thread = std::thread([task, client = client_, pool = pool_, runner = runner_] {
-    task->run(client, pool, runner);
-  });
+  auto thread =
+      start_thread("sink " + spec.name, [task, client = client_, pool = pool_, runner = runner_] {
+        task->run(client, pool, runner);
+      });
+  if (thread) {
+    task->thread = std::move(*thread);
+  } else {
+    // Listed as failed, with the reason, until a restart; its claim goes.
+    task->claim.reset();
+    task->set("failed", thread.error().message);
+  }
   std::lock_guard lock(mutex_);
   tasks_[spec.name] = std::move(task);
+  if (!thread) return std::unexpected(thread.error());
+  return {};
 }
 
 Status SinkManager::resume_all() {
@@ -203,7 +214,7 @@ Status SinkManager::resume_all() {
     auto spec = SinkSpec::parse(*bytes);
     if (!spec) return corruption("sink definition " + key + ": " + spec.error().message);
     if (!spec->owner.empty() && spec->owner != runner_.owner) continue;  // another server's
-    start(*spec, nullptr);
+    (void)start(*spec, nullptr);  // a failure shows in the sink's status
   }
   return {};
 }
@@ -245,7 +256,15 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
     auto stored = SinkSpec::parse(*written);
     return taken(stored ? *stored : SinkSpec{});
   }
-  start(owned, std::move(claim));
+  if (auto started = start(owned, std::move(claim)); !started) {
+    // Nothing half made: the definition goes again, and the request fails.
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.erase(spec.name);
+    }
+    (void)blob.remove(spec_key(spec.name));
+    return std::unexpected(started.error());
+  }
   return status_json(spec.name);
 }
 

@@ -98,7 +98,9 @@ class SinkManager {
   struct Task;
 
  private:
-  void start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim);
+  // Starts the sink's thread; when it cannot, the sink is listed as failed
+  // (with the reason) and the error returned.
+  [[nodiscard]] Status start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim);
 
   std::shared_ptr<Client> client_;
   std::shared_ptr<MemoryPool> pool_;

@@ -21,6 +21,7 @@
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/ids.h"
+#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -300,7 +301,7 @@ struct Appender::Impl {
       batch->records = std::move(records);
       batch->time = take_time(0);
       Built* raw = batch.get();
-      batch->upload = std::async(std::launch::async, [this, raw] { return build(*raw); });
+      batch->upload = async_or_inline([this, raw] { return build(*raw); });
       {
         std::lock_guard lock(mu);
         built.push_back(std::move(batch));
@@ -926,8 +927,12 @@ Result<std::shared_ptr<Appender>> Appender::open(std::shared_ptr<Shard> shard,
   std::shared_ptr<Appender> appender = std::make_shared<Constructible>();
   appender->impl_ = std::move(impl);
   Impl* raw = appender->impl_.get();
-  raw->builder_thread = std::thread([raw] { raw->run_builder(); });
-  raw->committer_thread = std::thread([raw] { raw->run_committer(); });
+  // A thread that cannot start fails the open; the appender is dropped
+  // (its close() joins whichever thread did start).
+  TM_ASSIGN(raw->builder_thread,
+            start_thread("the appender of shard " + shard->name(), [raw] { raw->run_builder(); }));
+  TM_ASSIGN(raw->committer_thread, start_thread("the appender of shard " + shard->name(),
+                                                [raw] { raw->run_committer(); }));
   return appender;
 }
 

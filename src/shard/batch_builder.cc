@@ -7,6 +7,7 @@
 #include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/ids.h"
+#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -124,8 +125,7 @@ struct BatchBuilder::State {
     }
     PartBuffer full = std::move(buffer);
     buffer = PartBuffer{};
-    uploads.push_back(std::async(
-        std::launch::async,
+    uploads.push_back(async_or_inline(
         [ctx = context, writer = writer_id, full = std::move(full), inline_desc]() mutable {
           return write_part(ctx, writer, std::move(full), inline_desc);
         }));

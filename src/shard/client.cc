@@ -98,8 +98,8 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->options = options_;
   context->machine =
       std::make_shared<ShardMachine>(context->name, location_.consensus, location_.blob);
-  context->read_blob = std::make_shared<RetryingBlob>(location_.blob, options_.read_retry,
-                                                      context->stop_reads());
+  context->read_blob =
+      std::make_shared<RetryingBlob>(location_.blob, options_.read_retry, context->stop_reads());
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }
@@ -161,7 +161,9 @@ Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
       return TransitionResult::kWrite;
     });
   }));
+  // Dropped on a failure below: its destructor removes the writer.
   auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));
+  TM_TRY(handle->start_heartbeat());
   TM_TRY(with_retries(context_->options.write_retry, [&] { return handle->fetch_upper(); }));
   return handle;
 }

@@ -8,6 +8,7 @@
 #include "shard/state.h"
 #include "util/clock.h"
 #include "util/ids.h"
+#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -237,7 +238,16 @@ void BackgroundCompactor::request() {
   std::lock_guard lock(mu_);
   if (stopping_) return;
   requested_ = true;
-  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  if (!thread_.joinable()) {
+    // No thread to be had: compaction waits for the next request (the
+    // next append asks again), and says why meanwhile.
+    auto thread = start_thread("background compaction", [this] { run(); });
+    if (!thread) {
+      last_error_ = thread.error();
+      return;
+    }
+    thread_ = std::move(*thread);
+  }
   cv_.notify_all();
 }
 

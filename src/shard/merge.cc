@@ -5,6 +5,8 @@
 #include <chrono>
 #include <thread>
 
+#include "util/thread.h"
+
 namespace tidemark {
 
 // Small and flat, so comparisons during the merge touch little memory: the
@@ -105,7 +107,8 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
 
 // Calls fn(0) .. fn(count - 1), each a blob read or two: one by one while
 // that is quick (a local disk: threads would cost more than they save), the
-// rest on up to MergeCursor::kOpenThreads threads once it has taken 2 ms.
+// rest on up to MergeCursor::kOpenThreads threads (this one among them)
+// once it has taken 2 ms. Threads that cannot be started are done without.
 // fn(i) must touch only state of its own i.
 void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>& fn) {
   const auto started = std::chrono::steady_clock::now();
@@ -114,15 +117,20 @@ void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>&
          std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
     fn(first++);
   }
+  if (first == count) return;
   const std::size_t threads = std::min(count - first, MergeCursor::kOpenThreads);
   std::atomic<std::size_t> next{first};
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < count;) fn(i);
+  };
   std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (std::size_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (std::size_t i; (i = next.fetch_add(1)) < count;) fn(i);
-    });
+  pool.reserve(threads - 1);
+  for (std::size_t t = 1; t < threads; ++t) {
+    auto thread = start_thread("opening parts", work);
+    if (!thread) break;
+    pool.push_back(std::move(*thread));
   }
+  work();
   for (std::thread& thread : pool) thread.join();
 }
 

@@ -143,30 +143,33 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
   ReadHandle::Impl* raw = impl.get();
   // Registering is idempotent (a reader of this id is found again), so a
   // failure that may pass is retried like any read.
-  TM_ASSIGN(StatePtr state, with_retries(
-                                context->options.read_retry,
-                                [&] {
-                                  return raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
-                                    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
-                                    return {};
-                                  });
-                                },
-                                context->stop_reads()));
-  if (!critical) {
-    raw->pins = std::make_shared<ReaderPins>(state->readers.at(raw->id).seqno);
-    if (options.heartbeat) {
-      raw->heartbeats.start(std::max(raw->lease / 3, std::chrono::milliseconds(1)), [raw] {
-        auto beat = raw->heartbeat();
-        // Expired (this process was paused or cut off past the lease): hold
-        // again from the shard's since now. Cursors opened before may find
-        // parts garbage collection deleted meanwhile (a "not found" naming
-        // the part); reads from now on are protected again.
-        if (!beat && beat.error().is(ErrorKind::kNotFound)) (void)raw->reregister();
-        return true;
-      });
-    }
+  TM_ASSIGN(StatePtr state,
+            with_retries(
+                context->options.read_retry,
+                [&] {
+                  return raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
+                    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
+                    return {};
+                  });
+                },
+                context->stop_reads()));
+  if (critical) return std::make_unique<ReadHandle>(std::move(impl));
+  raw->pins = std::make_shared<ReaderPins>(state->readers.at(raw->id).seqno);
+  // The handle first: if its heartbeat cannot start, dropping it removes the
+  // reader it registered.
+  auto handle = std::make_unique<ReadHandle>(std::move(impl));
+  if (options.heartbeat) {
+    TM_TRY(raw->heartbeats.start(std::max(raw->lease / 3, std::chrono::milliseconds(1)), [raw] {
+      auto beat = raw->heartbeat();
+      // Expired (this process was paused or cut off past the lease): hold
+      // again from the shard's since now. Cursors opened before may find
+      // parts garbage collection deleted meanwhile (a "not found" naming
+      // the part); reads from now on are protected again.
+      if (!beat && beat.error().is(ErrorKind::kNotFound)) (void)raw->reregister();
+      return true;
+    }));
   }
-  return std::make_unique<ReadHandle>(std::move(impl));
+  return handle;
 }
 
 }  // namespace

@@ -12,8 +12,10 @@ namespace tidemark {
 WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id)
     : context_(std::move(context)),
       writer_id_(std::move(writer_id)),
-      heartbeat_(std::make_unique<PeriodicTask>()) {
-  heartbeat_->start(
+      heartbeat_(std::make_unique<PeriodicTask>()) {}
+
+Status WriteHandle::start_heartbeat() {
+  return heartbeat_->start(
       std::max(context_->options.writer_lease / 3, std::chrono::milliseconds(1)), [this] {
         const std::string id = this->writer_id();
         auto beat = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {

@@ -153,7 +153,9 @@ Result<std::unique_ptr<ConsensusLease>> ConsensusLease::acquire(
     (void)consensus->truncate(key, seqno);  // best effort: older versions are history
     auto lease = std::unique_ptr<ConsensusLease>(
         new ConsensusLease(std::move(consensus), std::move(key), next, options, seqno, started));
-    lease->renewal_.start(options.renew_every, [raw = lease.get()] { return raw->renew(); });
+    // Cannot renew: released again (the destructor) and refused.
+    TM_TRY(
+        lease->renewal_.start(options.renew_every, [raw = lease.get()] { return raw->renew(); }));
     return lease;
   }
   return determinate("lease " + key + ": lost " + std::to_string(kAttempts) +

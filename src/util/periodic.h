@@ -11,6 +11,9 @@
 #include <mutex>
 #include <thread>
 
+#include "tidemark/error.h"
+#include "util/thread.h"
+
 namespace tidemark {
 
 class PeriodicTask {
@@ -20,18 +23,20 @@ class PeriodicTask {
   PeriodicTask& operator=(const PeriodicTask&) = delete;
   ~PeriodicTask() { stop(); }
 
-  // `task` returns false to end the loop. REQUIRES: not started yet.
-  void start(std::chrono::milliseconds interval, std::function<bool()> task) {
-    thread_ = std::thread([this, interval, task = std::move(task)] {
-      std::unique_lock lock(mu_);
-      for (;;) {
-        if (cv_.wait_for(lock, interval, [&] { return stopping_; })) return;
-        lock.unlock();
-        const bool again = task();
-        lock.lock();
-        if (!again) return;
-      }
-    });
+  // `task` returns false to end the loop. An error when no thread could be
+  // started (util/thread.h). REQUIRES: not started yet.
+  [[nodiscard]] Status start(std::chrono::milliseconds interval, std::function<bool()> task) {
+    TM_ASSIGN(thread_, start_thread("a heartbeat", [this, interval, task = std::move(task)] {
+                std::unique_lock lock(mu_);
+                for (;;) {
+                  if (cv_.wait_for(lock, interval, [&] { return stopping_; })) return;
+                  lock.unlock();
+                  const bool again = task();
+                  lock.lock();
+                  if (!again) return;
+                }
+              }));
+    return {};
   }
 
   void stop() {
