@@ -123,6 +123,8 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
   std::uint64_t available() const;
   std::uint64_t overdraft() const;
   MemoryPoolStats stats() const;
+  // Reservations made on this pool itself that are waiting for room now.
+  std::size_t waiting_reservations() const;
 
   [[nodiscard]] std::optional<Lease> try_reserve(std::uint64_t n);
   [[nodiscard]] Result<Lease> reserve(std::uint64_t n);

@@ -19,7 +19,7 @@ constexpr const char* kUsage =
   compact NAME
   serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] [--lease MS]
         [--retry-deadline MS] [--producer-expiry MS] [--max-producers N]
-        [--max-connections N] [--allow-s3-endpoints http[s]://HOST[:PORT],...]
+        [--max-connections N] [--min-body-rate BYTES] [--allow-s3-endpoints http[s]://HOST[:PORT],...]
         [--allow-kafka-brokers HOST[:PORT],...]
   sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
       [--sink-name S] [--as-of T] [--until T]

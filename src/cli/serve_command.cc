@@ -23,7 +23,7 @@ namespace {
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
     "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
-    "[--max-producers N] [--max-connections N] "
+    "[--max-producers N] [--max-connections N] [--min-body-rate BYTES] "
     "[--allow-s3-endpoints http[s]://HOST[:PORT],...] [--allow-kafka-brokers HOST[:PORT],...] "
     "(benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
@@ -94,8 +94,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv,
                           {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
                            "--lease", "--producer-expiry", "--max-producers", "--retry-deadline",
-                           "--max-connections", "--allow-s3-endpoints", "--allow-kafka-brokers",
-                           "--inject-blob-latency-ms", "--appender-queue"},
+                           "--max-connections", "--min-body-rate", "--allow-s3-endpoints",
+                           "--allow-kafka-brokers", "--inject-blob-latency-ms", "--appender-queue"},
                           {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
@@ -204,6 +204,11 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     retry_deadline = std::chrono::milliseconds(*ms);
   }
   std::optional<std::size_t> max_producers;
+  if (auto text = args->get("--min-body-rate")) {
+    auto bytes = parse_size(*text);
+    if (!bytes) return usage_error("--min-body-rate takes bytes a second (0: none), got " + *text);
+    options.min_body_rate = *bytes;
+  }
   if (auto text = args->get("--max-connections")) {
     auto n = whole_number(*text, 0, 1'000'000);
     if (!n) return usage_error("--max-connections takes 0 (no limit) to 1000000, got " + *text);

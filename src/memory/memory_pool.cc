@@ -417,6 +417,13 @@ std::uint64_t MemoryPool::overdraft() const {
   return Impl::bounded(node) && node.used > node.capacity ? node.used - node.capacity : 0;
 }
 
+std::size_t MemoryPool::waiting_reservations() const {
+  std::lock_guard lock(impl_->mutex);
+  std::size_t n = 0;
+  for (const auto& waiter : impl_->waiters) n += waiter->node == index_ ? 1 : 0;
+  return n;
+}
+
 MemoryPoolStats MemoryPool::stats() const {
   std::lock_guard lock(impl_->mutex);
   const Impl::Node& node = impl_->nodes[index_];

@@ -272,6 +272,22 @@ TEST(MemoryPoolTest, FifoSmallCallbacksRunAfterTheLargeGrant) {
   EXPECT_EQ(used_at_small_grant[0], 100u);
 }
 
+TEST(MemoryPoolTest, WaitingReservationsCountsThisPoolsOwn) {
+  auto root = MemoryPool::create("root", 100);
+  auto child = root->child("child", 100);
+  std::optional<Lease> held = root->try_reserve(100);
+  EXPECT_EQ(root->waiting_reservations(), 0u);
+  Grants grants;
+  root->reserve_async(10, grants.callback("root"));
+  child->reserve_async(10, grants.callback("child"));
+  child->reserve_async(10, grants.callback("child 2"));
+  EXPECT_EQ(root->waiting_reservations(), 1u);
+  EXPECT_EQ(child->waiting_reservations(), 2u);
+  held.reset();
+  EXPECT_EQ(root->waiting_reservations(), 0u);
+  EXPECT_EQ(child->waiting_reservations(), 0u);
+}
+
 TEST(MemoryPoolTest, FifoTimedOutWaiterStopsHoldingOthersUp) {
   auto pool = MemoryPool::create("pool", 100);
   Lease held = *pool->try_reserve(90);

@@ -38,8 +38,16 @@ constexpr std::chrono::seconds kIdleTimeout{60};
 constexpr std::string_view kProducerHeader = "Tidemark-Producer";
 constexpr std::string_view kSequenceHeader = "Tidemark-Sequence";
 constexpr std::chrono::milliseconds kListenRetry{50};
-// A connection keeps a body buffer this small between requests.
+// A body is read through a buffer at least this small.
 constexpr std::uint64_t kSmallChunkBytes = 4 << 10;
+// A request that holds a reservation for its whole body and has waited
+// this long for its client's next bytes gives the reservation up (503)
+// when other requests wait for the requests pool.
+constexpr std::chrono::seconds kEvictIdleHolderAfter{2};
+// How long a request that holds part of its body waits for room in the
+// requests pool before it is answered 503 and lets go: without a limit,
+// bodies each holding some could wait on each other for good.
+constexpr std::chrono::seconds kHoldingWait{5};
 // A partial line longer than this gets room for a whole record at once.
 constexpr std::uint64_t kCarryReserveAbove = 1 << 20;
 
@@ -438,36 +446,83 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
+  using PieceDone = std::function<void(beast::error_code, std::string_view, bool)>;
+
   // Reads the next piece of the body into chunk_, once the requests pool
   // has room (backpressure). `done(ec, piece, finished)`.
-  void read_piece(std::function<void(beast::error_code, std::string_view, bool)> done) {
+  //
+  // While the client has sent nothing to read, the connection waits for it
+  // holding no buffer: a client that sends slowly, or not at all, keeps no
+  // pool memory (beyond what it has sent: a partial line, or the records
+  // of an all-or-nothing append; and a whole body's reservation, which
+  // start_atomic bounds). And it must keep pace: see begin_client_wait.
+  void read_piece(PieceDone done) {
     if (parser_->is_done()) return done({}, {}, true);
+    if (readable_bytes() == 0) {
+      if (!reserved_) drop_chunk();
+      return when_readable(1, [self = shared_from_this(), done](beast::error_code ec) {
+        if (ec) return done(ec, {}, false);
+        self->read_piece_now(done);
+      });
+    }
+    read_piece_now(done);
+  }
+
+  // Bytes that can be read now without waiting: left over from the header's
+  // read, or on the socket.
+  std::uint64_t readable_bytes() {
+    beast::error_code ec;
+    return buffer_.size() + stream_.socket().available(ec);
+  }
+
+  // Runs `then` once `bytes` can be read without waiting (or the socket
+  // fails: `then(ec)`), waiting on the client at its pace.
+  void when_readable(std::uint64_t bytes, std::function<void(beast::error_code)> then) {
+    if (readable_bytes() >= bytes) return then({});
+    const std::uint64_t before = readable_bytes();
+    const std::uint64_t wait = begin_client_wait();
+    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), bytes, before,
+                                                         then, wait](beast::error_code ec) {
+      const std::uint64_t now = ec ? before : self->readable_bytes();
+      const std::uint64_t came = now > before ? now - before : 0;
+      self->counted_ahead_ += came;  // counted now, not again when read
+      if (!self->end_client_wait(wait, came)) return;
+      if (ec) return then(ec);
+      // The socket said readable but has nothing: the client closed.
+      if (now == 0) return then(net::error::eof);
+      self->when_readable(bytes, then);
+    });
+  }
+
+  void read_piece_now(PieceDone done) {
     auto go = [self = shared_from_this(), done] {
       auto& body = self->parser_->get().body();
       body.data = self->chunk_.get();
       body.size = self->chunk_size_;
       self->stream_.expires_after(kIdleTimeout);
+      const std::uint64_t wait = self->begin_client_wait();
       http::async_read_some(
           self->stream_, self->buffer_, *self->parser_,
-          [self, done](beast::error_code ec, std::size_t) {
+          [self, done, wait](beast::error_code ec, std::size_t) {
+            const std::size_t got = self->chunk_size_ - self->parser_->get().body().size;
+            const std::uint64_t counted = std::min<std::uint64_t>(got, self->counted_ahead_);
+            self->counted_ahead_ -= counted;
+            if (!self->end_client_wait(wait, got - counted)) return;
             if (ec == http::error::need_buffer) ec = {};
             if (ec) return done(ec, {}, false);
-            const std::size_t got = self->chunk_size_ - self->parser_->get().body().size;
             done({}, std::string_view(self->chunk_.get(), got), self->parser_->is_done());
           });
     };
     // A buffer the size of the body, between kSmallChunkBytes and
-    // kBodyChunkBytes, not zeroed, kept for the connection's next request
-    // when small. Its bytes are reserved first: while the requests pool is
-    // full, the connection is not read (waiting in line, first come first
-    // served), so the pool never goes past its capacity for buffers.
+    // kBodyChunkBytes, not zeroed. Its bytes are reserved first: while the
+    // requests pool is full, the connection is not read (waiting in line,
+    // first come first served), so the pool never goes past its capacity
+    // for buffers.
     std::uint64_t want = Server::kBodyChunkBytes;
     if (auto length = parser_->content_length()) want = std::min(want, *length);
     want = std::max<std::uint64_t>(want, kSmallChunkBytes);
     if (chunk_size_ >= want) return go();
-    chunk_.reset();
-    chunk_size_ = 0;
-    chunk_lease_.release();
+    drop_chunk();
     reserve_then(want, [self = shared_from_this(), want, go](Lease lease) {
       self->chunk_ = std::make_unique_for_overwrite<char[]>(want);
       self->chunk_size_ = want;
@@ -476,20 +531,143 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  void drop_chunk() {
+    chunk_.reset();
+    chunk_size_ = 0;
+    chunk_lease_.release();
+  }
+
+  // The body's pace (ServerOptions::min_body_rate): the time spent waiting
+  // for the client is counted in windows of body_rate_window, and each
+  // window must bring min_body_rate bytes a second; a request that falls
+  // behind is answered 408 and its connection closed. Time the server makes
+  // the client wait (for room in a pool or an appender queue) does not
+  // count. Without a minimum rate, a wait ends after kIdleTimeout.
+  // Returns the wait's id for end_client_wait.
+  std::uint64_t begin_client_wait() {
+    const auto& options = server_->options;
+    const std::uint64_t id = ++client_wait_;
+    waiting_on_client_ = true;
+    client_wait_started_ = Clock::now();
+    Clock::duration deadline = kIdleTimeout;
+    if (options.min_body_rate > 0) {
+      if (window_bytes_ >= body_quota()) {  // the window is met: a new one
+        window_waited_ = {};
+        window_bytes_ = 0;
+      }
+      deadline = options.body_rate_window - window_waited_;
+    }
+    arm_pace_timer(id, Clock::now() + deadline);
+    return id;
+  }
+
+  // Fires at `deadline` (the wait expired: 408, or a plain close without a
+  // minimum rate), or earlier, every kEvictIdleHolderAfter, for a request
+  // that holds a whole body's reservation: once others wait for the
+  // requests pool it gives the reservation up (503).
+  void arm_pace_timer(std::uint64_t id, Clock::time_point deadline) {
+    if (!pace_timer_) pace_timer_.emplace(stream_.get_executor());
+    const Clock::time_point at =
+        reserved_ ? std::min(deadline, Clock::now() + kEvictIdleHolderAfter) : deadline;
+    pace_timer_->expires_at(at);
+    pace_timer_->async_wait([self = shared_from_this(), id, deadline](beast::error_code ec) {
+      if (ec || id != self->client_wait_ || !self->waiting_on_client_) return;
+      if (Clock::now() < deadline) {
+        if (self->server_->requests->waiting_reservations() == 0) {
+          return self->arm_pace_timer(id, deadline);
+        }
+        self->evicted_ = true;
+      }
+      self->wait_expired_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+
+  // Ends wait `id`, which brought `bytes` of body. False when the client
+  // was too slow (then answered here) or the wait timed out (closed).
+  bool end_client_wait(std::uint64_t id, std::uint64_t bytes) {
+    if (id == client_wait_) {
+      waiting_on_client_ = false;
+      window_waited_ += Clock::now() - client_wait_started_;
+      window_bytes_ += bytes;
+      if (pace_timer_) pace_timer_->cancel();
+    }
+    if (!wait_expired_) return true;
+    wait_expired_ = false;
+    if (evicted_) {
+      evicted_ = false;
+      keep_alive_ = false;
+      group_.clear();
+      group_lease_.release();
+      respond(503, error_json("this request's body paused for " +
+                              std::to_string(kEvictIdleHolderAfter.count()) +
+                              " s while holding memory other requests waited for; nothing of it "
+                              "was appended: retry, sending the body without pauses"));
+      return false;
+    }
+    if (server_->options.min_body_rate == 0) {
+      close();
+      return false;
+    }
+    // Bytes that came just as the window ended count for it.
+    if (window_bytes_ >= body_quota()) return true;
+    keep_alive_ = false;
+    group_.clear();
+    group_lease_.release();
+    respond(408, error_json("the request body came slower than " +
+                            std::to_string(server_->options.min_body_rate) +
+                            " bytes a second (the server's --min-body-rate); nothing more of it "
+                            "is read" +
+                            std::string(atomic_ ? ", and nothing of it was appended" : "")));
+    return false;
+  }
+
+  std::uint64_t body_quota() const {
+    const auto& options = server_->options;
+    return options.min_body_rate *
+           static_cast<std::uint64_t>(
+               std::chrono::duration_cast<std::chrono::milliseconds>(options.body_rate_window)
+                   .count()) /
+           1000;
+  }
+
   // Runs `then` on this connection with a lease of `bytes` from the
   // requests pool: at once when there is room, else once its turn comes
   // (first come, first served). A reservation that can never be granted
-  // answers the request with the error.
+  // answers the request with the error. A request that holds part of its
+  // body (records of an all-or-nothing append, a partial line) waits at
+  // most kHoldingWait, then is answered 503 and lets go: requests that
+  // each hold some and wait for more cannot wait on each other for good.
   void reserve_then(std::uint64_t bytes, std::function<void(Lease)> then) {
     if (auto lease = server_->requests->try_reserve(bytes)) return then(std::move(*lease));
-    server_->requests->reserve_async(
-        bytes, [self = shared_from_this(), then = std::move(then)](Result<Lease> lease) mutable {
-          net::post(self->stream_.get_executor(),
-                    [self, then, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
-                      if (!*lease) return self->respond_error(lease->error());
-                      then(std::move(**lease));
-                    });
-        });
+    const std::uint64_t id = ++reservation_;
+    if (!group_lease_.empty() || !carry_lease_.empty()) {
+      if (!hold_timer_) hold_timer_.emplace(stream_.get_executor());
+      hold_timer_->expires_after(kHoldingWait);
+      hold_timer_->async_wait([self = shared_from_this(), id](beast::error_code ec) {
+        if (ec || id != self->reservation_) return;
+        ++self->reservation_;  // the grant, when it comes, is dropped
+        self->keep_alive_ = false;
+        self->group_.clear();
+        self->group_lease_.release();
+        self->respond(503, error_json("the server's memory for requests stayed full for " +
+                                      std::to_string(kHoldingWait.count()) +
+                                      " s while this request held part of its body; nothing of it "
+                                      "was appended: retry"));
+      });
+    }
+    server_->requests->reserve_async(bytes, [self = shared_from_this(), then = std::move(then),
+                                             id](Result<Lease> lease) mutable {
+      net::post(self->stream_.get_executor(),
+                [self, then, id, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
+                  if (id != self->reservation_) return;  // gave up: dropped
+                  ++self->reservation_;
+                  if (self->hold_timer_) self->hold_timer_->cancel();
+                  if (!*lease) return self->respond_error(lease->error());
+                  then(std::move(**lease));
+                });
+    });
   }
 
   // Reads a whole small body (at most kSmallBodyBytes) into small_body_.
@@ -512,6 +690,11 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header() {
     begin_request();
+    atomic_ = false;
+    reserved_ = false;
+    counted_ahead_ = 0;
+    window_waited_ = {};
+    window_bytes_ = 0;
     auto& request = parser_->get();
     keep_alive_ = request.keep_alive();
     small_body_.clear();
@@ -1106,15 +1289,18 @@ class Session : public std::enable_shared_from_this<Session> {
     finish_managed();
   }
 
-  // Without a producer, a body with a Content-Length first reserves what
-  // its records will take once parsed (twice its length: the JSON around
-  // each key and value goes, a record's header comes; beyond that the
-  // charge is forced) and the chunk it is read through, in one reservation
-  // that waits its turn in the requests pool. A connection then never waits
-  // for room while holding some: no deadlock. A chunked body's records are
+  // Without a producer, a body with a Content-Length reserves what its
+  // records will take once parsed (twice its length: the JSON around each
+  // key and value goes, a record's header comes; beyond that the charge is
+  // forced) and the chunk it is read through, in one reservation that waits
+  // its turn in the requests pool holding nothing: no deadlock. It gets in
+  // line only once a chunk of the body has come, and while it holds the
+  // reservation it must keep sending: paused for kEvictIdleHolderAfter
+  // while others wait, it lets go (503). A chunked body's records are
   // charged as they are parsed (forced: up to twice max_record_bytes per
   // such connection beyond the pool).
   void start_atomic() {
+    atomic_ = true;
     const auto length = parser_->content_length();
     if (!length) return read_managed();
     if (*length > *server_->options.max_record_bytes) return atomic_too_large();
@@ -1122,25 +1308,22 @@ class Session : public std::enable_shared_from_this<Session> {
         std::clamp<std::uint64_t>(*length, kSmallChunkBytes, Server::kBodyChunkBytes);
     const std::uint64_t want = 2 * *length + chunk;
     if (want > server_->requests->capacity()) return atomic_too_large();
-    // A connection's kept chunk serves again when room for the records is
-    // there at once; to wait, it lets the chunk go first (it waits holding
-    // nothing).
-    if (chunk_size_ >= chunk) {
-      if (auto lease = server_->requests->try_reserve(2 * *length)) {
-        group_lease_ = std::move(*lease);
-        return read_managed();
-      }
-    }
-    chunk_.reset();
-    chunk_size_ = 0;
-    chunk_lease_.release();
-    reserve_then(want, [self = shared_from_this(), chunk](Lease lease) {
-      self->chunk_lease_ = lease.split(chunk);
-      self->chunk_ = std::make_unique_for_overwrite<char[]>(chunk);
-      self->chunk_size_ = chunk;
-      self->group_lease_ = std::move(lease);
-      self->read_managed();
-    });
+    // In line for the reservation only once a chunk's worth of the body (or
+    // all of a shorter one) has come: a client that declares a body and
+    // trickles it never gets there (the pace cuts it first).
+    drop_chunk();
+    when_readable(std::min<std::uint64_t>(*length, Server::kBodyChunkBytes),
+                  [self = shared_from_this(), chunk, want](beast::error_code ec) {
+                    if (ec) return self->close();
+                    self->reserve_then(want, [self, chunk](Lease lease) {
+                      self->chunk_lease_ = lease.split(chunk);
+                      self->chunk_ = std::make_unique_for_overwrite<char[]>(chunk);
+                      self->chunk_size_ = chunk;
+                      self->group_lease_ = std::move(lease);
+                      self->reserved_ = true;
+                      self->read_managed();
+                    });
+                  });
   }
 
   // Without a producer: every line parsed into group_ (charged to the
@@ -1404,12 +1587,11 @@ class Session : public std::enable_shared_from_this<Session> {
         });
   }
 
+  // Nothing of the pool is kept between requests: an idle keep-alive
+  // connection holds none of it.
   void release_body() {
-    if (chunk_size_ > kSmallChunkBytes) {
-      chunk_.reset();
-      chunk_size_ = 0;
-      chunk_lease_.release();
-    }
+    drop_chunk();
+    reserved_ = false;
     carry_lease_.release();
     std::string().swap(carry_);
   }
@@ -1875,6 +2057,19 @@ class Session : public std::enable_shared_from_this<Session> {
   Lease carry_lease_;
   std::string_view pending_;
   bool finished_ = false;
+  // The body's pace (begin_client_wait).
+  std::optional<net::steady_timer> pace_timer_;
+  std::uint64_t client_wait_ = 0;  // the id of the last wait on the client
+  bool waiting_on_client_ = false;
+  bool wait_expired_ = false;
+  Clock::time_point client_wait_started_;
+  Clock::duration window_waited_{};
+  std::uint64_t window_bytes_ = 0;
+  std::uint64_t counted_ahead_ = 0;  // counted while waiting, not yet read
+  // A reservation in line (reserve_then): its id, and the limit on the wait
+  // of a request that holds part of its body.
+  std::uint64_t reservation_ = 0;
+  std::optional<net::steady_timer> hold_timer_;
 
   // Appends.
   std::uint64_t line_ = 0;
@@ -1891,7 +2086,11 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t skip_ = 0;
   std::uint64_t skipped_ = 0;
   std::optional<Time> producer_time_;
-  // Without a producer: the body's records, enqueued once all are read.
+  // Without a producer (atomic_): the body's records, enqueued once all
+  // are read.
+  bool atomic_ = false;
+  bool reserved_ = false;  // group_lease_ is the reservation of its whole body
+  bool evicted_ = false;   // gave the reservation up (arm_pace_timer)
   std::vector<AppendRecord> group_;
   std::uint64_t group_bytes_ = 0;   // of its lines
   std::uint64_t group_charge_ = 0;  // of its records, held by group_lease_

@@ -51,6 +51,7 @@
 // internal.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -77,6 +78,13 @@ struct ServerOptions {
   // (each holds a file descriptor and, while it sends a body, a chunk of
   // the requests pool). 0: no limit.
   std::size_t max_connections = 1000;
+  // A request body must arrive at this pace: every `body_rate_window` spent
+  // waiting for the client must bring min_body_rate bytes a second, or the
+  // request is answered 408 and its connection closed. 0: no minimum (a
+  // body then waits at most 60 s for its next bytes). A connection waiting
+  // for its client's bytes holds no buffer from the requests pool.
+  std::uint64_t min_body_rate = 1024;
+  std::chrono::milliseconds body_rate_window{10'000};
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -44,6 +45,7 @@ namespace fs = std::filesystem;
 
 using testing::lines_of;
 using testing::Reply;
+using Clock = std::chrono::steady_clock;
 
 Reply call(std::uint16_t port, http::verb method, const std::string& target,
            const std::string& body = "", const std::map<std::string, std::string>& headers = {}) {
@@ -1160,6 +1162,161 @@ TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
 // past its capacity by more than one chunk and one record per connection.
 // Bodies this large stream with a producer; without one they are bounded
 // (all or nothing), and each waits for room for all of it before it is read.
+// The requests pool's bytes in use now.
+std::uint64_t pool_used(std::uint16_t port, const std::string& pool) {
+  Reply metrics = testing::http_call(port, http::verb::get, "/metrics");
+  const std::string name = "tidemark_pool_used_bytes{pool=\"" + pool + "\"} ";
+  const auto at = metrics.body.find(name);
+  return at == std::string::npos ? UINT64_MAX : std::stoull(metrics.body.substr(at + name.size()));
+}
+
+// What a raw connection has been answered, once its status line is in:
+// "" while nothing came, or the status code's text.
+std::string status_of_raw(tcp::socket& socket) {
+  std::array<char, 4096> buffer;
+  beast::error_code ec;
+  socket.non_blocking(true);
+  const std::size_t n = socket.read_some(net::buffer(buffer), ec);
+  socket.non_blocking(false);
+  if (n < 12) return ec && ec != net::error::would_block ? "closed" : "";
+  return std::string(buffer.data() + 9, 3);
+}
+
+// The issue's attack: 80 appends that declare a body and send a byte now
+// and then, half of them all-or-nothing with a Content-Length, half a
+// producer's chunked stream. With --memory-limit 16MiB each once held a
+// chunk of the requests pool and a normal append got no answer for 25 s.
+// Now they hold nothing while they wait for their client, a normal append
+// is answered at once, and they are cut (408) once they fall behind the
+// minimum pace.
+TEST_F(ServerTest, TricklingBodiesHoldNothingAndAreCutAtTheMinimumPace) {
+  options_.memory_limit = 16 << 20;
+  options_.min_body_rate = 1024;
+  options_.body_rate_window = std::chrono::milliseconds(3000);
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  net::io_context ioc;
+  std::vector<tcp::socket> slow;
+  for (int i = 0; i < 80; ++i) {
+    const std::string headers =
+        i % 2 == 0
+            ? "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+            : "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+              "Tidemark-Producer: slow" +
+                  std::to_string(i) + "\r\nTidemark-Sequence: 0\r\n\r\n100000\r\n";
+    slow.push_back(send_raw(ioc, headers + "{"));
+  }
+  std::atomic<bool> trickling{true};
+  std::thread trickle([&] {
+    while (trickling) {
+      for (auto& socket : slow) {
+        beast::error_code ec;
+        net::write(socket, net::buffer(std::string_view("\"")), ec);
+      }
+      for (int i = 0; i < 10 && trickling; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Waiting for their clients, they hold nothing of the requests pool.
+  EXPECT_LE(pool_used(port_, "requests"), 64u << 10);
+  const auto started = Clock::now();
+  Reply normal = post("/v1/shards/s/append", "{\"key\":\"ok\",\"value\":1}\n");
+  const auto took = Clock::now() - started;
+  EXPECT_EQ(normal.status, 200u) << normal.body;
+  EXPECT_LT(took, std::chrono::seconds(2)) << "a normal append waited behind the trickling ones";
+  // Past the window they are cut: 408, and the connection closes.
+  std::vector<std::string> answers(slow.size());
+  int cut = 0;
+  for (int i = 0; i < 100 && cut < 80; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    for (std::size_t s = 0; s < slow.size(); ++s) {
+      if (answers[s].empty()) {
+        answers[s] = status_of_raw(slow[s]);
+        cut += answers[s] == "408" ? 1 : 0;
+      }
+    }
+  }
+  trickling = false;
+  trickle.join();
+  EXPECT_EQ(cut, 80) << answers[0] << " " << answers[1];
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  EXPECT_EQ(lines_of(snapshot.body).size(), 1u) << snapshot.body;
+  EXPECT_EQ(pool_used(port_, "requests"), 0u);
+}
+
+// A body sent at the minimum pace or faster is taken whole, however long
+// it takes.
+TEST_F(ServerTest, ABodyAtTheMinimumPaceIsTaken) {
+  options_.min_body_rate = 1024;
+  options_.body_rate_window = std::chrono::milliseconds(1000);
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  std::string body;
+  for (int i = 0; i < 100; ++i) {
+    body += "{\"key\":\"k" + std::to_string(100 + i) + "\",\"value\":\"" + std::string(40, 'v') +
+            "\"}\n";  // 60 bytes a line
+  }
+  net::io_context ioc;
+  tcp::socket socket =
+      send_raw(ioc, "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n");
+  // 3 KiB a second, in pieces of 600 bytes, for two seconds.
+  for (std::size_t at = 0; at < body.size(); at += 600) {
+    net::write(socket, net::buffer(body.substr(at, 600)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response);
+  EXPECT_EQ(response.result_int(), 200u) << response.body();
+  EXPECT_EQ(lines_of(get("/v1/shards/s/snapshot").body).size(), 100u);
+}
+
+// An all-or-nothing body holds a reservation for all of it once a chunk
+// of it has come. Paused while others wait for the pool, it lets go (503)
+// within kEvictIdleHolderAfter, and the waiting append goes on.
+TEST_F(ServerTest, APausedBodyGivesItsReservationUpToThoseWaiting) {
+  options_.memory_limit = 16 << 20;  // requests 4 MiB, records up to 2 MiB
+  options_.min_body_rate = 1024;
+  options_.body_rate_window = std::chrono::milliseconds(60'000);  // the pace is not what cuts
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto body_of = [](const std::string& prefix, std::size_t bytes) {
+    std::string body;
+    for (int i = 0; body.size() < bytes; ++i) {
+      body += "{\"key\":\"" + prefix + std::to_string(i) + "\",\"value\":\"" +
+              std::string(100, 'v') + "\"}\n";
+    }
+    return body;
+  };
+  const std::string paused_body = body_of("p", 1'500'000);  // reserves about 3 MiB
+  net::io_context ioc;
+  tcp::socket paused = send_raw(
+      ioc, "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+               std::to_string(paused_body.size()) + "\r\n\r\n" + paused_body.substr(0, 200'000));
+  for (int i = 0; i < 100 && pool_used(port_, "requests") < (2u << 20); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_GE(pool_used(port_, "requests"), 2u << 20) << "the paused body never got its reservation";
+  const auto started = Clock::now();
+  Reply waiting = post("/v1/shards/s/append", body_of("w", 1'000'000));  // needs about 2 MiB
+  const auto took = Clock::now() - started;
+  EXPECT_EQ(waiting.status, 200u) << waiting.body;
+  EXPECT_LT(took, std::chrono::seconds(10));
+  EXPECT_GE(took, std::chrono::milliseconds(1500)) << "it did not have to wait: no test";
+  std::string answer;
+  for (int i = 0; i < 50 && answer.empty(); ++i) {
+    answer = status_of_raw(paused);
+    if (answer.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(answer, "503");
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  EXPECT_EQ(snapshot.body.find("\"key\":\"p"), std::string::npos) << "the paused body was appended";
+  EXPECT_NE(snapshot.body.find("\"key\":\"w0\""), std::string::npos);
+}
+
 TEST_F(ServerTest, BackpressureKeepsThePoolsWithinTheirBudget) {
   options_.memory_limit = 4 << 20;  // requests 1 MiB, appenders 1.5 MiB; records 512 KiB
   ASSERT_NO_FATAL_FAILURE(start());
