@@ -48,8 +48,6 @@ struct PartOptions {
   int zstd_level = 1;
 };
 
-inline constexpr std::size_t kMaxBlockBytesOption = std::size_t{64} << 20;
-
 // Builds one part in memory.
 class PartWriter {
  public:

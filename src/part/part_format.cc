@@ -199,6 +199,25 @@ Status check_part_footer(std::string_view part_name, const PartFooter& footer,
                                             " updates in " +
                                             std::to_string(block.uncompressed_length) + " bytes");
     }
+    // No more than the writer can have made, so that what a block decodes
+    // to is bounded before anything is allocated (a few KiB of zstd can
+    // claim hundreds of MiB of empty updates): a block of several updates
+    // holds at most kMaxBlockBytesOption of payload, and no block encodes
+    // more than its payload (at most the part's) allows.
+    if (block.count > 1 && block.count > kMaxBlockBytesOption / 16) {
+      return part_corruption(part_name, name + " claims " + std::to_string(block.count) +
+                                            " updates, more than a block can hold (" +
+                                            std::to_string(kMaxBlockBytesOption / 16) + ")");
+    }
+    const std::uint64_t payload =
+        block.count > 1 ? std::min<std::uint64_t>(stats.bytes, kMaxBlockBytesOption) : stats.bytes;
+    if (block.uncompressed_length > max_block_length(payload, block.count)) {
+      return part_corruption(part_name, name + " claims " +
+                                            std::to_string(block.uncompressed_length) +
+                                            " bytes, more than " + std::to_string(block.count) +
+                                            " updates of at most " + std::to_string(payload) +
+                                            " payload bytes encode to");
+    }
     // Cannot overflow: each count is below 2^28 and there are fewer than
     // 2^61 blocks in a footer that fits in memory.
     total_count += block.count;

@@ -109,6 +109,10 @@ inline constexpr std::string_view kPartMagic = "TDMPART1";
 inline constexpr std::uint32_t kPartFormatVersion = 1;
 inline constexpr std::uint64_t kPartHeaderBytes = 12;
 inline constexpr std::uint64_t kPartTrailerBytes = 32;
+// The largest PartOptions::block_bytes: a block of more than one update
+// holds at most this much payload (update_payload_bytes, at least 16 bytes
+// an update), so at most kMaxBlockBytesOption / 16 updates.
+inline constexpr std::size_t kMaxBlockBytesOption = std::size_t{64} << 20;
 // A block never decompresses to more than this (1 GiB), whatever its
 // index says; the writer refuses updates that would need more.
 inline constexpr std::uint64_t kMaxBlockUncompressedBytes = std::uint64_t{1} << 30;

@@ -723,6 +723,52 @@ TEST_F(PartFooterTest, UncompressedLengths) {
                     "implausible");
 }
 
+// The decompression bomb: an 8 KiB part whose one block passed every
+// footer and block check and decompressed to 67 million empty updates
+// (268 MB of columns, 1.84 GB decoded). Its index alone is now refused,
+// before anything is allocated: a block of several updates holds at most
+// kMaxBlockBytesOption / 16 of them, and no block encodes to more than its
+// payload allows.
+TEST(PartFooterBoundsTest, ABlockClaimingMoreThanAWriterMakesIsRefusedFromTheIndex) {
+  auto footer_of = [](std::uint64_t count, std::uint64_t payload, std::uint64_t uncompressed) {
+    PartFooter footer;
+    footer.inline_desc = description(0, 10);
+    footer.stats.key_min = footer.stats.key_max = "";
+    footer.stats.time_min = footer.stats.time_max = 1;
+    footer.stats.count = count;
+    footer.stats.bytes = payload;
+    footer.blocks.push_back(BlockHandle{kPartHeaderBytes, 8192, uncompressed, count, 0});
+    return footer;
+  };
+  const std::uint64_t footer_offset = kPartHeaderBytes + 8192;
+  const std::uint64_t bomb = 67'000'000;
+  auto many = check_part_footer(kName, footer_of(bomb, 16 * bomb, 4 * bomb), footer_offset);
+  ASSERT_FALSE(many);
+  EXPECT_EQ(many.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(many.error().message.find("more than a block can hold"), std::string::npos)
+      << many.error().message;
+  // Three updates of 60 payload bytes cannot encode to 268 MB.
+  auto large = check_part_footer(kName, footer_of(3, 60, 4 * bomb), footer_offset);
+  ASSERT_FALSE(large);
+  EXPECT_NE(large.error().message.find("encode to"), std::string::npos) << large.error().message;
+  // The largest block a writer makes passes: kMaxBlockBytesOption of payload
+  // in 16-byte updates.
+  const std::uint64_t most = kMaxBlockBytesOption / 16;
+  EXPECT_TRUE(check_part_footer(kName, footer_of(most, 16 * most, 30 * most), footer_offset))
+      << "a block a writer can make was refused";
+  // One update of half a gigabyte is a block of its own.
+  auto huge = check_part_footer(kName, footer_of(1, 1ull << 29, 1ull << 29), footer_offset);
+  EXPECT_TRUE(huge) << huge.error().message;
+}
+
+TEST_F(PartFooterTest, AnUncompressedLengthBeyondThePayloadIsRefused) {
+  expect_corruption(tampered([](Pieces& p) {
+                      p.footer.blocks[1].uncompressed_length =
+                          max_block_length(p.footer.stats.bytes, p.footer.blocks[1].count) + 1;
+                    }),
+                    "encode to");
+}
+
 TEST_F(PartFooterTest, StatsThatDoNotMatchTheData) {
   expect_corruption(tampered([](Pieces& p) { p.footer.stats.key_min += "x"; }), "key_min");
   expect_corruption(tampered([](Pieces& p) { p.footer.stats.key_min = ""; }), "key_min");

@@ -97,6 +97,12 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
     return corruption("part " + ref.key + ": holds " + std::to_string(reader.stats().count) +
                       " updates but the shard registered " + std::to_string(ref.count));
   }
+  // Its blocks decode to no more than its payload allows (check_part_footer):
+  // the payload registered, not one a replaced object claims.
+  if (reader.stats().bytes != ref.bytes) {
+    return corruption("part " + ref.key + ": holds " + std::to_string(reader.stats().bytes) +
+                      " payload bytes but the shard registered " + std::to_string(ref.bytes));
+  }
   OpenedPart part;
   part.min = std::max(min, inline_min);
   part.max = std::min(max, inline_max);

@@ -783,6 +783,31 @@ TEST_F(ShardTest, IrreconcilablePartIsACorruptionNamingIt) {
   EXPECT_NE(snapshot.error().message.find(key), std::string::npos);
 }
 
+// A part object that holds more payload than the shard registered for it
+// (replaced in the blob store, say) is refused before a block is read: its
+// blocks are bounded by its payload (check_part_footer), so the bound must
+// be the registered one.
+TEST_F(ShardTest, APartHoldingMorePayloadThanRegisteredIsACorruptionNamingIt) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(3, 1), 0, 2));
+  const std::string key = batches[0].parts()[0].key;
+  ASSERT_TRUE(append(batches, 0, 2));
+  ShardMachine machine("orders", client_->location().consensus, client_->location().blob);
+  ASSERT_TRUE(machine.apply([](ShardState& s) -> Result<TransitionResult> {
+    std::vector<PartRef> parts = s.batches[0].parts.get();
+    parts[0].bytes -= 1;
+    s.batches[0].parts = PartList(std::move(parts));
+    return TransitionResult::kWrite;
+  }));
+  auto snapshot = read_snapshot(*shard_, 1);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(snapshot.error().message.find(key), std::string::npos);
+  EXPECT_NE(snapshot.error().message.find("payload bytes but the shard registered"),
+            std::string::npos)
+      << snapshot.error().message;
+}
+
 TEST_F(ShardTest, CorruptPartIsAnErrorNamingIt) {
   std::vector<Batch> batches;
   batches.push_back(make_batch(numbered(50, 1), 0, 2));
