@@ -5,10 +5,13 @@
 BUILD      ?= build
 TSAN_BUILD ?= build-tsan
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+# How long `make test` fuzzes each target; `make fuzz FUZZ_SECONDS=600` for longer.
+FUZZ_SECONDS ?= 15
 CMAKE_GEN  := -G Ninja
 JOBS       ?= 2
 
-.PHONY: deps build run demo test test-now test-tsan test-kafka-asan test-asan bench clean format
+.PHONY: deps build run demo test test-now test-tsan test-kafka-asan test-asan fuzz bench clean format
 
 deps:
 	@bash scripts/install-deps.sh
@@ -27,8 +30,9 @@ run: build
 demo: build
 	bash scripts/demo.sh $(BUILD)/tidemark
 
-# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer
-# and the Kafka tests under AddressSanitizer + UBSan, with a PostgreSQL and an
+# Every test (ctest), then the concurrency-labelled tests under ThreadSanitizer,
+# the Kafka tests under AddressSanitizer + UBSan and each fuzz target for
+# FUZZ_SECONDS, with a PostgreSQL and an
 # S3 server (s3rver) running for the scale-out tests (scripts/test-services.sh
 # starts them and stops them afterwards, and sets TIDEMARK_TEST_NO_SKIP: with
 # every service there, a test that skips fails).
@@ -39,6 +43,7 @@ test-now:
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 	$(MAKE) test-tsan
 	$(MAKE) test-kafka-asan
+	$(MAKE) fuzz
 
 # -LE kafka: ThreadSanitizer cannot run librdkafka's threads (see
 # TIDEMARK_KAFKA_TESTS in CMakeLists.txt); test-kafka-asan runs those tests.
@@ -62,6 +67,10 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && bash $(CURDIR)/scripts/test-services.sh ctest --output-on-failure -j $(JOBS) --timeout 1800 -LE scenarios
 
+# Each decoder's fuzz target (fuzz/) for FUZZ_SECONDS, from its seed corpus.
+fuzz: deps
+	FUZZ_BUILD=$(FUZZ_BUILD) JOBS=$(JOBS) bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
 bench: build
 	$(BUILD)/tidemark bench engine
 
@@ -69,4 +78,4 @@ format:
 	clang-format -i $$(git ls-files '*.h' '*.cc')
 
 clean:
-	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(TSAN_BUILD) $(ASAN_BUILD) $(FUZZ_BUILD)

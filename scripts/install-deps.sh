@@ -9,6 +9,7 @@ packages=(
   libgtest-dev curl wrk
   libpq-dev libcurl4-openssl-dev libssl-dev
   postgresql
+  libclang-rt-14-dev
 )
 # s3rver (tools/s3rver, for the S3 tests) runs on the machine's Node.js;
 # Debian's only when the machine has none.

@@ -1,0 +1,113 @@
+// Writes the seed corpora of the fuzz targets into fuzz/corpus/<target>/:
+// small valid inputs of each format, from the code that writes them, so
+// that fuzzing starts from inputs that reach deep. Run from the repository
+// root after the format changes: build-fuzz/fuzz_seeds (scripts/fuzz.sh
+// --seeds builds and runs it).
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "part/part.h"
+#include "shard/state.h"
+#include "sink/consensus_lease.h"
+#include "sink/kafka_destination.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tidemark;
+
+void write(const std::string& target, const std::string& name, const std::string& bytes) {
+  const fs::path dir = fs::path("fuzz/corpus") / target;
+  fs::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary) << bytes;
+}
+
+std::string part_of(const std::vector<Update>& updates, std::size_t block_bytes) {
+  PartWriter writer(Description{Frontier::at(0), Frontier::at(100), Frontier::at(0)},
+                    PartOptions{block_bytes, 1});
+  for (const Update& u : updates) {
+    if (!writer.add(UpdateView{u.key, u.value, u.time, u.diff})) std::abort();
+  }
+  auto bytes = writer.finish();
+  if (!bytes) std::abort();
+  return *bytes;
+}
+
+}  // namespace
+
+int main() {
+  write("part", "one", part_of({{"k", "\"v\"", 1, 1}}, 64 << 10));
+  std::vector<Update> many;
+  for (int i = 0; i < 40; ++i) {
+    many.push_back(Update{"key" + std::to_string(100 + i), std::to_string(i), Time(i % 7),
+                          i % 3 == 0 ? -1 : 2});
+  }
+  write("part", "blocks", part_of(many, 128));  // several blocks
+  write("part", "carry",
+        part_of({{"a", "1", 5, INT64_MAX}, {"a", "1", 5, INT64_MAX}, {"a", "1", 5, 3}}, 64 << 10));
+  write("part", "empty", part_of({}, 64 << 10));
+
+  ShardState state;
+  state.name = "fuzz";
+  state.seqno = 6;
+  state.upper = Frontier::at(10);
+  HollowBatch batch;
+  batch.desc = Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)};
+  PartRef part;
+  part.key = "shard/fuzz/part/w1-p1";
+  part.size = 100;
+  part.count = 3;
+  part.bytes = 60;
+  part.time_max = 9;
+  part.lower = Frontier::at(0);
+  part.upper = Frontier::at(10);
+  batch.parts = PartList({part});
+  state.batches.push_back(batch);
+  state.writers["w1"] = WriterState{"t", 100};
+  state.readers["r1"] = ReaderState{Frontier::at(0), 100, 6};
+  state.producers["p"] = ProducerState{4, 9, 100};
+  write("state", "full", encode_state(state));
+  ShardState after = state;
+  after.seqno = 7;
+  after.upper = Frontier::at(20);
+  HollowBatch next = batch;
+  next.desc = Description{Frontier::at(10), Frontier::at(20), Frontier::at(0)};
+  next.ordered = true;
+  after.batches.push_back(next);
+  after.writers.erase("w1");
+  write("state", "diff", encode_diff(state, after, RollupRef{1, "r"}));
+  write("state", "registry", encode_registry({"a", "orders", "s"}));
+
+  write("records", "managed", "{\"key\":\"k\",\"value\":{\"a\":[1,2.5,null,true]},\"diff\":-2}\n");
+  write("records", "explicit", "{\"key\": 1, \"value\": \"x\\u00e9\\n\", \"time\": 3}\r\n\n");
+  write("records", "sink", "{\"name\":\"f\",\"shard\":\"s\",\"to\":\"file:///tmp/x\"}");
+  write("records", "url", "s3://bucket/p?endpoint=http://127.0.0.1:9000&region=r");
+  write("records", "allow", "http://minio:9000,https://S3.example.com;kafka-1:9092,[::1]");
+
+  write("s3_listing", "page",
+        "<?xml version=\"1.0\"?><ListBucketResult><IsTruncated>true</IsTruncated>"
+        "<Contents><Key>a/b&amp;c</Key><Size>12</Size></Contents>"
+        "<Contents><Key>a/d</Key><Size>0</Size></Contents>"
+        "<NextContinuationToken> t0k&lt;en </NextContinuationToken></ListBucketResult>");
+
+  LeaseRecord lease;
+  lease.token = "t0";
+  lease.subject = "sink f of shard s";
+  lease.sink = "s/f";
+  lease.owner = "server-1";
+  lease.runner = "tidemark serve on 127.0.0.1:6875";
+  lease.epoch = 3;
+  lease.acquired_at_ms = 1000;
+  lease.expires_at_ms = 16000;
+  write("sink_records", "lease", lease.to_json());
+  KafkaProgressRecord progress;
+  progress.frontier = Frontier::at(12);
+  progress.topic = "out";
+  progress.offsets = {{0, 5, 9}, {1, 0, 3}};
+  write("sink_records", "progress", progress.to_json());
+  write("sink_records", "name", "00000000000000000000-00000000000000000002.json");
+  write("sink_records", "kafka", "kafka://h1:9092,h2:9093/topic?progress_topic=p");
+  return 0;
+}
