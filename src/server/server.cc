@@ -480,7 +480,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void when_readable(std::uint64_t bytes, std::function<void(beast::error_code)> then) {
     if (readable_bytes() >= bytes) return then({});
     const std::uint64_t before = readable_bytes();
-    const std::uint64_t wait = begin_client_wait();
+    const std::uint64_t wait = begin_client_wait(/*timed=*/true);
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), bytes, before,
                                                          then, wait](beast::error_code ec) {
       const std::uint64_t now = ec ? before : self->readable_bytes();
@@ -500,7 +500,9 @@ class Session : public std::enable_shared_from_this<Session> {
       body.data = self->chunk_.get();
       body.size = self->chunk_size_;
       self->stream_.expires_after(kIdleTimeout);
-      const std::uint64_t wait = self->begin_client_wait();
+      // Bytes are there to read (read_piece waited for them): timed by the
+      // stream's idle expiry only, which saves a timer per read.
+      const std::uint64_t wait = self->begin_client_wait(/*timed=*/false);
       http::async_read_some(
           self->stream_, self->buffer_, *self->parser_,
           [self, done, wait](beast::error_code ec, std::size_t) {
@@ -542,9 +544,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // window must bring min_body_rate bytes a second; a request that falls
   // behind is answered 408 and its connection closed. Time the server makes
   // the client wait (for room in a pool or an appender queue) does not
-  // count. Without a minimum rate, a wait ends after kIdleTimeout.
-  // Returns the wait's id for end_client_wait.
-  std::uint64_t begin_client_wait() {
+  // count. Without a minimum rate, a wait ends after kIdleTimeout. Only a
+  // `timed` wait (one for bytes not yet there) arms the pace timer; every
+  // wait counts toward the window. Returns the wait's id for
+  // end_client_wait.
+  std::uint64_t begin_client_wait(bool timed) {
     const auto& options = server_->options;
     const std::uint64_t id = ++client_wait_;
     waiting_on_client_ = true;
@@ -557,7 +561,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       deadline = options.body_rate_window - window_waited_;
     }
-    arm_pace_timer(id, Clock::now() + deadline);
+    if (timed) arm_pace_timer(id, Clock::now() + deadline);
     return id;
   }
 
@@ -570,6 +574,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const Clock::time_point at =
         reserved_ ? std::min(deadline, Clock::now() + kEvictIdleHolderAfter) : deadline;
     pace_timer_->expires_at(at);
+    pace_armed_ = true;
     pace_timer_->async_wait([self = shared_from_this(), id, deadline](beast::error_code ec) {
       if (ec || id != self->client_wait_ || !self->waiting_on_client_) return;
       if (Clock::now() < deadline) {
@@ -591,7 +596,10 @@ class Session : public std::enable_shared_from_this<Session> {
       waiting_on_client_ = false;
       window_waited_ += Clock::now() - client_wait_started_;
       window_bytes_ += bytes;
-      if (pace_timer_) pace_timer_->cancel();
+      if (pace_armed_) {
+        pace_armed_ = false;
+        pace_timer_->cancel();
+      }
     }
     if (!wait_expired_) return true;
     wait_expired_ = false;
@@ -2059,6 +2067,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool finished_ = false;
   // The body's pace (begin_client_wait).
   std::optional<net::steady_timer> pace_timer_;
+  bool pace_armed_ = false;
   std::uint64_t client_wait_ = 0;  // the id of the last wait on the client
   bool waiting_on_client_ = false;
   bool wait_expired_ = false;
