@@ -1,5 +1,9 @@
 #include "server/server.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <array>
 #include <boost/asio.hpp>
@@ -478,20 +482,51 @@ class Session : public std::enable_shared_from_this<Session> {
   // Runs `then` once `bytes` can be read without waiting (or the socket
   // fails: `then(ec)`), waiting on the client at its pace.
   void when_readable(std::uint64_t bytes, std::function<void(beast::error_code)> then) {
-    if (readable_bytes() >= bytes) return then({});
     const std::uint64_t before = readable_bytes();
+    if (before >= bytes) return then({});
+    // The socket's low-water mark: woken once enough is there (or at the
+    // client's end, or by the pace timer), not by each byte that trickles
+    // in: readiness alone would wake the wait at once, again and again,
+    // while fewer bytes than wanted sit unread.
+    set_low_water(bytes - buffer_.size());
     const std::uint64_t wait = begin_client_wait(/*timed=*/true);
     stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), bytes, before,
                                                          then, wait](beast::error_code ec) {
-      const std::uint64_t now = ec ? before : self->readable_bytes();
+      self->set_low_water(1);
+      const std::uint64_t now = self->readable_bytes();
       const std::uint64_t came = now > before ? now - before : 0;
       self->counted_ahead_ += came;  // counted now, not again when read
       if (!self->end_client_wait(wait, came)) return;
+      // Cancelled by the pace timer with the window's bytes there: wait on.
+      if (ec == net::error::operation_aborted && self->stream_.socket().is_open()) {
+        return self->when_readable(bytes, then);
+      }
       if (ec) return then(ec);
-      // The socket said readable but has nothing: the client closed.
-      if (now == 0) return then(net::error::eof);
+      if (now >= bytes) return then({});
+      // Readable with fewer bytes than the mark: the client has finished
+      // sending (the body will never be whole), or the wake was early.
+      if (self->peer_finished()) return then(net::error::eof);
       self->when_readable(bytes, then);
     });
+  }
+
+  // The client has closed its sending side (or the connection is gone).
+  bool peer_finished() {
+    tcp_info info{};
+    socklen_t length = sizeof info;
+    if (::getsockopt(stream_.socket().native_handle(), IPPROTO_TCP, TCP_INFO, &info, &length) !=
+        0) {
+      return true;
+    }
+    return info.tcpi_state != TCP_ESTABLISHED;
+  }
+
+  void set_low_water(std::uint64_t bytes) {
+    beast::error_code ec;
+    stream_.socket().set_option(
+        net::socket_base::receive_low_watermark(static_cast<int>(
+            std::min<std::uint64_t>(std::max<std::uint64_t>(bytes, 1), Server::kBodyChunkBytes))),
+        ec);
   }
 
   void read_piece_now(PieceDone done) {
