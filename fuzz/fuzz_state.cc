@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sample_state.h"
 #include "shard/state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -14,24 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const VersionedData version{7, bytes};
   auto state = decode_state("fuzz", version);
   // A diff on a small state that is not empty, so that its splices and
-  // removals reach something.
-  ShardState before;
-  before.name = "fuzz";
-  before.seqno = 6;
-  before.upper = Frontier::at(10);
-  HollowBatch batch;
-  batch.desc = Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)};
-  PartRef part;
-  part.key = "shard/fuzz/part/w1-p1";
-  part.count = 3;
-  part.bytes = 60;
-  part.time_max = 9;
-  part.lower = Frontier::at(0);
-  part.upper = Frontier::at(10);
-  batch.parts = PartList({part});
-  before.batches.push_back(batch);
-  before.writers["w1"] = WriterState{"t", 100};
-  before.readers["r1"] = ReaderState{Frontier::at(0), 100, 6};
+  // removals reach something: the one the seed diff was made against.
+  const ShardState before = sample_state();
   (void)apply_version("fuzz", &before, version);
   (void)version_rollup("fuzz", version);
   (void)decode_registry(bytes);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "part/part.h"
+#include "sample_state.h"
 #include "shard/state.h"
 #include "sink/consensus_lease.h"
 #include "sink/kafka_destination.h"
@@ -49,30 +50,12 @@ int main() {
         part_of({{"a", "1", 5, INT64_MAX}, {"a", "1", 5, INT64_MAX}, {"a", "1", 5, 3}}, 64 << 10));
   write("part", "empty", part_of({}, 64 << 10));
 
-  ShardState state;
-  state.name = "fuzz";
-  state.seqno = 6;
-  state.upper = Frontier::at(10);
-  HollowBatch batch;
-  batch.desc = Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)};
-  PartRef part;
-  part.key = "shard/fuzz/part/w1-p1";
-  part.size = 100;
-  part.count = 3;
-  part.bytes = 60;
-  part.time_max = 9;
-  part.lower = Frontier::at(0);
-  part.upper = Frontier::at(10);
-  batch.parts = PartList({part});
-  state.batches.push_back(batch);
-  state.writers["w1"] = WriterState{"t", 100};
-  state.readers["r1"] = ReaderState{Frontier::at(0), 100, 6};
-  state.producers["p"] = ProducerState{4, 9, 100};
+  const ShardState state = sample_state();
   write("state", "full", encode_state(state));
   ShardState after = state;
   after.seqno = 7;
   after.upper = Frontier::at(20);
-  HollowBatch next = batch;
+  HollowBatch next = state.batches.front();
   next.desc = Description{Frontier::at(10), Frontier::at(20), Frontier::at(0)};
   next.ordered = true;
   after.batches.push_back(next);
