@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "cli/cli.h"
 #include "location/faulty.h"
@@ -16,6 +17,7 @@
 #include "util/ids.h"
 #include "util/process_identity.h"
 #include "util/size.h"
+#include "util/thread.h"
 
 namespace tidemark::cli {
 namespace {
@@ -36,6 +38,10 @@ constexpr const char* kServeUsage =
 // processes), and what is the server's alone, its sinks, is claimed sink
 // by sink (sink/sink_claim.h).
 constexpr const char* kDataLockName = "server.lock";
+// SIGTERM: requests in flight and sinks get kShutdownGrace; the process
+// exits regardless kShutdownSlack later.
+constexpr std::chrono::seconds kShutdownGrace{10};
+constexpr std::chrono::seconds kShutdownSlack{20};
 
 std::string lock_holder_line(const ProcessIdentity& process, const std::string& listening) {
   return "tidemark serve (" + describe(process) + ", " + listening + ")";
@@ -323,7 +329,23 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   int signal = 0;
   sigwait(&signals, &signal);
   std::fprintf(stderr, "tidemark: signal %d: stopping (finishing commits in flight)\n", signal);
-  (*server)->stop();
+  std::fflush(stderr);
+  // The stop is bounded by the grace plus cancellations, except where a
+  // backend of the shards themselves (the blob store, consensus) never
+  // answers a flush: past kShutdownGrace + kShutdownSlack the process
+  // exits as if killed, which loses nothing acknowledged.
+  if (auto watchdog = start_thread("the shutdown watchdog", [] {
+        std::this_thread::sleep_for(kShutdownGrace + kShutdownSlack);
+        std::fprintf(stderr,
+                     "tidemark: still stopping after %lld s (a backend not answering?): exiting "
+                     "now; every acknowledged write is durable, requests in flight were cut\n",
+                     static_cast<long long>((kShutdownGrace + kShutdownSlack).count()));
+        std::fflush(stderr);
+        std::_Exit(kExitError);
+      })) {
+    watchdog->detach();
+  }
+  (*server)->stop(kShutdownGrace);
   std::fprintf(stderr, "tidemark: stopped\n");
   return kExitOk;
 }

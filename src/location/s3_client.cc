@@ -171,6 +171,11 @@ struct Transfer {
   bool over_limit = false;  // a 2xx body exceeded body_limit: aborted
 };
 
+// libcurl's progress callback: non-zero aborts the transfer.
+int on_progress(void* context, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return static_cast<const Cancellation*>(context)->cancelled() ? 1 : 0;
+}
+
 std::size_t on_body(char* data, std::size_t size, std::size_t count, void* context) {
   auto* transfer = static_cast<Transfer*>(context);
   const std::size_t bytes = size * count;
@@ -501,10 +506,11 @@ struct S3Client::Attempt {
   bool maybe_sent = false;  // the request may have reached the server
 };
 
-S3Client::S3Client(S3Url url, S3Credentials credentials)
+S3Client::S3Client(S3Url url, S3Credentials credentials, std::shared_ptr<const Cancellation> cancel)
     : url_(std::move(url)),
       credentials_(std::move(credentials)),
-      sigv4_("aws:amz:" + url_.region + ":s3") {
+      sigv4_("aws:amz:" + url_.region + ":s3"),
+      cancel_(std::move(cancel)) {
   initialize_curl_once();
 }
 
@@ -523,8 +529,13 @@ std::string S3Client::object_path(std::string_view name) const {
 
 std::unique_ptr<S3Client::Connection> S3Client::acquire_connection() {
   std::unique_lock lock(pool_mutex_);
-  connection_released_.wait(
-      lock, [&] { return !idle_connections_.empty() || open_connections_ < kMaxConnections; });
+  // Every connection busy: each of their transfers ends (or is cancelled)
+  // within a stall_timeout; a cancelled waiter looks again each 100 ms.
+  while (!connection_released_.wait_for(lock, std::chrono::milliseconds(100), [&] {
+    return !idle_connections_.empty() || open_connections_ < kMaxConnections;
+  })) {
+    if (is_cancelled(cancel_.get())) return nullptr;
+  }
   if (!idle_connections_.empty()) {
     // The most recently used: its connection is the likeliest still open.
     std::unique_ptr<Connection> connection = std::move(idle_connections_.back());
@@ -554,8 +565,18 @@ void S3Client::release_connection(std::unique_ptr<Connection> connection) {
 
 S3Client::Attempt S3Client::attempt(const S3Request& request, const std::string& body_sha256) {
   Attempt out;
+  if (is_cancelled(cancel_.get())) {
+    out.retryable = false;
+    out.failure = "cancelled";
+    return out;
+  }
   std::unique_ptr<Connection> connection = acquire_connection();
   if (connection == nullptr) {
+    if (is_cancelled(cancel_.get())) {
+      out.retryable = false;
+      out.failure = "cancelled";
+      return out;
+    }
     out.failure = "libcurl could not create a handle (out of memory?)";
     return out;
   }
@@ -608,6 +629,12 @@ S3Client::Attempt S3Client::attempt(const S3Request& request, const std::string&
   curl_easy_setopt(handle, CURLOPT_WRITEDATA, &transfer);
   curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, &on_header);
   curl_easy_setopt(handle, CURLOPT_HEADERDATA, &transfer);
+  if (cancel_ != nullptr) {
+    // Called about once a second even while nothing moves.
+    curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, &on_progress);
+    curl_easy_setopt(handle, CURLOPT_XFERINFODATA, cancel_.get());
+  }
   if (request.method == "GET") {
     curl_easy_setopt(handle, CURLOPT_HTTPGET, 1L);
   } else if (request.method == "HEAD") {
@@ -645,6 +672,11 @@ S3Client::Attempt S3Client::attempt(const S3Request& request, const std::string&
     out.retryable = false;
     out.failure = "the answer has more than the " + std::to_string(request.body_limit) +
                   " bytes asked for (does the server ignore Range?)";
+    return out;
+  }
+  if (code == CURLE_ABORTED_BY_CALLBACK && is_cancelled(cancel_.get())) {
+    out.retryable = false;
+    out.failure = "cancelled";
     return out;
   }
   out.retryable = retryable_transport_failure(code);
@@ -687,7 +719,7 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
   Backoff backoff(RetryPolicy{kFirstBackoff, kMaxBackoff, max_attempts,
                               std::chrono::seconds(url_.call_timeout_seconds)});
   for (bool first = true;; first = false) {
-    if (!first && !backoff.next()) break;
+    if (!first && !backoff.next([&] { return is_cancelled(cancel_.get()); })) break;
     Attempt tried = attempt(request, body_sha256);
     persistent_problem.reset();
     if (!tried.answer) {
@@ -719,6 +751,10 @@ Result<S3Answer> S3Client::exchange(const S3Request& request, const S3Call& call
       }
     }
     return std::move(answer);
+  }
+  if (is_cancelled(cancel_.get())) {
+    return cancelled_error(std::string_view(context).substr(0, context.size() - 2),
+                           call.mutates && maybe_applied);
   }
   const int attempts = backoff.attempts();
   std::string gave_up = "; gave up after " + std::to_string(attempts) +

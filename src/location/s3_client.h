@@ -45,12 +45,11 @@
 // Retries: transport failures (refused, reset, stalled), HTTP 5xx, 429 and
 // S3's 400 RequestTimeout are retried with exponential backoff and jitter:
 // waits of 25 ms doubling to at most 2 s, with a random half of each, and
-// max_attempts tries in all, none started call_timeout after the first. Then the error is Determinate, or
-// Indeterminate for a call that mutates if any attempt may have reached S3
-// (a 5xx, or a failure after the request was sent). An answer the call does
-// not accept is final: Determinate, unless an earlier attempt of a mutating
-// call may have applied; a 403 message says to check the credentials,
-// signature and region. Messages name the operation, subject, method and
+// max_attempts tries in all, none started call_timeout after the first. Then the error is
+// Determinate, or Indeterminate for a call that mutates if any attempt may have reached S3 (a 5xx,
+// or a failure after the request was sent). An answer the call does not accept is final:
+// Determinate, unless an earlier attempt of a mutating call may have applied; a 403 message says to
+// check the credentials, signature and region. Messages name the operation, subject, method and
 // path, HTTP status, and S3's error Code and Message. A garbled answer is an
 // error, never a crash.
 //
@@ -60,6 +59,12 @@
 // kMaxConnections requests are in flight; more callers wait for a
 // connection. Connections wait at most 5 s to connect; a transfer with no
 // progress for stall_timeout seconds is abandoned.
+//
+// Cancellation: a client made with a Cancellation (util/cancel.h) gives up
+// once it is cancelled: a transfer in progress within about a second
+// (libcurl's progress callback), a wait between retries or for a
+// connection at once; the call's error then says it was cancelled
+// (Indeterminate for a mutating call that may have reached S3).
 //
 // Thread-safety: S3Client is safe for concurrent use from many threads. A
 // connection (a libcurl easy handle) is used by one thread at a time.
@@ -80,6 +85,7 @@
 #include <vector>
 
 #include "tidemark/error.h"
+#include "util/cancel.h"
 
 namespace tidemark {
 
@@ -160,7 +166,9 @@ class S3Client {
  public:
   static constexpr std::size_t kMaxConnections = 16;
 
-  S3Client(S3Url url, S3Credentials credentials);
+  // `cancel`: when set and cancelled, every call gives up (see above).
+  S3Client(S3Url url, S3Credentials credentials,
+           std::shared_ptr<const Cancellation> cancel = nullptr);
   S3Client(const S3Client&) = delete;
   S3Client& operator=(const S3Client&) = delete;
   ~S3Client();
@@ -191,6 +199,7 @@ class S3Client {
   const S3Url url_;
   const S3Credentials credentials_;
   const std::string sigv4_;  // "aws:amz:<region>:s3"
+  const std::shared_ptr<const Cancellation> cancel_;
 
   std::mutex pool_mutex_;
   std::condition_variable connection_released_;

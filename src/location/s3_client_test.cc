@@ -483,8 +483,7 @@ TEST(S3ClientTest, StalledServerIsAbandoned) {
 TEST(S3ClientTest, AStalledServerCostsACallAboutItsCallTimeout) {
   ScriptedHttpServer server(
       [](const RecordedRequest&) { return std::string(ScriptedHttpServer::kNoAnswer); });
-  S3Client client(url_of(server, "&stall_timeout=1&max_attempts=20&call_timeout=2"),
-                  kCredentials);
+  S3Client client(url_of(server, "&stall_timeout=1&max_attempts=20&call_timeout=2"), kCredentials);
   const auto started = std::chrono::steady_clock::now();
   expect_error(client.exchange({.method = "GET", .target = client.object_path("k")},
                                {.operation = "test", .accepted = {200}}),
@@ -493,6 +492,34 @@ TEST(S3ClientTest, AStalledServerCostsACallAboutItsCallTimeout) {
   EXPECT_GE(took, std::chrono::seconds(2));
   EXPECT_LT(took, std::chrono::seconds(6));
   EXPECT_LE(server.requests().size(), 4u);
+}
+
+// A cancelled client gives up a transfer in progress within about a
+// second (libcurl's progress callback), a call that may have applied as
+// Indeterminate, and starts nothing more.
+TEST(S3ClientTest, ACancelledCallGivesUpWithinASecond) {
+  ScriptedHttpServer server(
+      [](const RecordedRequest&) { return std::string(ScriptedHttpServer::kNoAnswer); });
+  auto cancel = std::make_shared<Cancellation>();
+  S3Client client(url_of(server, "&stall_timeout=60&max_attempts=8&call_timeout=600"), kCredentials,
+                  cancel);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    cancel->cancel();
+  });
+  const auto started = std::chrono::steady_clock::now();
+  expect_error(client.exchange({.method = "PUT", .target = client.object_path("k"), .body = "x"},
+                               {.operation = "test", .mutates = true, .accepted = {200}}),
+               ErrorKind::kIndeterminate, {"PUT /bucket", "cancelled"});
+  const auto took = std::chrono::steady_clock::now() - started;
+  canceller.join();
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_EQ(server.requests().size(), 1u);
+  // Later calls fail at once, without a request.
+  expect_error(client.exchange({.method = "GET", .target = client.object_path("k")},
+                               {.operation = "test", .accepted = {200}}),
+               ErrorKind::kDeterminate, {"cancelled"});
+  EXPECT_EQ(server.requests().size(), 1u);
 }
 
 TEST(S3ClientTest, RefusalsAreFinal) {

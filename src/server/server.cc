@@ -2277,7 +2277,7 @@ void Server::stop(std::chrono::milliseconds grace) {
   });
   const auto deadline = Clock::now() + grace;
   // Sinks stop first, each committing what it wrote (its progress).
-  impl.sinks->stop_all();
+  impl.sinks->stop_all(grace);
   // Requests in flight are answered: managed appends once durable, streams
   // end with an error line. Idle keep-alive connections are closed by
   // ioc.stop() below (no request of theirs was read).

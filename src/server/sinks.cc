@@ -8,6 +8,7 @@
 #include "sink/destination_url.h"
 #include "sink/runner.h"
 #include "tidemark/read.h"
+#include "util/cancel.h"
 #include "util/json.h"
 #include "util/thread.h"
 
@@ -74,6 +75,9 @@ struct SinkManager::Task {
   SinkSpec spec;
   std::thread thread;
   std::atomic<bool> stop{false};
+  // Raised once the sink must stop now: its destination's calls give up.
+  const std::shared_ptr<Cancellation> cancel = std::make_shared<Cancellation>();
+  bool finished = false;  // guarded by mutex: run() has returned
   mutable std::mutex mutex;
   std::condition_variable wake;
   std::string status = "starting";
@@ -110,6 +114,35 @@ struct SinkManager::Task {
 
   void run(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
            const SinkRunner& runner) {
+    run_until_stopped(client, pool, runner);
+    {
+      std::lock_guard lock(mutex);
+      finished = true;
+    }
+    wake.notify_all();
+  }
+
+  // Stops the sink: asks it to (it commits what it has written) and waits
+  // up to `deadline`, then cancels its destination's calls (join() then
+  // waits about a second at most).
+  // Only a running sink has output to commit: one still starting (opening
+  // its destination) or failed is cancelled at once.
+  void stop_by(std::chrono::steady_clock::time_point deadline) {
+    stop = true;
+    wake.notify_all();
+    {
+      std::unique_lock lock(mutex);
+      if (status == "running") wake.wait_until(lock, deadline, [&] { return finished; });
+    }
+    cancel->cancel();
+  }
+
+  void join() {
+    if (thread.joinable()) thread.join();
+  }
+
+  void run_until_stopped(const std::shared_ptr<Client>& client,
+                         const std::shared_ptr<MemoryPool>& pool, const SinkRunner& runner) {
     while (!stop) {
       set("starting");
       auto ran = run_once(client, pool, runner);
@@ -152,7 +185,7 @@ struct SinkManager::Task {
                                           runner));
     }
     TM_ASSIGN(auto destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
-                                                      spec.name, pool, claim));
+                                                      spec.name, pool, claim, cancel));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();
@@ -294,9 +327,9 @@ Status SinkManager::remove(const std::string& name) {
     task = it->second;
     tasks_.erase(it);
   }
-  task->stop = true;
-  task->wake.notify_all();
-  if (task->thread.joinable()) task->thread.join();
+  // Deleted: nothing more of it is wanted, so it is not waited for.
+  task->stop_by(std::chrono::steady_clock::now());
+  task->join();
   TM_TRY(client_->location().blob->remove(spec_key(name)));
   // Its hold on the shard goes too: history it no longer needs.
   if (auto shard = client_->open_shard(task->spec.shard)) {
@@ -305,19 +338,19 @@ Status SinkManager::remove(const std::string& name) {
   return {};
 }
 
-void SinkManager::stop_all() {
+void SinkManager::stop_all(std::chrono::milliseconds grace) {
   std::map<std::string, std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);
     tasks = tasks_;
   }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
   for (auto& [name, task] : tasks) {
     task->stop = true;
     task->wake.notify_all();
   }
-  for (auto& [name, task] : tasks) {
-    if (task->thread.joinable()) task->thread.join();
-  }
+  for (auto& [name, task] : tasks) task->stop_by(deadline);
+  for (auto& [name, task] : tasks) task->join();
 }
 
 void SinkManager::render_metrics(std::string* out) const {

@@ -68,6 +68,7 @@ struct SinkSpec {
 class SinkManager {
  public:
   static constexpr std::chrono::seconds kRetryInterval{5};
+  static constexpr std::chrono::seconds kStopGrace{10};
 
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
@@ -89,9 +90,15 @@ class SinkManager {
   // {"name", "shard", "to", "status", "frontier", "error"}; NotFound.
   [[nodiscard]] Result<std::string> status_json(const std::string& name) const;
   std::string list_json() const;
+  // Stops the sink at once (an S3 or Kafka call in progress is cancelled,
+  // within about a second; what it wrote since its last commit is not
+  // committed), then drops its hold and its definition.
   [[nodiscard]] Status remove(const std::string& name);
-  // Stops every sink: each commits what it has written (progress recorded).
-  void stop_all();
+  // Stops every sink: each running one commits what it has written
+  // (progress recorded) if it can within `grace`; after that, and at once
+  // for a sink still opening its destination, calls still waiting on a
+  // destination are cancelled (within about a second).
+  void stop_all(std::chrono::milliseconds grace = kStopGrace);
   // tidemark_sink_frontier and tidemark_sink_lag (shard upper - frontier).
   void render_metrics(std::string* out) const;
 

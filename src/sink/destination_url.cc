@@ -206,7 +206,7 @@ Status DestinationAllowList::check(const SinkUrl& url) const {
 Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
-    std::shared_ptr<DestinationClaim> claim) {
+    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel) {
   if (claim) {
     TM_ASSIGN(const std::string identity, destination_identity(url));
     if (claim->destination() != identity) {
@@ -223,6 +223,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     S3DestinationOptions options;
     options.pool = std::move(pool);
     options.claim = std::move(claim);
+    options.cancel = std::move(cancel);
     TM_ASSIGN(auto objects,
               S3Destination::open(*url.s3, std::move(credentials), envelope, format, options));
     return std::unique_ptr<SinkDestination>(std::move(objects));
@@ -233,6 +234,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   options.sink_id = "tidemark/" + shard + "/" + sink_name;
   options.pool = std::move(pool);
   options.claim = std::move(claim);
+  options.cancel = std::move(cancel);
   // A queue that fits: at most half the pool (a server's sink pool is a
   // quarter of its --memory-limit; under 128 MiB, 16 MiB would not fit).
   options.queue_bytes = kKafkaQueueBytes;

@@ -17,6 +17,8 @@
 // SinkClaim of this URL, sink_claim.h) is checked before every commit;
 // without one the caller promises that nothing else writes the
 // destination (a file destination then locks its directory itself).
+// `cancel`, once cancelled, makes an S3 or Kafka destination's calls give
+// up within about a second, opening included (a file's are local).
 //
 // Identities: file:///<absolute, lexically normal directory>;
 // s3://<endpoint, scheme and host lowercased>/<bucket>[/<prefix>];
@@ -39,6 +41,7 @@
 #include "sink/envelope.h"
 #include "sink/kafka_destination.h"
 #include "tidemark/memory_pool.h"
+#include "util/cancel.h"
 
 namespace tidemark {
 
@@ -92,6 +95,6 @@ class DestinationAllowList {
 [[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
-    std::shared_ptr<DestinationClaim> claim);
+    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel = nullptr);
 
 }  // namespace tidemark

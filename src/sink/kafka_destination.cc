@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <functional>
 #include <map>
 
 #include "sink/kafka_reader.h"
@@ -228,7 +229,25 @@ struct KafkaDestination::State {
     return {};
   }
 
-  std::chrono::milliseconds::rep timeout_ms() const { return options.operation_timeout.count(); }
+  bool cancelled() const { return is_cancelled(options.cancel.get()); }
+
+  // Calls a transactional call that resumes where it was when called again
+  // after a timeout, in slices, until it is done, fails otherwise, runs
+  // past operation_timeout or is cancelled. `call` takes the slice's
+  // timeout in milliseconds. An error is of `kind`.
+  Status resumable(const std::string& what, ErrorKind kind,
+                   const std::function<rd_kafka_error_t*(int)>& call) const {
+    const auto deadline = Clock::now() + options.operation_timeout;
+    for (;;) {
+      rd_kafka_error_t* error = call(slice_ms(deadline, options.cancel.get()));
+      if (error == nullptr || rd_kafka_error_code(error) != RD_KAFKA_RESP_ERR__TIMED_OUT ||
+          Clock::now() >= deadline) {
+        return txn_error(error, what, kind);
+      }
+      rd_kafka_error_destroy(error);
+      if (cancelled()) return cancelled_error("kafka: " + what);
+    }
+  }
 
   Status make_producer() {
     ConfPtr conf(rd_kafka_conf_new());
@@ -246,17 +265,18 @@ struct KafkaDestination::State {
     rd_kafka_conf_set_error_cb(conf.get(), &State::on_error);
     rd_kafka_conf_set_opaque(conf.get(), this);
     TM_ASSIGN(producer, new_handle(RD_KAFKA_PRODUCER, std::move(conf)));
-    TM_TRY(txn_error(rd_kafka_init_transactions(producer.get(), timeout_ms()),
-                     "init_transactions with " + address.brokers, ErrorKind::kDeterminate));
+    TM_TRY(resumable("init_transactions with " + address.brokers, ErrorKind::kDeterminate,
+                     [&](int ms) { return rd_kafka_init_transactions(producer.get(), ms); }));
     // Both topics must exist: a missing one is a clear error now, not a
     // delivery timeout later. (This also warms the producer's metadata.)
-    TM_ASSIGN(auto data,
-              topic_partitions(producer.get(), address.topic, options.operation_timeout));
+    TM_ASSIGN(auto data, topic_partitions(producer.get(), address.topic, options.operation_timeout,
+                                          options.cancel.get()));
     if (data.empty()) {
       return determinate("kafka: topic " + address.topic + " does not exist on " + address.brokers);
     }
     TM_ASSIGN(auto progress_partitions,
-              topic_partitions(producer.get(), address.progress_topic, options.operation_timeout));
+              topic_partitions(producer.get(), address.progress_topic, options.operation_timeout,
+                               options.cancel.get()));
     if (progress_partitions.empty()) {
       return determinate("kafka: progress topic " + address.progress_topic + " does not exist on " +
                          address.brokers +
@@ -268,13 +288,15 @@ struct KafkaDestination::State {
   // Reads the progress topic to its end (read_committed) for this sink's
   // last record.
   Status read_progress() {
-    return consume_topic(address.brokers, address.progress_topic, options.operation_timeout,
-                         [&](const KafkaMessageView& message) -> Status {
-                           if (message.key != options.sink_id || !message.value) return {};
-                           TM_ASSIGN(auto record, KafkaProgressRecord::parse(*message.value));
-                           progress = record.frontier;
-                           return {};
-                         });
+    return consume_topic(
+        address.brokers, address.progress_topic, options.operation_timeout,
+        [&](const KafkaMessageView& message) -> Status {
+          if (message.key != options.sink_id || !message.value) return {};
+          TM_ASSIGN(auto record, KafkaProgressRecord::parse(*message.value));
+          progress = record.frontier;
+          return {};
+        },
+        options.cancel.get());
   }
 
   // Produces one message, waiting (serving delivery reports) while the
@@ -294,6 +316,7 @@ struct KafkaDestination::State {
           RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(tag), RD_KAFKA_V_END);
       if (err == RD_KAFKA_RESP_ERR_NO_ERROR) break;
       if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+        if (cancelled()) return cancelled_error("kafka: producing to " + topic);
         rd_kafka_poll(producer.get(), 10);  // backpressure: the queue is at its bound
         continue;
       }
@@ -313,8 +336,9 @@ struct KafkaDestination::State {
   Status abort(Status cause) {
     if (!open) return cause;
     open = false;
-    Status aborted = txn_error(rd_kafka_abort_transaction(producer.get(), timeout_ms()),
-                               "abort_transaction", ErrorKind::kDeterminate);
+    Status aborted = resumable("abort_transaction", ErrorKind::kDeterminate, [&](int ms) {
+      return rd_kafka_abort_transaction(producer.get(), ms);
+    });
     return cause.has_value() ? aborted : cause;
   }
 };
@@ -391,7 +415,14 @@ Status KafkaDestination::commit(Frontier upper) {
                          " is not above lower " + s.lower.to_string());
   }
   // Every data message acknowledged before the progress record is produced.
-  rd_kafka_resp_err_t flushed = rd_kafka_flush(s.producer.get(), static_cast<int>(s.timeout_ms()));
+  rd_kafka_resp_err_t flushed;
+  for (const auto deadline = Clock::now() + s.options.operation_timeout;;) {
+    flushed = rd_kafka_flush(s.producer.get(), slice_ms(deadline, s.options.cancel.get()));
+    if (flushed != RD_KAFKA_RESP_ERR__TIMED_OUT || Clock::now() >= deadline) break;
+    if (s.cancelled()) {
+      return s.abort(cancelled_error("kafka: flushing the transaction"));
+    }
+  }
   if (flushed != RD_KAFKA_RESP_ERR_NO_ERROR) {
     return s.abort(
         determinate(std::string("kafka: flushing the transaction: ") + rd_kafka_err2str(flushed)));
@@ -418,8 +449,14 @@ Status KafkaDestination::commit(Frontier upper) {
   }
   const auto deadline = Clock::now() + s.options.operation_timeout;
   for (;;) {
-    rd_kafka_error_t* error = rd_kafka_commit_transaction(s.producer.get(), s.timeout_ms());
+    rd_kafka_error_t* error =
+        rd_kafka_commit_transaction(s.producer.get(), slice_ms(deadline, s.options.cancel.get()));
     if (error == nullptr) break;
+    if (rd_kafka_error_code(error) == RD_KAFKA_RESP_ERR__TIMED_OUT && s.cancelled()) {
+      rd_kafka_error_destroy(error);
+      s.open = false;  // unknown outcome: a reopened destination reads the truth
+      return cancelled_error("kafka: commit_transaction", true);
+    }
     if (rd_kafka_error_txn_requires_abort(error)) {
       return s.abort(txn_error(error, "commit_transaction", ErrorKind::kDeterminate));
     }

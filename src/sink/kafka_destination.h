@@ -56,6 +56,12 @@
 // topic. A message over the producer's message.max.bytes (1 MB) is
 // TooLarge.
 //
+// Cancellation: librdkafka's blocking calls take a timeout and cannot be
+// interrupted, so with options.cancel each waits in slices (init, commit
+// and abort_transaction resume where they were when called again after a
+// timeout; flush and metadata requests are simply repeated) and gives up
+// between two once cancelled: Determinate, or Indeterminate for a commit.
+//
 // Thread-safety: one sink uses a destination from one thread.
 #pragma once
 
@@ -71,6 +77,7 @@
 #include "sink/destination_claim.h"
 #include "sink/envelope.h"
 #include "tidemark/memory_pool.h"
+#include "util/cancel.h"
 
 namespace tidemark {
 
@@ -95,6 +102,9 @@ struct KafkaDestinationOptions {
   std::uint64_t queue_bytes = 16ull << 20;
   std::chrono::milliseconds transaction_timeout{600'000};
   std::chrono::milliseconds operation_timeout{30'000};
+  // Once cancelled (the sink is deleted, the server stops), every blocking
+  // call gives up within kCancelSliceMs (kafka_reader.h); none: never.
+  std::shared_ptr<const Cancellation> cancel = nullptr;
 };
 
 class KafkaDestination final : public SinkDestination {

@@ -51,13 +51,29 @@ Result<ConsumerPtr> new_consumer(const std::string& brokers, bool read_committed
 
 }  // namespace
 
+int slice_ms(Clock::time_point deadline, const Cancellation* cancel) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  const auto most = cancel != nullptr ? std::min<long long>(left, kCancelSliceMs) : left;
+  return static_cast<int>(std::clamp<long long>(most, 1, INT32_MAX));
+}
+
 Result<std::vector<std::int32_t>> topic_partitions(rd_kafka_t* consumer, const std::string& topic,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   const Cancellation* cancel) {
   const std::string where = "topic " + topic;
   rd_kafka_topic_t* handle = rd_kafka_topic_new(consumer, topic.c_str(), nullptr);
   const rd_kafka_metadata_t* metadata = nullptr;
-  rd_kafka_resp_err_t err =
-      rd_kafka_metadata(consumer, 0, handle, &metadata, static_cast<int>(timeout.count()));
+  const auto deadline = Clock::now() + timeout;
+  rd_kafka_resp_err_t err;
+  for (;;) {
+    err = rd_kafka_metadata(consumer, 0, handle, &metadata, slice_ms(deadline, cancel));
+    if (err != RD_KAFKA_RESP_ERR__TIMED_OUT || Clock::now() >= deadline) break;
+    if (is_cancelled(cancel)) {
+      rd_kafka_topic_destroy(handle);
+      return cancelled_error("kafka: reading " + where);
+    }
+  }
   rd_kafka_topic_destroy(handle);
   if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
     return determinate("kafka: reading " + where + ": " + rd_kafka_err2str(err));
@@ -99,10 +115,11 @@ std::optional<std::string_view> time_header(rd_kafka_message_t* message) {
 
 Status consume_topic(const std::string& brokers, const std::string& topic,
                      std::chrono::milliseconds timeout,
-                     const std::function<Status(const KafkaMessageView&)>& fn) {
+                     const std::function<Status(const KafkaMessageView&)>& fn,
+                     const Cancellation* cancel) {
   const std::string where = "topic " + topic + " on " + brokers;
   TM_ASSIGN(ConsumerPtr consumer, new_consumer(brokers, true));
-  TM_ASSIGN(auto partitions, topic_partitions(consumer.get(), topic, timeout));
+  TM_ASSIGN(auto partitions, topic_partitions(consumer.get(), topic, timeout, cancel));
   if (partitions.empty()) return {};
 
   // The end to read to: each partition's high watermark now, which a
@@ -116,8 +133,14 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
     TM_ASSIGN(ConsumerPtr probe, new_consumer(brokers, false));
     for (std::int32_t p : partitions) {
       std::int64_t low = 0, high = 0;
-      rd_kafka_resp_err_t err = rd_kafka_query_watermark_offsets(
-          probe.get(), topic.c_str(), p, &low, &high, static_cast<int>(timeout.count()));
+      const auto deadline = Clock::now() + timeout;
+      rd_kafka_resp_err_t err;
+      for (;;) {
+        err = rd_kafka_query_watermark_offsets(probe.get(), topic.c_str(), p, &low, &high,
+                                               slice_ms(deadline, cancel));
+        if (err != RD_KAFKA_RESP_ERR__TIMED_OUT || Clock::now() >= deadline) break;
+        if (is_cancelled(cancel)) return cancelled_error("kafka: reading " + where);
+      }
       if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
         return determinate("kafka: reading " + where + ": the end of partition " +
                            std::to_string(p) + ": " + rd_kafka_err2str(err));
@@ -150,6 +173,7 @@ Status consume_topic(const std::string& brokers, const std::string& topic,
   auto deadline = Clock::now() + timeout;
   while (at_end < to_read) {
     if (Clock::now() > deadline) return determinate("kafka: timed out reading " + where);
+    if (is_cancelled(cancel)) return cancelled_error("kafka: reading " + where);
     rd_kafka_message_t* message = rd_kafka_consumer_poll(consumer.get(), 100);
     if (message == nullptr) continue;
     std::unique_ptr<rd_kafka_message_t, void (*)(rd_kafka_message_t*)> owned(

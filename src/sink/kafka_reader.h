@@ -6,9 +6,9 @@
 // calling `fn` for each message in partition order (and perhaps for a few
 // written after the call). Where another producer's transaction is still
 // open, it waits for it to end (or times out): stopping at the last stable
-// offset instead could miss a decided record behind it. A topic that does not exist has no messages. Memory: one
-// message at a time plus librdkafka's fetch buffers (queued.max.messages.kbytes
-// set to kFetchQueueKiB).
+// offset instead could miss a decided record behind it. A topic that does not exist has no
+// messages. Memory: one message at a time plus librdkafka's fetch buffers
+// (queued.max.messages.kbytes set to kFetchQueueKiB).
 //
 // audit_kafka_sink reads a sink's progress records first (src/sink/
 // kafka_destination.h), then the data topic, and passes on only the data
@@ -22,7 +22,8 @@
 //
 // Errors: an unreachable cluster or a read that does not reach the end
 // within `timeout` is Determinate; `fn`'s error stops the read and is
-// returned.
+// returned. With a `cancel` that is cancelled, each gives up within
+// kCancelSliceMs with a Determinate error saying so.
 //
 // Thread-safety: each call uses its own consumer.
 #pragma once
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "sink/kafka_destination.h"
+#include "util/cancel.h"
 
 typedef struct rd_kafka_s rd_kafka_t;
 
@@ -44,9 +46,17 @@ namespace tidemark {
 // The partitions of `topic` as `handle`'s metadata request sees them; empty
 // when the topic does not exist. (A producer's request may create the topic
 // where the brokers auto-create topics.)
-[[nodiscard]] Result<std::vector<std::int32_t>> topic_partitions(rd_kafka_t* handle,
-                                                                 const std::string& topic,
-                                                                 std::chrono::milliseconds timeout);
+[[nodiscard]] Result<std::vector<std::int32_t>> topic_partitions(
+    rd_kafka_t* handle, const std::string& topic, std::chrono::milliseconds timeout,
+    const Cancellation* cancel = nullptr);
+
+// A blocking librdkafka call waits at most this long at a time while it
+// can be cancelled.
+inline constexpr int kCancelSliceMs = 200;
+
+// The timeout for the next slice of a wait that ends at `deadline`: at
+// least 1 ms, at most kCancelSliceMs when `cancel` is set.
+int slice_ms(std::chrono::steady_clock::time_point deadline, const Cancellation* cancel);
 
 inline constexpr std::uint64_t kFetchQueueKiB = 4096;
 
@@ -60,7 +70,8 @@ struct KafkaMessageView {
 
 [[nodiscard]] Status consume_topic(const std::string& brokers, const std::string& topic,
                                    std::chrono::milliseconds timeout,
-                                   const std::function<Status(const KafkaMessageView&)>& fn);
+                                   const std::function<Status(const KafkaMessageView&)>& fn,
+                                   const Cancellation* cancel = nullptr);
 
 struct KafkaSinkAudit {
   std::optional<Frontier> frontier;  // the last committed progress

@@ -40,7 +40,7 @@ struct S3Destination::State {
 
   State(S3Url url, S3Credentials credentials, Envelope envelope, SinkFormat format,
         S3DestinationOptions options)
-      : client(std::move(url), std::move(credentials)),
+      : client(std::move(url), std::move(credentials), options.cancel),
         encoder(envelope, format),
         extension(extension_of(format)),
         content_type(content_type_of(format)),

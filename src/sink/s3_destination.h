@@ -94,6 +94,7 @@
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/memory_pool.h"
+#include "util/cancel.h"
 
 namespace tidemark {
 
@@ -105,6 +106,9 @@ struct S3DestinationOptions {
   std::shared_ptr<MemoryPool> pool;
   // Checked before each commit's PUT or copy (none: unclaimed).
   std::shared_ptr<DestinationClaim> claim = nullptr;
+  // Once cancelled, every S3 call gives up within about a second (the
+  // sink is being deleted or the server stopped); none: never.
+  std::shared_ptr<const Cancellation> cancel = nullptr;
   // Temporaries up to this size are copied with one CopyObject, larger ones
   // with UploadPartCopy ranges of copy_part_bytes (raised to fit S3's 10000
   // parts). Tests lower both.
