@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -32,14 +34,16 @@
 #include "location/postgres_consensus.h"
 #include "location/postgres_test_schema.h"
 #include "location/s3_test_prefix.h"
+#include "server/test_client.h"
+#include "server_process.h"
 
 namespace tidemark {
 namespace {
 
 using namespace std::chrono_literals;
+using tidemark::testing::authority;
 using tidemark::testing::FaultProxyProcess;
 using tidemark::testing::FaultProxyStats;
-using tidemark::testing::authority;
 using tidemark::testing::postgres_authority;
 using tidemark::testing::s3_endpoint_authority;
 using tidemark::testing::with_authority;
@@ -719,6 +723,66 @@ TEST(FaultProxyS3Test, BlobFailsUnderResetAndBlackholeAndRecoversAfterPass) {
   ASSERT_TRUE(got.has_value()) << got.error().to_string();
   EXPECT_EQ(*got, "alpha");
   blob->reset();  // empties its prefix, through the proxy, while it passes
+}
+
+// SIGTERM when the server's own blob store stops answering (a blackhole, and
+// an S3 client told to wait an hour): the grace (1 s) passes, the flush of
+// the appenders cannot finish, and `tidemark serve` exits anyway, status 1,
+// 10 s after the grace.
+TEST(FaultProxyS3Test, ServeExitsSoonAfterTheGraceWhenItsBlobStoreNeverAnswers) {
+  std::optional<std::string> server = s3_test_server();
+  if (!server) GTEST_SKIP() << no_s3_server_message();
+  auto proxy = FaultProxyProcess::start(TIDEMARK_FAULT_PROXY,
+                                        {authority(*server, s3_endpoint_authority(*server))});
+  ASSERT_TRUE(proxy.has_value()) << proxy.error().to_string();
+  const std::string through =
+      with_authority(*server, s3_endpoint_authority(*server), (*proxy)->address(0));
+  auto blob = open_fresh_s3_blob(through, "&stall_timeout=3600&call_timeout=3600");
+  ASSERT_TRUE(blob.has_value()) << blob.error().to_string();
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("tidemark-watchdog-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto serving = testing::start_server(
+      {"--data", (dir / "data").string(), "--blob", (*blob)->url().to_string(), "--consensus",
+       "sqlite://" + (dir / "consensus.db").string()},
+      dir / "serve.err", {"--shutdown-grace", "1"});
+  ASSERT_GT(serving.port, 0) << testing::slurp(dir / "serve.err");
+  namespace http = boost::beast::http;
+  ASSERT_EQ(
+      testing::http_call(serving.port, http::verb::post, "/v1/shards", R"({"name": "s"})").status,
+      201u);
+  ASSERT_TRUE((*proxy)->set(0, "blackhole").has_value());
+  // A managed append whose part upload never finishes.
+  auto append = std::async(std::launch::async, [&] {
+    return testing::http_call(serving.port, http::verb::post, "/v1/shards/s/append",
+                              "{\"key\": \"a\", \"value\": 1}\n");
+  });
+  std::this_thread::sleep_for(1s);
+  const auto began = Clock::now();
+  ASSERT_EQ(::kill(serving.pid, SIGTERM), 0);
+  int status = 0;
+  pid_t waited = 0;
+  while ((waited = ::waitpid(serving.pid, &status, WNOHANG)) == 0 && Clock::now() - began < 60s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  if (waited == 0) {
+    ::kill(serving.pid, SIGKILL);
+    ::waitpid(serving.pid, nullptr, 0);
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
+  const std::string err = testing::slurp(dir / "serve.err");
+  ASSERT_NE(waited, 0) << "serve did not exit within 60 s of SIGTERM\n" << err;
+  std::fprintf(stderr, "SIGTERM to exit with a blob store that never answers: %.2f s\n", seconds);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status << "\n" << err;
+  EXPECT_NE(err.find("still stopping 11 s after the signal"), std::string::npos) << err;
+  EXPECT_GE(seconds, 10.0);
+  EXPECT_LT(seconds, 30.0);
+  // The append was never acknowledged.
+  EXPECT_NE(append.get().status, 200u);
+  ASSERT_TRUE((*proxy)->set(0, "pass").has_value());
+  fs::remove_all(dir);
 }
 
 }  // namespace

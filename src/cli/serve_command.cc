@@ -25,7 +25,7 @@ namespace {
 constexpr const char* kServeUsage =
     "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
     "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
-    "[--max-producers N] [--max-connections N] [--min-body-rate BYTES] "
+    "[--max-producers N] [--max-connections N] [--min-body-rate BYTES] [--shutdown-grace S] "
     "[--allow-s3-endpoints http[s]://HOST[:PORT],...] [--allow-kafka-brokers HOST[:PORT],...] "
     "(benchmarks: "
     "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
@@ -38,10 +38,11 @@ constexpr const char* kServeUsage =
 // processes), and what is the server's alone, its sinks, is claimed sink
 // by sink (sink/sink_claim.h).
 constexpr const char* kDataLockName = "server.lock";
-// SIGTERM: requests in flight and sinks get kShutdownGrace; the process
-// exits regardless kShutdownSlack later.
+// SIGTERM: requests in flight and sinks get the grace (--shutdown-grace,
+// default kShutdownGrace); the process exits regardless kShutdownSlack
+// later.
 constexpr std::chrono::seconds kShutdownGrace{10};
-constexpr std::chrono::seconds kShutdownSlack{20};
+constexpr std::chrono::seconds kShutdownSlack{10};
 
 std::string lock_holder_line(const ProcessIdentity& process, const std::string& listening) {
   return "tidemark serve (" + describe(process) + ", " + listening + ")";
@@ -97,12 +98,13 @@ ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_lim
 }  // namespace
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv,
-                          {"--listen", "--memory-limit", "--token-file", "--max-record-bytes",
-                           "--lease", "--producer-expiry", "--max-producers", "--retry-deadline",
-                           "--max-connections", "--min-body-rate", "--allow-s3-endpoints",
-                           "--allow-kafka-brokers", "--inject-blob-latency-ms", "--appender-queue"},
-                          {});
+  auto args =
+      Args::parse(argv,
+                  {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
+                   "--producer-expiry", "--max-producers", "--retry-deadline", "--max-connections",
+                   "--min-body-rate", "--shutdown-grace", "--allow-s3-endpoints",
+                   "--allow-kafka-brokers", "--inject-blob-latency-ms", "--appender-queue"},
+                  {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty()) return usage_error(kServeUsage);
   ServerOptions options;
@@ -214,6 +216,12 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     auto bytes = parse_size(*text);
     if (!bytes) return usage_error("--min-body-rate takes bytes a second (0: none), got " + *text);
     options.min_body_rate = *bytes;
+  }
+  std::chrono::seconds grace = kShutdownGrace;
+  if (auto text = args->get("--shutdown-grace")) {
+    auto n = whole_number(*text, 0, 3600);
+    if (!n) return usage_error("--shutdown-grace takes 0 to 3600 seconds, got " + *text);
+    grace = std::chrono::seconds(*n);
   }
   if (auto text = args->get("--max-connections")) {
     auto n = whole_number(*text, 0, 1'000'000);
@@ -332,20 +340,21 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   std::fflush(stderr);
   // The stop is bounded by the grace plus cancellations, except where a
   // backend of the shards themselves (the blob store, consensus) never
-  // answers a flush: past kShutdownGrace + kShutdownSlack the process
-  // exits as if killed, which loses nothing acknowledged.
-  if (auto watchdog = start_thread("the shutdown watchdog", [] {
-        std::this_thread::sleep_for(kShutdownGrace + kShutdownSlack);
+  // answers a flush: past grace + kShutdownSlack the process exits as if
+  // killed, which loses nothing acknowledged.
+  if (auto watchdog = start_thread("the shutdown watchdog", [grace] {
+        std::this_thread::sleep_for(grace + kShutdownSlack);
         std::fprintf(stderr,
-                     "tidemark: still stopping after %lld s (a backend not answering?): exiting "
-                     "now; every acknowledged write is durable, requests in flight were cut\n",
-                     static_cast<long long>((kShutdownGrace + kShutdownSlack).count()));
+                     "tidemark: still stopping %lld s after the signal (a backend not "
+                     "answering?): exiting now; every acknowledged write is durable, requests "
+                     "in flight were cut\n",
+                     static_cast<long long>((grace + kShutdownSlack).count()));
         std::fflush(stderr);
         std::_Exit(kExitError);
       })) {
     watchdog->detach();
   }
-  (*server)->stop(kShutdownGrace);
+  (*server)->stop(grace);
   std::fprintf(stderr, "tidemark: stopped\n");
   return kExitOk;
 }
