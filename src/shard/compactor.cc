@@ -1,14 +1,16 @@
 #include "shard/compactor.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 
 #include "part/part.h"
 #include "shard/merge.h"
 #include "shard/run_writer.h"
 #include "shard/state.h"
 #include "util/clock.h"
+#include "util/executor.h"
 #include "util/ids.h"
-#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -223,63 +225,92 @@ void ShardContext::request_compaction(const ShardState& state) {
   if (compactor && next_merge(state)) compactor->request();
 }
 
-BackgroundCompactor::BackgroundCompactor(ShardContext* context) : context_(context) {}
+struct BackgroundCompactor::Shared {
+  ShardContext* context;  // valid until `stopping` (the destructor waits for a pass)
+  std::mutex mu;
+  std::condition_variable idle;
+  bool requested = false;           // GUARDED_BY(mu)
+  bool queued = false;              // GUARDED_BY(mu): a pass is queued or running
+  bool running = false;             // GUARDED_BY(mu)
+  bool stopping = false;            // GUARDED_BY(mu)
+  std::uint64_t last_gc_ms = 0;     // GUARDED_BY(mu)
+  std::optional<Error> last_error;  // GUARDED_BY(mu)
 
-BackgroundCompactor::~BackgroundCompactor() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
+  // Queues a pass. REQUIRES: mu held, !queued.
+  static void queue_locked(const std::shared_ptr<Shared>& shared) {
+    shared->queued = true;
+    Status submitted = WorkPool::compaction().submit([shared] { pass(shared); });
+    if (!submitted) {
+      // No thread to be had: compaction waits for the next request (the
+      // next append asks again), and says why meanwhile.
+      shared->queued = false;
+      shared->last_error = submitted.error();
+    }
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
 
-void BackgroundCompactor::request() {
-  std::lock_guard lock(mu_);
-  if (stopping_) return;
-  requested_ = true;
-  if (!thread_.joinable()) {
-    // No thread to be had: compaction waits for the next request (the
-    // next append asks again), and says why meanwhile.
-    auto thread = start_thread("background compaction", [this] { run(); });
-    if (!thread) {
-      last_error_ = thread.error();
+  static void pass(const std::shared_ptr<Shared>& shared) {
+    std::unique_lock lock(shared->mu);
+    if (shared->stopping) {
+      shared->queued = false;
       return;
     }
-    thread_ = std::move(*thread);
-  }
-  cv_.notify_all();
-}
-
-std::optional<Error> BackgroundCompactor::last_error() {
-  std::lock_guard lock(mu_);
-  return last_error_;
-}
-
-void BackgroundCompactor::run() {
-  std::uint64_t last_gc_ms = 0;
-  std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return requested_ || stopping_; });
-    if (stopping_) return;
-    requested_ = false;
+    shared->requested = false;
+    shared->running = true;
     lock.unlock();
-    const auto stop = [this] {
-      std::lock_guard stop_lock(mu_);
-      return stopping_;
+    const auto stop = [raw = shared.get()] {
+      std::lock_guard stop_lock(raw->mu);
+      return raw->stopping;
     };
-    auto compacted = compact_shard(*context_, stop);
+    ShardContext& context = *shared->context;
+    auto compacted = compact_shard(context, stop);
     std::optional<Error> error;
     if (!compacted) error = compacted.error();
     const std::uint64_t now = wall_clock_millis();
-    if (compacted && compacted->merges > 0 && now >= last_gc_ms + 1000) {
-      last_gc_ms = now;
-      auto collected = collect_garbage(*context_, stop);
+    bool collect = false;
+    {
+      std::lock_guard gc_lock(shared->mu);
+      if (compacted && compacted->merges > 0 && now >= shared->last_gc_ms + 1000) {
+        shared->last_gc_ms = now;
+        collect = true;
+      }
+    }
+    if (collect) {
+      auto collected = collect_garbage(context, stop);
       if (!collected) error = collected.error();
     }
     lock.lock();
-    if (error) last_error_ = std::move(error);
+    if (error) shared->last_error = std::move(error);
+    shared->running = false;
+    shared->queued = false;
+    // A request during the pass (or a pass cut at kMaxMergesPerPass with
+    // more to do, which the next append asks for) queues the next one,
+    // behind the other shards' passes.
+    if (shared->requested && !shared->stopping) queue_locked(shared);
+    shared->idle.notify_all();
   }
+};
+
+BackgroundCompactor::BackgroundCompactor(ShardContext* context)
+    : shared_(std::make_shared<Shared>()) {
+  shared_->context = context;
+}
+
+BackgroundCompactor::~BackgroundCompactor() {
+  std::unique_lock lock(shared_->mu);
+  shared_->stopping = true;
+  shared_->idle.wait(lock, [&] { return !shared_->running; });
+}
+
+void BackgroundCompactor::request() {
+  std::lock_guard lock(shared_->mu);
+  if (shared_->stopping) return;
+  shared_->requested = true;
+  if (!shared_->queued) Shared::queue_locked(shared_);
+}
+
+std::optional<Error> BackgroundCompactor::last_error() {
+  std::lock_guard lock(shared_->mu);
+  return shared_->last_error;
 }
 
 }  // namespace tidemark

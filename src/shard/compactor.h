@@ -48,19 +48,23 @@
 // versions that show them retired are still there, and the oldest
 // retained version always finds its rollup. The next pass finishes.
 //
-// BackgroundCompactor: one thread per opened shard (when
+// BackgroundCompactor: one per opened shard (when
 // ClientOptions::background_compaction), woken by appends whose state needs
-// a merge; it compacts, then collects garbage at most once a second.
+// a merge. A request queues one pass on the process's compaction pool
+// (util/executor.h: max(2, cores) threads shared by every shard, oldest
+// request first); a pass compacts (at most kMaxMergesPerPass merges, so
+// shards take turns), then collects garbage at most once a second, and
+// queues another if a request came meanwhile. At most one pass of a shard
+// is queued or running at a time.
 //
 // Thread-safety: compact_shard and collect_garbage may run concurrently in
 // any number of threads and processes; lost races cost work, never data.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
-#include <mutex>
+#include <memory>
+#include <optional>
 #include <span>
-#include <thread>
 
 #include "shard/context.h"
 #include "tidemark/client.h"
@@ -95,26 +99,22 @@ class BackgroundCompactor {
  public:
   // REQUIRES: `context` outlives this (it is a member of it).
   explicit BackgroundCompactor(ShardContext* context);
+  // Waits for a pass in progress to stop (it stops between merges, or
+  // within 4096 updates of one); a queued pass then does nothing.
   ~BackgroundCompactor();
   BackgroundCompactor(const BackgroundCompactor&) = delete;
   BackgroundCompactor& operator=(const BackgroundCompactor&) = delete;
 
-  // Wakes the compactor (starting its thread on first use).
+  // Queues a pass unless one is queued or running (which then runs again).
   void request();
 
   // The last error of a background pass, for tests and metrics.
   std::optional<Error> last_error();
 
- private:
-  void run();
+  struct Shared;  // what a queued pass holds (compactor.cc)
 
-  ShardContext* const context_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool requested_ = false;           // GUARDED_BY(mu_)
-  bool stopping_ = false;            // GUARDED_BY(mu_)
-  std::optional<Error> last_error_;  // GUARDED_BY(mu_)
-  std::thread thread_;               // started under mu_
+ private:
+  std::shared_ptr<Shared> shared_;
 };
 
 }  // namespace tidemark

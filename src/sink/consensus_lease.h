@@ -23,14 +23,13 @@
 //     and its write, and it can be killed (the refusal names its pid).
 // Otherwise acquire() is Held, naming the holder and its expiry.
 //
-// The holder renews every `renew_every` (expires_at = now + duration) on a
-// thread of its own, and trusts the lease only until `duration - margin`
-// after the start of its last renewal that landed: `margin` covers clock
-// skew between machines and the time between check() and the write it
-// guards. check() also reads the head, so a lease taken over is noticed at
-// the next check even when clocks disagree. Destroying the lease stops the
-// renewal and releases the record (best effort; an unreleased one expires
-// or is found dead).
+// The holder renews every `renew_every` (expires_at = now + duration) on
+// the process's shared timers (util/periodic.h), and trusts the lease only until `duration -
+// margin` after the start of its last renewal that landed: `margin` covers clock skew between
+// machines and the time between check() and the write it guards. check() also reads the head, so a
+// lease taken over is noticed at the next check even when clocks disagree. Destroying the lease
+// stops the renewal and releases the record (best effort; an unreleased one expires or is found
+// dead).
 //
 // Versions do not pile up: each landed write truncates the versions below.
 //

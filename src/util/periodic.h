@@ -1,18 +1,22 @@
-// PeriodicTask: runs a function on a thread of its own every interval until
-// stopped or until the function says it is done. Leases use it to heartbeat.
+// PeriodicTask: runs a function every interval until stopped or until the
+// function says it is done. Leases use it to heartbeat.
 //
-// Thread-safety: start() and stop() from the owner; the task runs on its
-// own thread. stop() wakes the thread at once and joins it.
+// It runs on the process's shared timers (util/executor.h: one timer
+// thread, a pool of max(4, 2 x cores) threads), not on a thread of its
+// own, so a process's threads do not grow with its leases.
+//
+// Thread-safety: start() and stop() from the owner; the function runs on a
+// pool thread, never twice at once. stop() cancels it and waits for a run
+// in progress (unless called from the function itself).
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <mutex>
-#include <thread>
+#include <optional>
 
 #include "tidemark/error.h"
-#include "util/thread.h"
+#include "util/executor.h"
 
 namespace tidemark {
 
@@ -23,36 +27,27 @@ class PeriodicTask {
   PeriodicTask& operator=(const PeriodicTask&) = delete;
   ~PeriodicTask() { stop(); }
 
-  // `task` returns false to end the loop. An error when no thread could be
-  // started (util/thread.h). REQUIRES: not started yet.
+  // `task` returns false to end the loop. An error when the timers' thread
+  // could not be started (util/thread.h). REQUIRES: not started yet.
   [[nodiscard]] Status start(std::chrono::milliseconds interval, std::function<bool()> task) {
-    TM_ASSIGN(thread_, start_thread("a heartbeat", [this, interval, task = std::move(task)] {
-                std::unique_lock lock(mu_);
-                for (;;) {
-                  if (cv_.wait_for(lock, interval, [&] { return stopping_; })) return;
-                  lock.unlock();
-                  const bool again = task();
-                  lock.lock();
-                  if (!again) return;
-                }
-              }));
+    TM_ASSIGN(Timers::Id id, Timers::shared().every(interval, std::move(task)));
+    std::lock_guard lock(mu_);
+    id_ = id;
     return {};
   }
 
   void stop() {
+    std::optional<Timers::Id> id;
     {
       std::lock_guard lock(mu_);
-      stopping_ = true;
+      id.swap(id_);
     }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    if (id) Timers::shared().cancel(*id);
   }
 
  private:
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;  // GUARDED_BY(mu_)
-  std::thread thread_;
+  std::optional<Timers::Id> id_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace tidemark

@@ -1,0 +1,108 @@
+// Issue 18: every open shard kept a compaction thread and every writer and
+// leased reader a heartbeat thread of its own. Both now run on the shared
+// executors (util/executor.h), so hundreds of shards, each with a writer
+// and compaction to do, add only the executors' few threads.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "location/mem_blob.h"
+#include "location/mem_consensus.h"
+#include "tidemark/client.h"
+#include "tidemark/read.h"
+#include "tidemark/write.h"
+#include "util/executor.h"
+
+namespace tidemark {
+namespace {
+
+// The threads of this process, from /proc/self/status.
+int threads_now() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecutorsThreads) {
+  constexpr int kShards = 300;
+  constexpr int kAppends = 12;
+  ClientOptions options;
+  options.background_compaction = true;
+  options.writer_lease = std::chrono::milliseconds(600);  // a heartbeat each 200 ms
+  auto client = Client::open(
+      Location{std::make_shared<MemBlob>(), std::make_shared<MemConsensus>()}, options);
+  ASSERT_TRUE(client) << client.error().to_string();
+  const int before = threads_now();
+  ASSERT_GT(before, 0);
+
+  std::vector<std::shared_ptr<Shard>> shards;
+  std::vector<std::unique_ptr<WriteHandle>> writers;
+  for (int i = 0; i < kShards; ++i) {
+    const std::string name = "s" + std::to_string(i);
+    ASSERT_TRUE((*client)->create_shard(name));
+    auto shard = (*client)->open_shard(name);
+    ASSERT_TRUE(shard) << shard.error().to_string();
+    auto writer = (*shard)->open_writer();
+    ASSERT_TRUE(writer) << writer.error().to_string();
+    shards.push_back(*shard);
+    writers.push_back(std::move(*writer));
+  }
+  // Appends enough batches to each that its spine asks for merges.
+  for (Time t = 0; t < kAppends; ++t) {
+    for (int i = 0; i < kShards; ++i) {
+      std::vector<Update> one{Update{"k" + std::to_string(t % 5), "v", t, 1}};
+      auto batch = writers[i]->batch(one, Frontier::at(t), Frontier::at(t + 1));
+      ASSERT_TRUE(batch) << batch.error().to_string();
+      std::vector<Batch> batches;
+      batches.push_back(std::move(*batch));
+      auto appended = writers[i]->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1));
+      ASSERT_TRUE(appended) << appended.error().to_string();
+    }
+  }
+  // Every shard is compacted (by the shared pool) and every writer keeps
+  // beating past three leases.
+  auto compacted = [&] {
+    for (const auto& shard : shards) {
+      auto info = shard->inspect();
+      if (!info || info->batches > 6) return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 600 && !compacted(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(compacted());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1800));
+  const int during = threads_now();
+  const int bound =
+      static_cast<int>(WorkPool::compaction().max_threads() + Timers::shared().pool_threads_max()) +
+      1 /* the timer thread */;
+  std::fprintf(stderr,
+               "threads: %d before, %d with %d shards, writers and compaction (bound +%d)\n",
+               before, during, kShards, bound);
+  EXPECT_LE(during - before, bound);
+  // The writers are still registered (their heartbeats ran): each appends.
+  for (int i = 0; i < kShards; ++i) {
+    std::vector<Update> one{Update{"last", "v", kAppends, 1}};
+    auto batch = writers[i]->batch(one, Frontier::at(kAppends), Frontier::at(kAppends + 1));
+    ASSERT_TRUE(batch);
+    std::vector<Batch> batches;
+    batches.push_back(std::move(*batch));
+    auto appended =
+        writers[i]->compare_and_append(batches, Frontier::at(kAppends), Frontier::at(kAppends + 1));
+    ASSERT_TRUE(appended) << appended.error().to_string();
+    auto snapshot = shards[i]->snapshot(kAppends);
+    ASSERT_TRUE(snapshot) << snapshot.error().to_string();
+  }
+  writers.clear();
+  shards.clear();
+}
+
+}  // namespace
+}  // namespace tidemark

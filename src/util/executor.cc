@@ -1,0 +1,205 @@
+#include "util/executor.h"
+
+#include <algorithm>
+
+#include "util/thread.h"
+
+namespace tidemark {
+namespace {
+
+std::size_t cores() {
+  return std::max<std::size_t>(1, std::thread::hardware_concurrency());
+}
+
+// The task a Timers thread is running on this thread, so that a task may
+// cancel itself without waiting for itself.
+thread_local const void* current_timers = nullptr;
+thread_local Timers::Id current_task = 0;
+
+}  // namespace
+
+// --- WorkPool -----------------------------------------------------------------
+
+WorkPool::WorkPool(std::string name, std::size_t max_threads)
+    : name_(std::move(name)), max_threads_(std::max<std::size_t>(1, max_threads)) {}
+
+WorkPool::~WorkPool() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+    queue_.clear();
+    threads.swap(threads_);
+  }
+  work_.notify_all();
+  for (std::thread& t : threads) t.join();
+}
+
+Status WorkPool::submit(std::function<void()> job) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return make_error(ErrorKind::kClosed, name_ + " is stopping");
+    queue_.push_back(std::move(job));
+    if (queue_.size() > idle_ && threads_.size() < max_threads_) {
+      auto started = start_thread(name_, [this] { run(); });
+      if (started) {
+        threads_.push_back(std::move(*started));
+      } else if (threads_.empty()) {
+        queue_.pop_back();
+        return std::unexpected(started.error());
+      }
+      // Otherwise the job waits for a thread that runs.
+    }
+  }
+  work_.notify_one();
+  return {};
+}
+
+std::size_t WorkPool::threads() const {
+  std::lock_guard lock(mu_);
+  return threads_.size();
+}
+
+void WorkPool::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    ++idle_;
+    work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    --idle_;
+    if (stopping_) return;
+    std::function<void()> job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    job();
+    job = nullptr;  // whatever it owns goes outside the lock
+    lock.lock();
+  }
+}
+
+WorkPool& WorkPool::compaction() {
+  // Never destroyed: shards closing at exit may still hand it work.
+  static WorkPool* pool = new WorkPool("background compaction", std::max<std::size_t>(2, cores()));
+  return *pool;
+}
+
+// --- Timers -------------------------------------------------------------------
+
+Timers::Timers(WorkPool* pool) : pool_(pool) {}
+
+Timers::~Timers() {
+  {
+    std::unique_lock lock(mu_);
+    stopping_ = true;
+    for (auto& [id, task] : tasks_) task->cancelled = true;
+    changed_.notify_all();
+    changed_.wait(lock, [&] {
+      return std::none_of(tasks_.begin(), tasks_.end(),
+                          [](const auto& entry) { return entry.second->running; });
+    });
+    tasks_.clear();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+Status Timers::start_thread_locked() {
+  if (thread_.joinable()) return {};
+  TM_ASSIGN(thread_, start_thread("the timers", [this] { run(); }));
+  return {};
+}
+
+Result<Timers::Id> Timers::every(std::chrono::milliseconds interval, std::function<bool()> task) {
+  std::lock_guard lock(mu_);
+  if (stopping_) return make_error(ErrorKind::kClosed, "the timers are stopping");
+  TM_TRY(start_thread_locked());
+  const Id id = next_id_++;
+  auto entry = std::make_shared<Task>();
+  entry->interval = std::max(interval, std::chrono::milliseconds(1));
+  entry->fn = std::move(task);
+  tasks_.emplace(id, entry);
+  due_.emplace(std::chrono::steady_clock::now() + entry->interval, id);
+  changed_.notify_all();
+  return id;
+}
+
+void Timers::cancel(Id id) {
+  std::unique_lock lock(mu_);
+  auto it = tasks_.find(id);
+  if (it == tasks_.end()) return;
+  std::shared_ptr<Task> task = it->second;
+  task->cancelled = true;
+  // Only a run that has started is waited for: one still queued for a
+  // pool thread sees `cancelled` and skips the function (waiting for it
+  // could deadlock a pool whose every thread is in a cancel).
+  if (task->started && !(current_timers == this && current_task == id)) {
+    changed_.wait(lock, [&] { return !task->started; });
+  }
+  // A run in progress (this very task) erases it when it returns.
+  if (!task->running) tasks_.erase(id);
+}
+
+std::size_t Timers::tasks() const {
+  std::lock_guard lock(mu_);
+  return tasks_.size();
+}
+
+void Timers::run() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    if (due_.empty()) {
+      changed_.wait(lock);
+      continue;
+    }
+    const auto [when, id] = due_.top();
+    if (std::chrono::steady_clock::now() < when) {
+      changed_.wait_until(lock, when);
+      continue;
+    }
+    due_.pop();
+    auto it = tasks_.find(id);
+    if (it == tasks_.end()) continue;
+    std::shared_ptr<Task> task = it->second;
+    if (task->cancelled) {
+      tasks_.erase(it);
+      continue;
+    }
+    task->running = true;
+    lock.unlock();
+    if (!pool_->submit([this, id, task] { run_task(id, task); })) {
+      run_task(id, task);  // no thread to be had: here, late rather than never
+    }
+    lock.lock();
+  }
+}
+
+void Timers::run_task(Id id, const std::shared_ptr<Task>& task) {
+  bool cancelled;
+  {
+    std::lock_guard lock(mu_);
+    cancelled = task->cancelled || stopping_;  // while it waited for a thread
+    task->started = !cancelled;
+  }
+  current_timers = this;
+  current_task = id;
+  const bool again = !cancelled && task->fn();
+  current_timers = nullptr;
+  current_task = 0;
+  std::lock_guard lock(mu_);
+  task->running = false;
+  task->started = false;
+  if (!again || task->cancelled || stopping_) {
+    auto it = tasks_.find(id);
+    if (it != tasks_.end() && it->second == task) tasks_.erase(it);
+  } else {
+    due_.emplace(std::chrono::steady_clock::now() + task->interval, id);
+  }
+  changed_.notify_all();
+}
+
+Timers& Timers::shared() {
+  // Never destroyed (see the header), like its pool.
+  static WorkPool* pool = new WorkPool("heartbeats", std::max<std::size_t>(4, 2 * cores()));
+  static Timers* timers = new Timers(pool);
+  return *timers;
+}
+
+}  // namespace tidemark

@@ -1,0 +1,131 @@
+// Shared executors: a bounded number of threads for work that every shard
+// and sink would otherwise keep a thread of its own for (compaction passes,
+// lease heartbeats), so that the threads of a process do not grow with the
+// shards it has open.
+//
+// WorkPool runs submitted jobs, oldest first, on at most `max_threads`
+// threads, started as jobs arrive and kept for the pool's life. A job
+// never blocks the submitter. Memory: the queue holds the jobs submitted
+// and not yet started; every caller in Tidemark keeps at most one job of
+// its own queued or running (a compactor, a heartbeat), so the queue is
+// O(shards + leases), a std::function each.
+//
+// Timers runs periodic tasks: one timer thread keeps the deadlines (a
+// heap) and hands each due task to its WorkPool; a task runs again
+// `interval` after its previous run ended, so a task never runs twice at
+// once. Memory: O(tasks).
+//
+// Both shared instances (compaction(), Timers::shared()) are created on
+// first use and live until the process exits (never destroyed, so no
+// shard or lease outlives them). Their sizes come from the cores:
+// compaction max(2, cores) threads, heartbeats max(4, 2 x cores) (a
+// heartbeat mostly waits on its consensus). Failing to start a thread
+// fails the one submit or task that needed it (a Determinate error,
+// util/thread.h) only when the pool has no thread at all; otherwise the
+// job waits for one that runs.
+//
+// Thread-safety: every method is safe from any thread.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tidemark/error.h"
+
+namespace tidemark {
+
+class WorkPool {
+ public:
+  WorkPool(std::string name, std::size_t max_threads);
+  ~WorkPool();  // drops queued jobs, waits for running ones
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
+
+  // Queues `job`, starting a thread for it when every thread is busy and
+  // there are fewer than max_threads. An error only when the pool has no
+  // thread and none could be started (the job is not queued).
+  [[nodiscard]] Status submit(std::function<void()> job);
+
+  std::size_t threads() const;
+  std::size_t max_threads() const { return max_threads_; }
+
+  // The process's pool for background compaction: max(2, cores) threads.
+  static WorkPool& compaction();
+
+ private:
+  void run();
+
+  const std::string name_;
+  const std::size_t max_threads_;
+  mutable std::mutex mu_;
+  std::condition_variable work_;
+  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  std::size_t idle_ = 0;                     // GUARDED_BY(mu_)
+  bool stopping_ = false;                    // GUARDED_BY(mu_)
+  std::vector<std::thread> threads_;         // GUARDED_BY(mu_)
+};
+
+class Timers {
+ public:
+  using Id = std::uint64_t;
+
+  // Tasks run on `pool`, which must outlive this.
+  explicit Timers(WorkPool* pool);
+  ~Timers();  // cancels every task (waiting for those running)
+  Timers(const Timers&) = delete;
+  Timers& operator=(const Timers&) = delete;
+
+  // Runs `task` every `interval` (first after one interval) until it
+  // returns false or is cancelled. An error when the timer thread cannot
+  // be started.
+  [[nodiscard]] Result<Id> every(std::chrono::milliseconds interval, std::function<bool()> task);
+
+  // Cancels task `id` (a no-op if it has ended) and, unless called from
+  // the task itself, waits for a run of its function in progress to end:
+  // once it returns the function is never called again.
+  void cancel(Id id);
+
+  std::size_t tasks() const;
+  // The most threads its tasks run on (its pool's).
+  std::size_t pool_threads_max() const { return pool_->max_threads(); }
+
+  // The process's timers for heartbeats and lease renewals, on a pool of
+  // max(4, 2 x cores) threads.
+  static Timers& shared();
+
+ private:
+  struct Task {
+    std::chrono::milliseconds interval;
+    std::function<bool()> fn;
+    bool running = false;  // queued on the pool or running
+    bool started = false;  // its function is running
+    bool cancelled = false;
+  };
+  using Due = std::pair<std::chrono::steady_clock::time_point, Id>;
+
+  Status start_thread_locked();
+  void run();
+  void run_task(Id id, const std::shared_ptr<Task>& task);
+
+  WorkPool* const pool_;
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::map<Id, std::shared_ptr<Task>> tasks_;                       // GUARDED_BY(mu_)
+  std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;  // GUARDED_BY(mu_)
+  Id next_id_ = 1;                                                  // GUARDED_BY(mu_)
+  bool stopping_ = false;                                           // GUARDED_BY(mu_)
+  std::thread thread_;                                              // started under mu_
+};
+
+}  // namespace tidemark
