@@ -291,6 +291,7 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
     return snapshot_child(argv[1], argv[2], argv[3]);
   }
   if (!argv.empty() && argv[0] == "appender") return run_bench_appender(globals, argv);
+  if (!argv.empty() && argv[0] == "shards") return run_bench_shards(globals, argv);
   if (!argv.empty() && (argv[0] == "compaction" || argv[0] == "compaction-child")) {
     return run_bench_compaction(globals, argv);
   }
@@ -308,7 +309,9 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
         "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--blob URL "
         "--consensus URL] [--json] | bench "
         "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json] | bench "
-        "sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json]");
+        "sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json] | bench shards "
+        "[--shards "
+        "N] [--sinks M] [--idle-close S] [--dir DIR] [--json]");
   }
   std::uint64_t updates = 10'000'000;
   int appends = 200;

@@ -73,5 +73,6 @@ int run_bench_appender(const Globals& globals, const std::vector<std::string>& a
 int run_bench_compaction(const Globals& globals, const std::vector<std::string>& args);
 // `bench sink`, dispatched by run_bench (bench/bench_sink.cc).
 int run_bench_sink(const Globals& globals, const std::vector<std::string>& args);
+int run_bench_shards(const Globals& globals, const std::vector<std::string>& args);
 
 }  // namespace tidemark::cli

@@ -19,6 +19,7 @@
 #include <thread>
 #include <tuple>
 
+#include "server/http_text.h"
 #include "server/metrics.h"
 #include "server/sinks.h"
 #include "shard/state.h"
@@ -26,6 +27,7 @@
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/json.h"
+#include "util/periodic.h"
 #include "util/thread.h"
 
 namespace tidemark {
@@ -111,73 +113,6 @@ std::string error_json(std::string_view message) {
   return out;
 }
 
-// %XX escapes (and '+' for a space) decoded; a malformed escape is kept
-// as written.
-std::string url_decode(std::string_view text) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() && hex(text[i + 1]) >= 0 && hex(text[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hex(text[i + 1]) * 16 + hex(text[i + 2])));
-      i += 2;
-    } else if (text[i] == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(text[i]);
-    }
-  }
-  return out;
-}
-
-// Every byte outside [A-Za-z0-9._~-] as %XX.
-std::string url_encode(std::string_view text) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    if ((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-        c == '_' || c == '~' || c == '-') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
-
-// "a=1&b=%7B%7D" -> {a: "1", b: "{}"}.
-std::map<std::string, std::string> parse_query(std::string_view query) {
-  std::map<std::string, std::string> out;
-  while (!query.empty()) {
-    auto amp = query.find('&');
-    std::string_view item = query.substr(0, amp);
-    auto eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      out[url_decode(item)] = "";
-    } else {
-      out[url_decode(item.substr(0, eq))] = url_decode(item.substr(eq + 1));
-    }
-    if (amp == std::string_view::npos) break;
-    query = query.substr(amp + 1);
-  }
-  return out;
-}
-
-std::optional<Time> parse_time(const std::string& text) {
-  Time t = 0;
-  if (text.empty()) return std::nullopt;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
-  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
-  return t;
-}
-
 bool constant_time_equal(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -229,6 +164,11 @@ struct Server::Impl {
   std::map<std::string, std::shared_ptr<Appender>, std::less<>> shard_appenders;
   std::uint64_t appenders_replaced = 0;  // guarded by mutex
   std::map<std::string, std::shared_ptr<SharedWriter>, std::less<>> writers;
+  // When a request last took each shard's handle, appender or writer
+  // (guarded by mutex); the idle sweeper closes what has not been taken
+  // for options.idle_close.
+  std::map<std::string, Clock::time_point, std::less<>> last_used;
+  std::uint64_t idle_closed = 0;  // guarded by mutex: appenders and writers closed idle
 
   std::uint16_t bound_port = 0;  // set before the I/O threads start
   // Requests whose header was read and that are not answered yet (a
@@ -250,16 +190,78 @@ struct Server::Impl {
   std::condition_variable stop_cv;
   bool stopped = false;
 
+  // Marks the shard as used now. REQUIRES: mutex held.
+  void touch_locked(std::string_view name) {
+    auto it = last_used.find(name);
+    if (it == last_used.end()) it = last_used.try_emplace(std::string(name)).first;
+    it->second = Clock::now();
+  }
+
   // Blocking: opens (once) and caches the shard.
   Result<std::shared_ptr<Shard>> shard(std::string_view name) {
     TM_TRY(validate_shard_name(name));
     {
       std::lock_guard lock(mutex);
-      if (auto it = shards.find(name); it != shards.end()) return it->second;
+      if (auto it = shards.find(name); it != shards.end()) {
+        touch_locked(name);
+        return it->second;
+      }
     }
     TM_ASSIGN(auto opened, client->open_shard(name));
     std::lock_guard lock(mutex);
+    touch_locked(name);
     return shards.try_emplace(std::string(name), std::move(opened)).first->second;
+  }
+
+  // Closes the appenders, writers and shard handles that no request holds
+  // and none has taken for options.idle_close. Only what the maps alone
+  // hold (use_count 1 under the mutex, which every taker holds to take
+  // one) can go: a request in progress keeps its own.
+  void close_idle() {
+    std::vector<std::shared_ptr<Appender>> appenders_closing;
+    std::vector<std::shared_ptr<SharedWriter>> writers_closing;
+    std::vector<std::shared_ptr<Shard>> shards_closing;
+    {
+      std::lock_guard lock(mutex);
+      const auto cutoff = Clock::now() - options.idle_close;
+      auto idle = [&](const std::string& name) {
+        auto it = last_used.find(name);
+        return it == last_used.end() || it->second < cutoff;
+      };
+      for (auto it = shard_appenders.begin(); it != shard_appenders.end();) {
+        if (it->second.use_count() == 1 && idle(it->first) &&
+            it->second->stats().queued_records == 0) {
+          appenders_closing.push_back(std::move(it->second));
+          it = shard_appenders.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      for (auto it = writers.begin(); it != writers.end();) {
+        if (it->second.use_count() == 1 && idle(it->first)) {
+          writers_closing.push_back(std::move(it->second));
+          it = writers.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      // A shard whose appender or writer is still open is in use (the
+      // appender holds it): use_count says so.
+      for (auto it = shards.begin(); it != shards.end();) {
+        if (it->second.use_count() == 1 && idle(it->first) &&
+            !shard_appenders.contains(it->first) && !writers.contains(it->first)) {
+          shards_closing.push_back(std::move(it->second));
+          last_used.erase(it->first);
+          it = shards.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      idle_closed += appenders_closing.size() + writers_closing.size();
+    }
+    // Outside the lock: closing joins an appender's threads and
+    // unregisters writers (a consensus write each).
+    for (auto& a : appenders_closing) a->close();
   }
 
   // Blocking: the shard's appender, drawing from the appenders pool. An
@@ -270,6 +272,7 @@ struct Server::Impl {
     TM_ASSIGN(auto s, shard(name));
     std::shared_ptr<Appender> stopped;  // closed outside the lock
     std::lock_guard lock(mutex);
+    touch_locked(name);
     if (auto it = shard_appenders.find(name); it != shard_appenders.end()) {
       if (!it->second->failure()) return it->second;
       stopped = std::move(it->second);
@@ -288,6 +291,7 @@ struct Server::Impl {
   Result<std::shared_ptr<SharedWriter>> writer(std::string_view name) {
     TM_ASSIGN(auto s, shard(name));
     std::lock_guard lock(mutex);
+    touch_locked(name);
     if (auto it = writers.find(name); it != writers.end()) return it->second;
     auto shared = std::make_shared<SharedWriter>();
     TM_ASSIGN(shared->writer, s->open_writer());
@@ -322,13 +326,31 @@ struct Server::Impl {
     append_sample(&out, "tidemark_http_requests_in_flight", "", in_flight.load());
     std::vector<std::pair<std::string, std::shared_ptr<Appender>>> appender_list;
     std::vector<std::pair<std::string, std::shared_ptr<Shard>>> shard_list;
-    std::uint64_t replaced = 0;
+    std::uint64_t replaced = 0, closed_idle = 0, open_writers = 0;
     {
       std::lock_guard lock(mutex);
       appender_list.assign(shard_appenders.begin(), shard_appenders.end());
       shard_list.assign(shards.begin(), shards.end());
       replaced = appenders_replaced;
+      closed_idle = idle_closed;
+      open_writers = writers.size();
     }
+    out.append(
+        "# HELP tidemark_open_shards Shards this server has open (idle ones are closed).\n"
+        "# TYPE tidemark_open_shards gauge\n");
+    append_sample(&out, "tidemark_open_shards", "", static_cast<double>(shard_list.size()));
+    out.append(
+        "# HELP tidemark_open_appenders Shards with an open appender (managed appends).\n"
+        "# TYPE tidemark_open_appenders gauge\n");
+    append_sample(&out, "tidemark_open_appenders", "", static_cast<double>(appender_list.size()));
+    out.append(
+        "# HELP tidemark_open_writers Shards with an open writer (explicit appends).\n"
+        "# TYPE tidemark_open_writers gauge\n");
+    append_sample(&out, "tidemark_open_writers", "", static_cast<double>(open_writers));
+    out.append(
+        "# HELP tidemark_idle_closed_total Appenders and writers closed after idle_close "
+        "without a request.\n# TYPE tidemark_idle_closed_total counter\n");
+    append_sample(&out, "tidemark_idle_closed_total", "", static_cast<double>(closed_idle));
     out.append(
         "# HELP tidemark_appenders_replaced_total Appenders an error stopped (a backend down "
         "past their retries) and a later append replaced.\n# TYPE "
@@ -395,6 +417,9 @@ struct Server::Impl {
   }
 
   void accept();
+
+  // Runs close_idle(). Last: stopped (destroyed) before what it closes.
+  PeriodicTask idle_sweeper;
 };
 
 // ---------------------------------------------------------------------------
@@ -1106,7 +1131,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!producer_) {
       std::lock_guard lock(server_->mutex);
       auto it = server_->shard_appenders.find(name_);
-      if (it != server_->shard_appenders.end() && !it->second->failure()) appender_ = it->second;
+      if (it != server_->shard_appenders.end() && !it->second->failure()) {
+        appender_ = it->second;
+        server_->touch_locked(name_);
+      }
     }
     if (appender_) {
       sender_.emplace(appender_->sender());
@@ -2258,6 +2286,18 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     }
     impl->threads.push_back(std::move(*thread));
   }
+  if (impl->options.idle_close.count() > 0) {
+    const auto every = std::max(impl->options.idle_close / 4, std::chrono::milliseconds(50));
+    if (auto started = impl->idle_sweeper.start(every,
+                                                [raw = impl.get()] {
+                                                  raw->close_idle();
+                                                  return true;
+                                                });
+        !started) {
+      std::fprintf(stderr, "tidemark: warning: %s; idle shards stay open\n",
+                   started.error().message.c_str());
+    }
+  }
   impl->accept();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -2276,6 +2316,7 @@ void Server::stop(std::chrono::milliseconds grace) {
     if (impl.accept_timer) impl.accept_timer->cancel();
   });
   const auto deadline = Clock::now() + grace;
+  impl.idle_sweeper.stop();
   // Sinks stop first, each committing what it wrote (its progress).
   impl.sinks->stop_all(grace);
   // Requests in flight are answered: managed appends once durable, streams

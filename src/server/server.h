@@ -85,6 +85,11 @@ struct ServerOptions {
   // for its client's bytes holds no buffer from the requests pool.
   std::uint64_t min_body_rate = 1024;
   std::chrono::milliseconds body_rate_window{10'000};
+  // A shard's appender, explicit-append writer and open shard handle that
+  // no request has used for this long (and that hold no record) are
+  // closed, so idle shards cost no threads, no lease heartbeats and no
+  // cached state; the next request opens them again. 0: never.
+  std::chrono::milliseconds idle_close{30'000};
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.

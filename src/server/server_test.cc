@@ -830,6 +830,86 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   EXPECT_LT(seconds, 1.0 + 10.0);
 }
 
+// The threads of this process, from /proc/self/status.
+int threads_now() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Issue 18: every shard a server opened kept its appender's threads and
+// its writer's heartbeat for good (150 shards: 460 threads). Appenders,
+// writers and shard handles no request has used for idle_close are closed
+// now; the next request opens them again, and a request in progress keeps
+// what it uses however long it takes.
+TEST_F(ServerTest, IdleShardsAreClosedAndReopenedOnTheirNextRequest) {
+  options_.idle_close = std::chrono::milliseconds(1000);
+  options_.min_body_rate = 0;
+  ASSERT_NO_FATAL_FAILURE(start());
+  constexpr int kShards = 60;
+  const int before = threads_now();
+  for (int i = 0; i < kShards; ++i) {
+    const std::string name = "s" + std::to_string(i);
+    ASSERT_EQ(post("/v1/shards", "{\"name\": \"" + name + "\"}").status, 201u);
+    Reply managed = post("/v1/shards/" + name + "/append", "{\"key\": \"a\", \"value\": 1}\n");
+    ASSERT_EQ(managed.status, 200u) << managed.body;
+  }
+  const std::string busy = get("/metrics").body;
+  const int with_appenders = threads_now();
+  EXPECT_GT(metric(busy, "tidemark_open_appenders"), 0) << busy;
+  // Idle: everything closes, and the appenders' threads go.
+  std::string idle;
+  for (int i = 0; i < 300; ++i) {
+    idle = get("/metrics").body;
+    if (metric(idle, "tidemark_open_shards") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(metric(idle, "tidemark_open_appenders"), 0) << idle;
+  EXPECT_EQ(metric(idle, "tidemark_open_shards"), 0) << idle;
+  EXPECT_GE(metric(idle, "tidemark_idle_closed_total"), kShards) << idle;
+  const int after = threads_now();
+  std::fprintf(stderr, "threads: %d before, %d with %d appenders open, %d once idle\n", before,
+               with_appenders, kShards, after);
+  EXPECT_LE(after, before + 12);  // the shared executors' threads at most
+  EXPECT_GT(with_appenders, after);
+  const auto reopening = Clock::now();
+
+  // The next request reopens; nothing was lost.
+  for (int i = 0; i < kShards; ++i) {
+    const std::string name = "s" + std::to_string(i);
+    Reply managed = post("/v1/shards/" + name + "/append", "{\"key\": \"b\", \"value\": 2}\n");
+    ASSERT_EQ(managed.status, 200u) << managed.body;
+    Reply explicit_append = post("/v1/shards/" + name + "/append?lower=0&upper=1", "");
+    EXPECT_EQ(explicit_append.status, 409u) << explicit_append.body;  // the upper moved on
+  }
+  std::fprintf(stderr, "reopened %d shards in %.2f s\n", kShards,
+               std::chrono::duration<double>(Clock::now() - reopening).count());
+  Reply rows = get("/v1/shards/s7/snapshot");
+  ASSERT_EQ(rows.status, 200u);
+  EXPECT_EQ(lines_of(rows.body).size(), 2u) << rows.body;
+
+  // A body that takes longer than idle_close keeps its appender open.
+  net::io_context ioc;
+  tcp::socket socket = send_raw(ioc,
+                                "POST /v1/shards/s1/append HTTP/1.1\r\nHost: x\r\n"
+                                "Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n");
+  for (int i = 0; i < 4; ++i) {
+    const std::string line = "{\"key\": \"slow" + std::to_string(i) + "\", \"value\": 1}\n";
+    char size[16];
+    std::snprintf(size, sizeof size, "%zx\r\n", line.size());
+    net::write(socket, net::buffer(std::string(size) + line + "\r\n"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  }
+  net::write(socket, net::buffer(std::string("0\r\n\r\n")));
+  auto [answer, ec] = read_until_closed(socket);
+  EXPECT_NE(answer.find("200 OK"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("\"count\":4"), std::string::npos) << answer;
+  rows = get("/v1/shards/s1/snapshot");
+  EXPECT_EQ(lines_of(rows.body).size(), 6u) << rows.body;
+}
+
 TEST(DestinationAllowListTest, EntriesParseAndMatchHostsAsSpelled) {
   auto list = DestinationAllowList::parse("http://minio:9000,HTTPS://S3.example.com",
                                           "kafka-1:9092,[::1],Kafka-2");

@@ -23,54 +23,6 @@ std::string spec_key(const std::string& name) {
 
 }  // namespace
 
-std::string SinkSpec::to_json() const {
-  std::string out = "{\"name\":";
-  append_json_string(&out, name);
-  out += ",\"shard\":";
-  append_json_string(&out, shard);
-  out += ",\"to\":";
-  append_json_string(&out, to);
-  out += envelope == Envelope::kUpsert ? ",\"envelope\":\"upsert\"" : ",\"envelope\":\"debezium\"";
-  out += format == SinkFormat::kJson ? ",\"format\":\"json\"" : ",\"format\":\"csv\"";
-  if (!owner.empty()) {
-    out += ",\"owner\":";
-    append_json_string(&out, owner);
-  }
-  return out + "}";
-}
-
-Result<SinkSpec> SinkSpec::parse(std::string_view json) {
-  auto value = parse_json(json);
-  if (!value || !value->is_object()) {
-    return invalid_usage("expected {\"name\", \"shard\", \"to\", \"envelope\", \"format\"}");
-  }
-  auto text = [&](const char* field) -> std::optional<std::string> {
-    const JsonValue* v = value->find(field);
-    if (v == nullptr || !v->is_string()) return std::nullopt;
-    return v->as_string();
-  };
-  SinkSpec spec;
-  auto name = text("name"), shard = text("shard"), to = text("to");
-  if (!name || !shard || !to) return invalid_usage("a sink needs \"name\", \"shard\" and \"to\"");
-  spec.name = *name;
-  spec.shard = *shard;
-  spec.to = *to;
-  if (auto valid = validate_shard_name(spec.name); !valid) {
-    return invalid_usage("sink name: " + valid.error().message);
-  }
-  TM_TRY(validate_shard_name(spec.shard));
-  if (auto envelope = text("envelope")) {
-    TM_ASSIGN(spec.envelope, parse_envelope(*envelope));
-  }
-  if (auto format = text("format")) {
-    TM_ASSIGN(spec.format, parse_sink_format(*format));
-  }
-  if (auto owner = text("owner")) spec.owner = *owner;
-  TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
-  (void)url;
-  return spec;
-}
-
 struct SinkManager::Task {
   SinkSpec spec;
   std::thread thread;
@@ -194,6 +146,10 @@ struct SinkManager::Task {
     SinkOptions options;
     options.sink_name = spec.name;
     options.stop = [this] { return stop.load(); };
+    options.sleep = [this](std::chrono::milliseconds duration) {
+      std::unique_lock lock(mutex);
+      wake.wait_for(lock, duration, [&] { return stop.load(); });
+    };
     options.on_progress = [this](const SinkProgress& p) {
       std::lock_guard lock(mutex);
       frontier = p.frontier;

@@ -47,23 +47,11 @@
 #include "sink/destination_url.h"
 #include "sink/envelope.h"
 #include "sink/sink_claim.h"
+#include "sink/sink_spec.h"
 #include "tidemark/client.h"
 #include "tidemark/memory_pool.h"
 
 namespace tidemark {
-
-struct SinkSpec {
-  std::string name;
-  std::string shard;
-  std::string to;
-  Envelope envelope = Envelope::kUpsert;
-  SinkFormat format = SinkFormat::kJson;
-  std::string owner;  // the server that runs it; "" for any (one server)
-
-  std::string to_json() const;
-  // InvalidUsage naming what is wrong (names, URL, envelope, format).
-  [[nodiscard]] static Result<SinkSpec> parse(std::string_view json);
-};
 
 class SinkManager {
  public:

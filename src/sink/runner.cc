@@ -60,22 +60,43 @@ bool stopped(const SinkOptions& options) {
 
 // The shard's upper, retrying failures that may pass.
 Result<Frontier> upper_of(Shard& shard, const SinkOptions& options) {
-  return with_retries(options.retry, [&] { return shard.upper(); }, options.stop);
+  return with_retries(
+      options.retry, [&] { return shard.upper(); }, options.stop);
 }
 
 enum class Wait : std::uint8_t { kReady, kStopped, kDeadline };
+
+// How often a long wait asks options.stop.
+constexpr std::chrono::milliseconds kStopCheck{50};
 
 // Waits until the shard's upper passes `time`: kStopped if the sink is
 // stopped or the shard closed first, kDeadline at `deadline` (if set).
 Result<Wait> wait_for_upper_past(
     Shard& shard, Time time, const SinkOptions& options,
     std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
+  // With an interval to commit by `deadline`, every poll_interval; with
+  // nothing pending, the wait doubles up to idle_poll_interval, so idle
+  // sinks cost little (each poll reads the shard's state).
+  auto wait = options.poll_interval;
+  const auto longest = deadline ? options.poll_interval
+                                : std::max(options.poll_interval, options.idle_poll_interval);
   for (;;) {
     TM_ASSIGN(Frontier upper, upper_of(shard, options));
     if (upper.is_past(time)) return Wait::kReady;
     if (upper.is_closed() || stopped(options)) return Wait::kStopped;
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return Wait::kDeadline;
-    std::this_thread::sleep_for(options.poll_interval);
+    if (options.sleep) {
+      options.sleep(wait);  // returns early once the sink is stopped
+    } else {
+      const auto until = std::chrono::steady_clock::now() + wait;
+      for (auto now = std::chrono::steady_clock::now(); now < until;
+           now = std::chrono::steady_clock::now()) {
+        if (stopped(options)) return Wait::kStopped;
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(until - now, kStopCheck));
+      }
+    }
+    wait = std::min(wait * 2, longest);
   }
 }
 
@@ -131,8 +152,8 @@ Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
     ++progress.commits;
     progress.frontier = written;
     TM_TRY(with_retries(
-        options.retry,
-        [&] { return reader->downgrade_since(Frontier::at(written.time() - 1)); }, options.stop));
+        options.retry, [&] { return reader->downgrade_since(Frontier::at(written.time() - 1)); },
+        options.stop));
     report();
     return {};
   };

@@ -7,7 +7,8 @@
 // then on it follows the shard: for each new upper it walks the pairs of
 // the times [progress, upper) and commits once the open interval holds
 // roll_bytes or is commit_interval old, then moves its since hold to
-// progress - 1. A restarted sink resumes from the destination's progress:
+// progress - 1. Polls of the upper slow down while nothing is pending (up
+// to idle_poll_interval). A restarted sink resumes from the destination's progress:
 // nothing committed is emitted again, nothing is skipped.
 //
 // Faults: its reads retry under the shard's ClientOptions::read_retry, and
@@ -51,10 +52,18 @@ struct SinkOptions {
   std::optional<Time> until;  // stop once the committed frontier reaches it
   std::uint64_t roll_bytes = 64ull << 20;
   std::chrono::milliseconds commit_interval{1000};
+  // How often the shard's upper is polled while an interval is open; with
+  // nothing pending the polls slow down, doubling up to idle_poll_interval
+  // (a sink that has been idle sees the next change within that).
   std::chrono::milliseconds poll_interval{50};
+  std::chrono::milliseconds idle_poll_interval{1000};
   std::function<void(const SinkProgress&)> on_progress;  // after each commit
   std::function<void(const SinkProgress&)> on_tick;      // every kTickPairs pairs
   std::function<bool()> stop;
+  // Waits between polls: sleeps the time given, or less once `stop` would
+  // say true (a condition variable the stopper notifies). None: sleeps in
+  // steps of 50 ms, asking `stop` after each.
+  std::function<void(std::chrono::milliseconds)> sleep;
   RetryPolicy retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
                     std::chrono::milliseconds(30'000)};
 };

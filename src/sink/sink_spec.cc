@@ -1,0 +1,56 @@
+#include "sink/sink_spec.h"
+
+#include "shard/state.h"
+#include "util/json.h"
+
+namespace tidemark {
+
+std::string SinkSpec::to_json() const {
+  std::string out = "{\"name\":";
+  append_json_string(&out, name);
+  out += ",\"shard\":";
+  append_json_string(&out, shard);
+  out += ",\"to\":";
+  append_json_string(&out, to);
+  out += envelope == Envelope::kUpsert ? ",\"envelope\":\"upsert\"" : ",\"envelope\":\"debezium\"";
+  out += format == SinkFormat::kJson ? ",\"format\":\"json\"" : ",\"format\":\"csv\"";
+  if (!owner.empty()) {
+    out += ",\"owner\":";
+    append_json_string(&out, owner);
+  }
+  return out + "}";
+}
+
+Result<SinkSpec> SinkSpec::parse(std::string_view json) {
+  auto value = parse_json(json);
+  if (!value || !value->is_object()) {
+    return invalid_usage("expected {\"name\", \"shard\", \"to\", \"envelope\", \"format\"}");
+  }
+  auto text = [&](const char* field) -> std::optional<std::string> {
+    const JsonValue* v = value->find(field);
+    if (v == nullptr || !v->is_string()) return std::nullopt;
+    return v->as_string();
+  };
+  SinkSpec spec;
+  auto name = text("name"), shard = text("shard"), to = text("to");
+  if (!name || !shard || !to) return invalid_usage("a sink needs \"name\", \"shard\" and \"to\"");
+  spec.name = *name;
+  spec.shard = *shard;
+  spec.to = *to;
+  if (auto valid = validate_shard_name(spec.name); !valid) {
+    return invalid_usage("sink name: " + valid.error().message);
+  }
+  TM_TRY(validate_shard_name(spec.shard));
+  if (auto envelope = text("envelope")) {
+    TM_ASSIGN(spec.envelope, parse_envelope(*envelope));
+  }
+  if (auto format = text("format")) {
+    TM_ASSIGN(spec.format, parse_sink_format(*format));
+  }
+  if (auto owner = text("owner")) spec.owner = *owner;
+  TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
+  (void)url;
+  return spec;
+}
+
+}  // namespace tidemark

@@ -1,0 +1,35 @@
+// SinkSpec: a sink's definition as the server stores and takes it over
+// HTTP: {"name", "shard", "to", "envelope", "format"[, "owner"]}.
+//
+// parse() checks everything a definition holds without touching anything:
+// the names (shard-name rules), the destination URL for its format
+// (destination_url.h), the envelope and format. Its input comes from
+// clients (POST /v1/sinks) and from the blob store (stored definitions),
+// so any bytes give a definition or an InvalidUsage error (fuzz_records).
+//
+// Thread-safety: a plain value.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "sink/destination_url.h"
+#include "sink/envelope.h"
+#include "tidemark/error.h"
+
+namespace tidemark {
+
+struct SinkSpec {
+  std::string name;
+  std::string shard;
+  std::string to;
+  Envelope envelope = Envelope::kUpsert;
+  SinkFormat format = SinkFormat::kJson;
+  std::string owner;  // the server that runs it; "" for any (one server)
+
+  std::string to_json() const;
+  // InvalidUsage naming what is wrong (names, URL, envelope, format).
+  [[nodiscard]] static Result<SinkSpec> parse(std::string_view json);
+};
+
+}  // namespace tidemark
