@@ -1,7 +1,9 @@
 // Fuzz target: what clients send as text. Each line of the input goes
 // through the NDJSON record parser in both modes (managed and explicit) and
 // the JSON parser (request bodies: shard and sink definitions); the whole
-// input is also tried as a size, a sink URL and a destination allow-list.
+// input is also tried as a sink definition (SinkSpec::parse, which POST
+// /v1/sinks and stored definitions go through), a size, a sink URL and a
+// destination allow-list.
 // Any input must parse or give an error, never a crash or a sanitizer
 // report.
 #include <cstddef>
@@ -9,6 +11,7 @@
 #include <string_view>
 
 #include "sink/destination_url.h"
+#include "sink/sink_spec.h"
 #include "util/json.h"
 #include "util/size.h"
 
@@ -26,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     rest.remove_prefix(newline + 1);
   }
   (void)parse_json(text);
+  if (auto spec = SinkSpec::parse(text)) (void)SinkSpec::parse(spec->to_json());
   (void)parse_size(text);
   if (auto url = parse_sink_url(text, SinkFormat::kJson)) (void)destination_identity(*url);
   const auto comma = text.find(';');

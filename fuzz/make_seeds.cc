@@ -92,5 +92,15 @@ int main() {
   write("sink_records", "progress", progress.to_json());
   write("sink_records", "name", "00000000000000000000-00000000000000000002.json");
   write("sink_records", "kafka", "kafka://h1:9092,h2:9093/topic?progress_topic=p");
+  // The first byte is the size of the pieces the request arrives in.
+  write("http", "managed",
+        "\x07POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\nContent-Length: 27\r\n\r\n"
+        "{\"key\": \"k\", \"value\": 1}\n");
+  write("http", "chunked",
+        "\x20POST /v1/shards/s/append?lower=0&upper=2 HTTP/1.1\r\nHost: x\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n5\r\n{\"key\r\n0\r\n\r\n");
+  write("http", "listen",
+        "\x03GET /v1/shards/s/listen?from=3&after_key=%7B%22a%22%3A1%7D&until=9 HTTP/1.1\r\n"
+        "Authorization: Bearer t\r\n\r\n");
   return 0;
 }

@@ -18,7 +18,7 @@ fi
 seconds=${1:-20}
 cmake --build "$build" --target fuzz_targets -j "${JOBS:-2}"
 status=0
-for target in part state records s3_listing sink_records; do
+for target in part state records s3_listing sink_records http; do
   scratch=$(mktemp -d)
   echo "fuzz: $target for ${seconds}s" >&2
   if ! "$build/fuzz_$target" -max_total_time="$seconds" -use_value_profile=1 \

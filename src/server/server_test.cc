@@ -910,6 +910,29 @@ TEST_F(ServerTest, IdleShardsAreClosedAndReopenedOnTheirNextRequest) {
   EXPECT_EQ(lines_of(rows.body).size(), 6u) << rows.body;
 }
 
+// Found by fuzz_http: Boost.Beast 1.81 (Debian 12's) asserts that a final
+// chunk's header is re-parsed from at least 5 bytes, but a body whose
+// first chunk is the last ("0\r\n") then "\r" and "\n" arriving apart
+// gives it 4, and our builds keep assertions: one client aborted the
+// server. (Fixed upstream by boostorg/beast#2861; we build with Boost's
+// assertions off.)
+TEST_F(ServerTest, AnEmptyChunkedBodyArrivingByteByByteDoesNotStopTheServer) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  net::io_context ioc;
+  tcp::socket socket = send_raw(ioc,
+                                "POST /v1/shards/s/append HTTP/1.1\r\nHost: x\r\n"
+                                "Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n");
+  for (const char* piece : {"\r", "\n"}) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    net::write(socket, net::buffer(std::string(piece)));
+  }
+  auto [answer, ec] = read_until_closed(socket);
+  EXPECT_NE(answer.find("HTTP/1.1 200"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("\"count\":0"), std::string::npos) << answer;
+  EXPECT_EQ(get("/healthz").status, 200u);
+}
+
 TEST(DestinationAllowListTest, EntriesParseAndMatchHostsAsSpelled) {
   auto list = DestinationAllowList::parse("http://minio:9000,HTTPS://S3.example.com",
                                           "kafka-1:9092,[::1],Kafka-2");
