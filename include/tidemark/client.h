@@ -65,6 +65,8 @@ struct ClientOptions {
   RetryPolicy write_retry{std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
   // A background compactor per opened shard: an append that leaves the
   // spine out of shape hands it the merge, and it collects garbage after.
+  // Every shard's passes share one pool of max(2, cores) threads in the
+  // process, oldest request first.
   // Without it the caller compacts (Shard::compact): until then every
   // append adds inputs to each read, and a read holds a block per input.
   bool background_compaction = true;

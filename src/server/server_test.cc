@@ -33,6 +33,7 @@
 #include "server/sinks.h"
 #include "server/test_client.h"
 #include "sink/file_destination.h"
+#include "sink/kafka_mock_process.h"
 #include "sink/sink_claim.h"
 #include "util/json.h"
 
@@ -780,17 +781,21 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   const std::string s3 = "s3://bucket/p?endpoint=http://127.0.0.1:" + port;
   const std::string kafka = "kafka://127.0.0.1:" + port + "/t";
   const std::string s3_other = "s3://bucket/q?endpoint=http://127.0.0.1:" + port;
-  for (const auto& [name, to] :
-       {std::pair{"a", s3}, std::pair{"b", kafka}, std::pair{"c", s3_other}}) {
-    Reply created = post("/v1/sinks", std::string(R"({"name": ")") + name +
-                                          R"(", "shard": "s", "to": ")" + to + "\"}");
+  // The Kafka sink only where librdkafka can run (not under TSan:
+  // sink/kafka_mock_process.h); CliTest's SIGTERM case has one too.
+  std::vector<std::pair<std::string, std::string>> sinks{{"a", s3}, {"c", s3_other}};
+  if (!kUnderTsan) sinks.emplace_back("b", kafka);
+  for (const auto& [name, to] : sinks) {
+    Reply created =
+        post("/v1/sinks", R"({"name": ")" + name + R"(", "shard": "s", "to": ")" + to + "\"}");
     ASSERT_EQ(created.status, 201u) << created.body;
   }
-  // All three are stuck opening their destinations.
-  for (int i = 0; i < 1000 && silent.connections() < 3; ++i) {
+  // All are stuck opening their destinations.
+  const int stuck_sinks = static_cast<int>(sinks.size());
+  for (int i = 0; i < 1000 && silent.connections() < stuck_sinks; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ASSERT_GE(silent.connections(), 3);
+  ASSERT_GE(silent.connections(), stuck_sinks);
   std::this_thread::sleep_for(std::chrono::seconds(1));
   const std::string stuck = get("/v1/sinks").body;
   std::fprintf(stderr, "%s", stuck.c_str());
@@ -807,6 +812,7 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   // Deleting each takes about a second (cancellation is checked each
   // second inside a libcurl transfer, each 200 ms between Kafka slices).
   for (const char* name : {"b", "a"}) {
+    if (kUnderTsan && name == std::string("b")) continue;
     SCOPED_TRACE(name);
     const auto began = Clock::now();
     PendingCall deleted(
