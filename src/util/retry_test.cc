@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -62,23 +63,24 @@ TEST(RetryTest, SucceedsOnceTheFailurePasses) {
 
 TEST(RetryTest, DoesNotRetryWhatCannotPass) {
   int calls = 0;
-  auto result = with_retries(RetryPolicy{milliseconds(1), milliseconds(1), 10, {}}, [&]() -> Status {
-    ++calls;
-    return invalid_usage("no");
-  });
+  auto result =
+      with_retries(RetryPolicy{milliseconds(1), milliseconds(1), 10, {}}, [&]() -> Status {
+        ++calls;
+        return invalid_usage("no");
+      });
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(result.error().message, "no");
 }
 
 TEST(RetryTest, StopEndsTheWait) {
   const auto started = Clock::now();
-  bool stop = false;
+  std::atomic<bool> stop{false};
   Backoff backoff(RetryPolicy{milliseconds(10'000), milliseconds(10'000), 0, milliseconds(60'000)});
   std::thread stopper([&] {
     std::this_thread::sleep_for(milliseconds(100));
     stop = true;
   });
-  EXPECT_FALSE(backoff.next([&] { return stop; }));
+  EXPECT_FALSE(backoff.next([&] { return stop.load(); }));
   stopper.join();
   EXPECT_LT(Clock::now() - started, milliseconds(2000));
 }
