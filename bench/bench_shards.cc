@@ -132,10 +132,11 @@ int run_bench_shards(const Globals& globals, const std::vector<std::string>& arg
     auto appended = call(http::verb::post, "/v1/shards/" + name + "/append",
                          "{\"key\": \"k\", \"value\": " + std::to_string(i) + "}\n");
     if (created.status != 201 || appended.status != 200) {
-      return report(Error{ErrorKind::kDeterminate,
-                          "shard " + name + ": create " + std::to_string(created.status) +
-                              ", append " + std::to_string(appended.status) + ": " +
-                              appended.body});
+      return report(make_error(ErrorKind::kDeterminate,
+                               "shard " + name + ": create " + std::to_string(created.status) +
+                                   ", append " + std::to_string(appended.status) + ": " +
+                                   appended.body)
+                        .error());
     }
   }
   for (std::uint64_t i = 0; i < sinks; ++i) {
@@ -143,8 +144,10 @@ int run_bench_shards(const Globals& globals, const std::vector<std::string>& arg
     auto sink = call(http::verb::post, "/v1/sinks",
                      "{\"name\": \"k" + name + "\", \"shard\": \"" + name +
                          "\", \"to\": \"file://" + (dir->path() / "sinks" / name).string() + "\"}");
-    if (sink.status != 201)
-      return report(Error{ErrorKind::kDeterminate, "sink on " + name + ": " + sink.body});
+    if (sink.status != 201) {
+      return report(
+          make_error(ErrorKind::kDeterminate, "sink on " + name + ": " + sink.body).error());
+    }
   }
   const double open_seconds = seconds_since(opening);
   const ProcessFigures open = process_now();
