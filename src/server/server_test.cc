@@ -674,43 +674,8 @@ std::pair<std::string, boost::system::error_code> read_until_closed(tcp::socket&
   return {answer, ec};
 }
 
-// A TCP listener on 127.0.0.1 that only counts the connections made to it:
-// the S3 endpoint or Kafka broker a refused sink must never reach.
-class CountingListener {
- public:
-  CountingListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::listen(fd_, 64) != 0 ||
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      ADD_FAILURE() << "cannot listen: " << std::strerror(errno);
-    }
-    port_ = ntohs(address.sin_port);
-  }
-  ~CountingListener() { ::close(fd_); }
-  std::uint16_t port() const { return port_; }
-  // Connections made so far (accepted and closed here).
-  int connections() {
-    for (;;) {
-      const int connection = ::accept(fd_, nullptr, nullptr);
-      if (connection < 0) return accepted_;
-      ::close(connection);
-      ++accepted_;
-    }
-  }
-
- private:
-  int fd_ = -1;
-  std::uint16_t port_ = 0;
-  int accepted_ = 0;
-};
-
 TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnection) {
-  CountingListener target;
+  testing::SilentListener target;  // counts the connections made to it
   const std::string port = std::to_string(target.port());
   auto allowed = DestinationAllowList::parse("https://S3.example.com,http://127.0.0.1:1",
                                              "Broker.example.com:9092,127.0.0.2");
