@@ -810,6 +810,79 @@ int threads_now() {
   return -1;
 }
 
+// Issue 18: every sink kept a thread of its own. Sinks are stepped on a
+// shared pool now: 150 sinks add at most the pool's threads, each still
+// writes every change once, and they all follow the next append.
+TEST_F(ServerTest, ManySinksShareABoundedSetOfThreads) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto append_at = [&](Time t) {
+    Reply r =
+        post("/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1),
+             "{\"key\": " + std::to_string(t) + ", \"value\": 1, \"time\": " + std::to_string(t) +
+                 "}\n");
+    ASSERT_EQ(r.status, 200u) << r.body;
+  };
+  ASSERT_NO_FATAL_FAILURE(append_at(0));
+  ASSERT_NO_FATAL_FAILURE(append_at(1));
+  constexpr int kSinks = 150;
+  const int before = threads_now();
+  for (int i = 0; i < kSinks; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    Reply created =
+        post("/v1/sinks", "{\"name\": \"" + name + "\", \"shard\": \"s\", \"to\": \"file://" +
+                              (dir_ / "sinks" / name).string() + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  // Every sink's frontier reaches `want` (from GET /v1/sinks).
+  auto all_reach = [&](std::uint64_t want) {
+    std::string last;
+    for (int i = 0; i < 1500; ++i) {
+      last = get("/v1/sinks").body;
+      auto json = parse_json(last);
+      int there = 0;
+      if (json && json->is_array()) {
+        for (const JsonValue& sink : json->as_array()) {
+          const JsonValue* frontier = sink.find("frontier");
+          if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
+        }
+      }
+      if (there == kSinks) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "not every sink reached " << want << ": " << last.substr(0, 2000);
+  };
+  ASSERT_NO_FATAL_FAILURE(all_reach(2));
+  const int running = threads_now();
+  ASSERT_NO_FATAL_FAILURE(append_at(2));
+  ASSERT_NO_FATAL_FAILURE(all_reach(3));
+  const int after = threads_now();
+  std::fprintf(stderr, "threads: %d before, %d with %d sinks running, %d after an append\n", before,
+               running, kSinks, after);
+  // The sinks' pool and timer thread, and the shared heartbeats' pool.
+  const int bound = static_cast<int>(SinkManager::default_threads()) + 12;
+  EXPECT_LE(running, before + bound);
+  EXPECT_LE(after, before + bound);
+  // Each sink wrote each key once: the snapshot's two, then time 2's.
+  for (int i = 0; i < kSinks; i += 37) {
+    std::multiset<std::string> lines;
+    for (const auto& entry : fs::directory_iterator(dir_ / "sinks" / ("f" + std::to_string(i)))) {
+      const std::string name = entry.path().filename().string();
+      if (name == FileDestination::kLockFileName) continue;
+      std::ifstream in(entry.path());
+      for (std::string line; std::getline(in, line);) lines.insert(line);
+    }
+    EXPECT_EQ(lines.size(), 3u) << "sink f" << i;
+  }
+  const auto deleting = Clock::now();
+  for (int i = 0; i < kSinks; ++i) {
+    ASSERT_EQ(call(port_, http::verb::delete_, "/v1/sinks/f" + std::to_string(i)).status, 200u);
+  }
+  std::fprintf(stderr, "deleted %d sinks in %.2f s\n", kSinks,
+               std::chrono::duration<double>(Clock::now() - deleting).count());
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+}
+
 // Issue 18: every shard a server opened kept its appender's threads and
 // its writer's heartbeat for good (150 shards: 460 threads). Appenders,
 // writers and shard handles no request has used for idle_close are closed

@@ -10,7 +10,6 @@
 #include "tidemark/read.h"
 #include "util/cancel.h"
 #include "util/json.h"
-#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -25,21 +24,24 @@ std::string spec_key(const std::string& name) {
 
 struct SinkManager::Task {
   SinkSpec spec;
-  std::thread thread;
   std::atomic<bool> stop{false};
   // Raised once the sink must stop now: its destination's calls give up.
   const std::shared_ptr<Cancellation> cancel = std::make_shared<Cancellation>();
-  bool finished = false;  // guarded by mutex: run() has returned
   mutable std::mutex mutex;
   std::condition_variable wake;
+  bool finished = false;            // guarded by mutex: its last step has returned
+  std::optional<Timers::Id> timer;  // guarded by mutex; none once finished
   std::string status = "starting";
   std::optional<Frontier> frontier;
   std::optional<std::string> error;
   std::shared_ptr<Shard> shard;
   // Held from the sink's start (or its first run, when resumed) until it
-  // stops; used by the task's thread only once started.
+  // stops; used by its steps only once started.
   std::shared_ptr<SinkClaim> claim;
   DestinationAllowList allowed;
+  // Used by its steps only (one at a time): the run in progress, if any.
+  std::unique_ptr<SinkDestination> destination;
+  std::unique_ptr<SinkRun> run;
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
     std::lock_guard lock(mutex);
@@ -64,12 +66,11 @@ struct SinkManager::Task {
     return out + "}";
   }
 
-  void run(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
-           const SinkRunner& runner) {
-    run_until_stopped(client, pool, runner);
+  void mark_finished() {
     {
       std::lock_guard lock(mutex);
       finished = true;
+      timer.reset();
     }
     wake.notify_all();
   }
@@ -79,41 +80,72 @@ struct SinkManager::Task {
   // waits about a second at most).
   // Only a running sink has output to commit: one still starting (opening
   // its destination) or failed is cancelled at once.
-  void stop_by(std::chrono::steady_clock::time_point deadline) {
+  void stop_by(Timers& timers, std::chrono::steady_clock::time_point deadline) {
     stop = true;
-    wake.notify_all();
-    {
-      std::unique_lock lock(mutex);
-      if (status == "running") wake.wait_until(lock, deadline, [&] { return finished; });
-    }
+    std::unique_lock lock(mutex);
+    if (timer) timers.wake(*timer);  // a waiting sink steps at once, and ends
+    if (status == "running") wake.wait_until(lock, deadline, [&] { return finished; });
+    lock.unlock();
     cancel->cancel();
   }
 
   void join() {
-    if (thread.joinable()) thread.join();
+    std::unique_lock lock(mutex);
+    wake.wait(lock, [&] { return finished; });
   }
 
-  void run_until_stopped(const std::shared_ptr<Client>& client,
-                         const std::shared_ptr<MemoryPool>& pool, const SinkRunner& runner) {
-    while (!stop) {
+  // One step of the sink, on a pool thread: starts a run if none is in
+  // progress, then steps it. Returns when to step again, or nullopt once
+  // the sink has ended (stopped, or done: the shard closed). A failure
+  // drops the run (what it wrote since its last commit is not committed)
+  // and starts a new one after kRetryInterval.
+  std::optional<std::chrono::milliseconds> step(const std::shared_ptr<Client>& client,
+                                                const std::shared_ptr<MemoryPool>& pool,
+                                                const SinkRunner& runner) {
+    if (stop) return end();
+    if (!run) {
       set("starting");
-      auto ran = run_once(client, pool, runner);
-      if (stop) break;
-      if (ran) {
-        set("done");
-        claim.reset();
-        return;
+      if (auto started = start_run(client, pool, runner); !started) {
+        return failed(started.error());
       }
-      set("failed", ran.error().message);
-      std::unique_lock lock(mutex);
-      wake.wait_for(lock, kRetryInterval, [&] { return stop.load(); });
+      set("running");
     }
+    auto next = run->step();
+    if (!next) return failed(next.error());
+    if (!*next) {
+      drop_run();
+      claim.reset();
+      set("done");
+      return std::nullopt;
+    }
+    if (stop) return std::chrono::milliseconds(0);  // the next step ends it
+    return **next;
+  }
+
+  std::optional<std::chrono::milliseconds> failed(const Error& error) {
+    drop_run();
+    if (stop) return end();
+    set("failed", error.message);
+    return std::chrono::duration_cast<std::chrono::milliseconds>(kRetryInterval);
+  }
+
+  // A stopped sink commits what it has written, unless it was cancelled
+  // (deleted, or past the shutdown grace).
+  std::optional<std::chrono::milliseconds> end() {
+    if (run && !cancel->cancelled()) (void)run->finish();
+    drop_run();
     claim.reset();  // released: a restarted server takes it back at once
     set("stopped");
+    return std::nullopt;
   }
 
-  Status run_once(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
-                  const SinkRunner& runner) {
+  void drop_run() {
+    run.reset();
+    destination.reset();
+  }
+
+  Status start_run(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
+                   const SinkRunner& runner) {
     TM_ASSIGN(auto opened, client->open_shard(spec.shard));
     {
       std::lock_guard lock(mutex);
@@ -136,36 +168,36 @@ struct SinkManager::Task {
       TM_ASSIGN(claim, SinkClaim::acquire(client->location().consensus, spec.shard, spec.name, url,
                                           runner));
     }
-    TM_ASSIGN(auto destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
-                                                      spec.name, pool, claim, cancel));
+    TM_ASSIGN(destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
+                                                 spec.name, pool, claim, cancel));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();
     }
-    set("running");
     SinkOptions options;
     options.sink_name = spec.name;
     options.stop = [this] { return stop.load(); };
-    options.sleep = [this](std::chrono::milliseconds duration) {
-      std::unique_lock lock(mutex);
-      wake.wait_for(lock, duration, [&] { return stop.load(); });
-    };
     options.on_progress = [this](const SinkProgress& p) {
       std::lock_guard lock(mutex);
       frontier = p.frontier;
     };
-    TM_ASSIGN(SinkProgress progress, run_sink(*opened, *destination, options));
-    (void)progress;
+    TM_ASSIGN(run, SinkRun::open(*opened, *destination, std::move(options)));
     return {};
   }
 };
 
+std::size_t SinkManager::default_threads() {
+  return std::max<std::size_t>(8, 4 * std::max(1u, std::thread::hardware_concurrency()));
+}
+
 SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
-                         SinkRunner runner, DestinationAllowList allowed)
+                         SinkRunner runner, DestinationAllowList allowed, std::size_t threads)
     : client_(std::move(client)),
       pool_(std::move(pool)),
       runner_(std::move(runner)),
-      allowed_(std::move(allowed)) {}
+      allowed_(std::move(allowed)),
+      threads_("sinks", threads),
+      timers_(&threads_) {}
 
 SinkManager::~SinkManager() {
   stop_all();
@@ -176,20 +208,27 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
   task->spec = spec;
   task->claim = std::move(claim);
   task->allowed = allowed_;
-  auto thread =
-      start_thread("sink " + spec.name, [task, client = client_, pool = pool_, runner = runner_] {
-        task->run(client, pool, runner);
-      });
-  if (thread) {
-    task->thread = std::move(*thread);
+  // The lock orders the timer's id before its first step can end it.
+  std::unique_lock task_lock(task->mutex);
+  auto timer = timers_.schedule(std::chrono::milliseconds(0),
+                                [task, client = client_, pool = pool_, runner = runner_] {
+                                  auto next = task->step(client, pool, runner);
+                                  if (!next) task->mark_finished();
+                                  return next;
+                                });
+  if (timer) {
+    task->timer = *timer;
   } else {
     // Listed as failed, with the reason, until a restart; its claim goes.
     task->claim.reset();
-    task->set("failed", thread.error().message);
+    task->finished = true;
+    task->status = "failed";
+    task->error = timer.error().message;
   }
+  task_lock.unlock();
   std::lock_guard lock(mutex_);
   tasks_[spec.name] = std::move(task);
-  if (!thread) return std::unexpected(thread.error());
+  if (!timer) return std::unexpected(timer.error());
   return {};
 }
 
@@ -284,7 +323,7 @@ Status SinkManager::remove(const std::string& name) {
     tasks_.erase(it);
   }
   // Deleted: nothing more of it is wanted, so it is not waited for.
-  task->stop_by(std::chrono::steady_clock::now());
+  task->stop_by(timers_, std::chrono::steady_clock::now());
   task->join();
   TM_TRY(client_->location().blob->remove(spec_key(name)));
   // Its hold on the shard goes too: history it no longer needs.
@@ -305,7 +344,7 @@ void SinkManager::stop_all(std::chrono::milliseconds grace) {
     task->stop = true;
     task->wake.notify_all();
   }
-  for (auto& [name, task] : tasks) task->stop_by(deadline);
+  for (auto& [name, task] : tasks) task->stop_by(timers_, deadline);
   for (auto& [name, task] : tasks) task->join();
 }
 

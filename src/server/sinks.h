@@ -4,8 +4,14 @@
 // stored in the blob store under "server/sinks/<name>" when it is created,
 // so a restarted server resumes every sink: each one picks up from its
 // destination's progress (run_sink), and its critical reader still holds
-// the shard's since. Each sink runs run_sink on a thread of its own (a
-// sink is long-lived; connections never get threads). A sink that fails
+// the shard's since. Sinks share a pool of threads (`threads`, by default
+// max(8, 4 x cores)) whatever their number: each sink is a SinkRun
+// (sink/runner.h) stepped on the pool, and waits between steps on the
+// manager's timers, holding no thread. A step that blocks (a destination
+// call, a read retrying a failing backend) holds one thread until it
+// returns, so that many stuck destinations at once delay the other sinks
+// (never requests): each such call is bounded by its timeout and
+// cancelled when its sink is deleted or stopped. A sink that fails
 // (an unreachable broker, a full disk) reports "failed" with its error
 // and is retried every kRetryInterval until it runs or is deleted.
 // Deleting a sink stops it, drops its critical reader's hold and its
@@ -33,7 +39,7 @@
 // error; retried), "done" (the shard closed), "stopped".
 //
 // Memory: sinks draw from one pool (a Kafka producer's queue is reserved
-// from it); per sink a thread and its walker's O(1) state.
+// from it); per sink its walker's O(1) state and a timer entry.
 //
 // Thread-safety: all methods are safe for concurrent use.
 #pragma once
@@ -50,6 +56,7 @@
 #include "sink/sink_spec.h"
 #include "tidemark/client.h"
 #include "tidemark/memory_pool.h"
+#include "util/executor.h"
 
 namespace tidemark {
 
@@ -64,8 +71,9 @@ class SinkManager {
   // `allowed`: the S3 endpoints and Kafka brokers its sinks may reach; a
   // sink whose destination is not allowed fails (status "failed", the
   // reason in "error") without connecting, stored sinks too.
+  // `threads`: the most threads every sink's steps share.
   SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner,
-              DestinationAllowList allowed);
+              DestinationAllowList allowed, std::size_t threads = default_threads());
   ~SinkManager();  // stop_all()
 
   // Starts every stored sink this server owns (see above).
@@ -90,11 +98,15 @@ class SinkManager {
   // tidemark_sink_frontier and tidemark_sink_lag (shard upper - frontier).
   void render_metrics(std::string* out) const;
 
+  // max(8, 4 x cores).
+  static std::size_t default_threads();
+  std::size_t threads() const { return threads_.threads(); }
+
   struct Task;
 
  private:
-  // Starts the sink's thread; when it cannot, the sink is listed as failed
-  // (with the reason) and the error returned.
+  // Schedules the sink's first step; when it cannot, the sink is listed as
+  // failed (with the reason) and the error returned.
   [[nodiscard]] Status start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim);
 
   std::shared_ptr<Client> client_;
@@ -103,6 +115,8 @@ class SinkManager {
   const DestinationAllowList allowed_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
+  WorkPool threads_;  // before timers_: destroyed after them
+  Timers timers_;
 };
 
 }  // namespace tidemark

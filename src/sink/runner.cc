@@ -64,136 +64,189 @@ Result<Frontier> upper_of(Shard& shard, const SinkOptions& options) {
       options.retry, [&] { return shard.upper(); }, options.stop);
 }
 
-enum class Wait : std::uint8_t { kReady, kStopped, kDeadline };
-
-// How often a long wait asks options.stop.
+// How often a long wait asks options.stop (without options.sleep).
 constexpr std::chrono::milliseconds kStopCheck{50};
 
-// Waits until the shard's upper passes `time`: kStopped if the sink is
-// stopped or the shard closed first, kDeadline at `deadline` (if set).
-Result<Wait> wait_for_upper_past(
-    Shard& shard, Time time, const SinkOptions& options,
-    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt) {
-  // With an interval to commit by `deadline`, every poll_interval; with
-  // nothing pending, the wait doubles up to idle_poll_interval, so idle
-  // sinks cost little (each poll reads the shard's state).
-  auto wait = options.poll_interval;
-  const auto longest = deadline ? options.poll_interval
-                                : std::max(options.poll_interval, options.idle_poll_interval);
-  for (;;) {
-    TM_ASSIGN(Frontier upper, upper_of(shard, options));
-    if (upper.is_past(time)) return Wait::kReady;
-    if (upper.is_closed() || stopped(options)) return Wait::kStopped;
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return Wait::kDeadline;
-    if (options.sleep) {
-      options.sleep(wait);  // returns early once the sink is stopped
-    } else {
-      const auto until = std::chrono::steady_clock::now() + wait;
-      for (auto now = std::chrono::steady_clock::now(); now < until;
-           now = std::chrono::steady_clock::now()) {
-        if (stopped(options)) return Wait::kStopped;
-        std::this_thread::sleep_for(
-            std::min<std::chrono::steady_clock::duration>(until - now, kStopCheck));
-      }
-    }
-    wait = std::min(wait * 2, longest);
+void sleep_for(const SinkOptions& options, std::chrono::milliseconds duration) {
+  if (options.sleep) {
+    options.sleep(duration);  // returns early once the sink is stopped
+    return;
+  }
+  const auto until = std::chrono::steady_clock::now() + duration;
+  for (auto now = std::chrono::steady_clock::now(); now < until && !stopped(options);
+       now = std::chrono::steady_clock::now()) {
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(until - now, kStopCheck));
   }
 }
 
+using Next = std::optional<std::chrono::milliseconds>;
+constexpr std::chrono::milliseconds kAtOnce{0};
+
 }  // namespace
+
+SinkRun::SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options,
+                 std::unique_ptr<ReadHandle> reader)
+    : shard_(shard),
+      destination_(destination),
+      options_(std::move(options)),
+      reader_(std::move(reader)),
+      snapshot_done_(destination.progress().has_value()),
+      wait_(options_.poll_interval) {
+  progress_.frontier = destination.progress().value_or(Frontier::at(0));
+  written_ = progress_.frontier;
+}
+
+SinkRun::~SinkRun() = default;
+
+Result<std::unique_ptr<SinkRun>> SinkRun::open(Shard& shard, SinkDestination& destination,
+                                               SinkOptions options) {
+  if (options.sink_name.empty()) return invalid_usage("a sink needs a name");
+  TM_ASSIGN(auto reader, shard.open_critical_reader("sink-" + options.sink_name));
+  return std::unique_ptr<SinkRun>(
+      new SinkRun(shard, destination, std::move(options), std::move(reader)));
+}
+
+void SinkRun::report() {
+  progress_.primary_key_violations = destination_.primary_key_violations();
+  if (options_.on_progress) options_.on_progress(progress_);
+}
+
+// The wait before the next poll while nothing is pending: with an interval
+// to commit by `deadline`, every poll_interval (and never past it); with
+// nothing open, doubling up to idle_poll_interval, so idle sinks cost
+// little (each poll reads the shard's state).
+std::chrono::milliseconds SinkRun::backoff(
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
+  if (deadline) {
+    wait_ = options_.poll_interval;
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(*deadline - std::chrono::steady_clock::now());
+    return std::clamp(left, kAtOnce, options_.poll_interval);
+  }
+  const auto now = wait_;
+  wait_ = std::min(wait_ * 2, std::max(options_.poll_interval, options_.idle_poll_interval));
+  return now;
+}
+
+Result<Next> SinkRun::step() {
+  return snapshot_done_ ? follow_step() : snapshot_step();
+}
+
+// The snapshot, once: at as_of, committed as [0, as_of + 1).
+Result<Next> SinkRun::snapshot_step() {
+  Time as_of = options_.as_of.value_or(0);
+  TM_ASSIGN(Frontier upper, upper_of(shard_, options_));
+  if (!upper.is_past(as_of)) {
+    if (upper.is_closed()) return Next{};
+    return Next{backoff(std::nullopt)};
+  }
+  if (!options_.as_of && !upper.is_closed()) as_of = upper.time() - 1;
+  TM_ASSIGN(DiffPairWalker walker,
+            DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
+              TM_ASSIGN(SnapshotCursor cursor, shard_.snapshot(as_of));
+              return std::make_unique<SnapshotSource>(std::move(cursor));
+            }));
+  progress_.target = Frontier::at(as_of + 1);
+  progress_.snapshot = true;
+  TM_TRY(destination_.begin(Frontier::at(0)));
+  TM_TRY(emit_all(walker, destination_, progress_, options_));
+  TM_TRY(destination_.commit(Frontier::at(as_of + 1)));
+  ++progress_.commits;
+  progress_.frontier = Frontier::at(as_of + 1);
+  progress_.snapshot = false;
+  written_ = progress_.frontier;
+  snapshot_done_ = true;
+  wait_ = options_.poll_interval;
+  TM_TRY(with_retries(
+      options_.retry, [&] { return reader_->downgrade_since(Frontier::at(as_of)); },
+      options_.stop));
+  report();
+  return Next{kAtOnce};
+}
+
+Status SinkRun::commit() {
+  TM_TRY(destination_.commit(written_));
+  interval_open_ = false;
+  ++progress_.commits;
+  progress_.frontier = written_;
+  TM_TRY(with_retries(
+      options_.retry, [&] { return reader_->downgrade_since(Frontier::at(written_.time() - 1)); },
+      options_.stop));
+  report();
+  return {};
+}
+
+Status SinkRun::finish() {
+  if (interval_open_ && progress_.frontier < written_) TM_TRY(commit());
+  return {};
+}
+
+// The changes, one interval [frontier, upper) at a time, committed by size
+// or age.
+Result<Next> SinkRun::follow_step() {
+  if (options_.until && !(written_ < Frontier::at(*options_.until))) {
+    TM_TRY(finish());
+    return Next{};
+  }
+  const Time from = written_.time();
+  TM_ASSIGN(Frontier upper, upper_of(shard_, options_));
+  if (!upper.is_past(from)) {
+    if (upper.is_closed()) {
+      TM_TRY(finish());
+      return Next{};
+    }
+    if (!interval_open_) return Next{backoff(std::nullopt)};
+    // An open interval is committed once it is commit_interval old, even
+    // if the shard's upper does not move again.
+    const auto commit_by = opened_at_ + options_.commit_interval;
+    if (std::chrono::steady_clock::now() >= commit_by) {
+      TM_TRY(commit());
+      return Next{kAtOnce};
+    }
+    return Next{backoff(commit_by)};
+  }
+  wait_ = options_.poll_interval;
+  Time target = upper.is_closed() ? UINT64_MAX : upper.time();
+  if (options_.until) target = std::min(target, *options_.until);
+  if (target <= from) {
+    TM_TRY(finish());
+    return Next{};
+  }
+  // listen(from - 1, target): the updates at times in [from, target).
+  if (from == 0) return invalid_usage("a sink cannot follow from time 0 without a snapshot");
+  TM_ASSIGN(DiffPairWalker walker,
+            DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
+              TM_ASSIGN(auto listener, shard_.listen(from - 1, target));
+              return std::make_unique<ListenSource>(std::move(listener));
+            }));
+  if (!interval_open_) {
+    TM_TRY(destination_.begin(written_));
+    interval_open_ = true;
+    opened_at_ = std::chrono::steady_clock::now();
+  }
+  progress_.target = Frontier::at(target);
+  TM_TRY(emit_all(walker, destination_, progress_, options_));
+  written_ = Frontier::at(target);
+  const bool big = destination_.open_bytes() >= options_.roll_bytes;
+  const bool old = std::chrono::steady_clock::now() - opened_at_ >= options_.commit_interval;
+  if (big || old || (options_.until && target >= *options_.until)) TM_TRY(commit());
+  return Next{kAtOnce};
+}
 
 Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
                               const SinkOptions& options) {
-  if (options.sink_name.empty()) return invalid_usage("a sink needs a name");
-  TM_ASSIGN(auto reader, shard.open_critical_reader("sink-" + options.sink_name));
-  SinkProgress progress;
-  progress.frontier = destination.progress().value_or(Frontier::at(0));
-  auto report = [&] {
-    progress.primary_key_violations = destination.primary_key_violations();
-    if (options.on_progress) options.on_progress(progress);
-  };
-  auto done = [&] { return options.until && !(progress.frontier < Frontier::at(*options.until)); };
-
-  if (!destination.progress()) {
-    // The snapshot, once: at as_of, committed as [0, as_of + 1).
-    Time as_of = options.as_of.value_or(0);
-    TM_ASSIGN(Wait ready, wait_for_upper_past(shard, as_of, options));
-    if (ready != Wait::kReady) return progress;
-    if (!options.as_of) {
-      TM_ASSIGN(Frontier upper, upper_of(shard, options));
-      if (!upper.is_closed()) as_of = upper.time() - 1;
+  TM_ASSIGN(auto run, SinkRun::open(shard, destination, options));
+  for (;;) {
+    if (stopped(options)) {
+      TM_TRY(run->finish());
+      break;
     }
-    TM_ASSIGN(DiffPairWalker walker,
-              DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
-                TM_ASSIGN(SnapshotCursor cursor, shard.snapshot(as_of));
-                return std::make_unique<SnapshotSource>(std::move(cursor));
-              }));
-    progress.target = Frontier::at(as_of + 1);
-    progress.snapshot = true;
-    TM_TRY(destination.begin(Frontier::at(0)));
-    TM_TRY(emit_all(walker, destination, progress, options));
-    TM_TRY(destination.commit(Frontier::at(as_of + 1)));
-    ++progress.commits;
-    progress.frontier = Frontier::at(as_of + 1);
-    progress.snapshot = false;
-    TM_TRY(with_retries(
-        options.retry, [&] { return reader->downgrade_since(Frontier::at(as_of)); }, options.stop));
-    report();
+    TM_ASSIGN(Next next, run->step());
+    if (!next) break;
+    if (next->count() > 0) sleep_for(options, *next);
   }
-
-  // Then the changes, one interval [frontier, upper) at a time, committed
-  // by size or age.
-  bool interval_open = false;
-  auto opened_at = std::chrono::steady_clock::now();
-  Frontier written = progress.frontier;  // pairs below it are in the open interval
-  auto commit = [&]() -> Status {
-    TM_TRY(destination.commit(written));
-    interval_open = false;
-    ++progress.commits;
-    progress.frontier = written;
-    TM_TRY(with_retries(
-        options.retry, [&] { return reader->downgrade_since(Frontier::at(written.time() - 1)); },
-        options.stop));
-    report();
-    return {};
-  };
-  while (!done() && !stopped(options)) {
-    const Time from = written.time();
-    // An open interval is committed once it is commit_interval old, even
-    // if the shard's upper does not move again.
-    std::optional<std::chrono::steady_clock::time_point> commit_by;
-    if (interval_open) commit_by = opened_at + options.commit_interval;
-    TM_ASSIGN(Wait ready, wait_for_upper_past(shard, from, options, commit_by));
-    if (ready == Wait::kStopped) break;
-    if (ready == Wait::kDeadline) {
-      TM_TRY(commit());
-      continue;
-    }
-    TM_ASSIGN(Frontier upper, upper_of(shard, options));
-    Time target = upper.is_closed() ? UINT64_MAX : upper.time();
-    if (options.until) target = std::min(target, *options.until);
-    if (target <= from) break;
-    // listen(from - 1, target): the updates at times in [from, target).
-    if (from == 0) return invalid_usage("a sink cannot follow from time 0 without a snapshot");
-    TM_ASSIGN(DiffPairWalker walker,
-              DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
-                TM_ASSIGN(auto listener, shard.listen(from - 1, target));
-                return std::make_unique<ListenSource>(std::move(listener));
-              }));
-    if (!interval_open) {
-      TM_TRY(destination.begin(written));
-      interval_open = true;
-      opened_at = std::chrono::steady_clock::now();
-    }
-    progress.target = Frontier::at(target);
-    TM_TRY(emit_all(walker, destination, progress, options));
-    written = Frontier::at(target);
-    const bool big = destination.open_bytes() >= options.roll_bytes;
-    const bool old = std::chrono::steady_clock::now() - opened_at >= options.commit_interval;
-    if (big || old || (options.until && target >= *options.until)) TM_TRY(commit());
-  }
-  if (interval_open && progress.frontier < written) TM_TRY(commit());
-  return progress;
+  return run->progress();
 }
 
 }  // namespace tidemark

@@ -20,12 +20,21 @@
 // (O(open parts x block)) plus the destination's own bound (a file's write
 // buffer, a Kafka producer's queue).
 //
-// Thread-safety: runs on the caller's thread until `until` is reached,
-// `stop` returns true, or an error.
+// SinkRun is the same sink taken one step at a time, so that many sinks
+// can share a few threads: step() does the work that is ready (polls the
+// upper once, then emits and commits an interval or the snapshot) and says
+// how long to wait before the next step, and finish() commits what a
+// stopped run has written. run_sink drives one on the caller's thread;
+// the server drives its sinks on a shared pool (server/sinks.h).
+//
+// Thread-safety: run_sink runs on the caller's thread until `until` is
+// reached, `stop` returns true, or an error. A SinkRun is used by one
+// thread at a time.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -66,6 +75,50 @@ struct SinkOptions {
   std::function<void(std::chrono::milliseconds)> sleep;
   RetryPolicy retry{std::chrono::milliseconds(10), std::chrono::milliseconds(1000), 0,
                     std::chrono::milliseconds(30'000)};
+};
+
+class ReadHandle;
+
+class SinkRun {
+ public:
+  // Opens the sink's critical reader. `shard` and `destination` must
+  // outlive the run.
+  [[nodiscard]] static Result<std::unique_ptr<SinkRun>> open(Shard& shard,
+                                                             SinkDestination& destination,
+                                                             SinkOptions options);
+  ~SinkRun();
+  SinkRun(const SinkRun&) = delete;
+  SinkRun& operator=(const SinkRun&) = delete;
+
+  // Does the work that is ready. Returns how long to wait before the next
+  // step (zero: at once; the waits grow while nothing is pending, up to
+  // idle_poll_interval, and never pass an open interval's commit time), or
+  // nullopt once the run is over (`until` reached, or the shard closed:
+  // everything written is committed).
+  [[nodiscard]] Result<std::optional<std::chrono::milliseconds>> step();
+  // Commits the open interval, if any (a stopped sink keeps what it wrote).
+  [[nodiscard]] Status finish();
+  const SinkProgress& progress() const { return progress_; }
+
+ private:
+  SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options,
+          std::unique_ptr<ReadHandle> reader);
+  Result<std::optional<std::chrono::milliseconds>> snapshot_step();
+  Result<std::optional<std::chrono::milliseconds>> follow_step();
+  Status commit();
+  void report();
+  std::chrono::milliseconds backoff(std::optional<std::chrono::steady_clock::time_point> deadline);
+
+  Shard& shard_;
+  SinkDestination& destination_;
+  const SinkOptions options_;
+  std::unique_ptr<ReadHandle> reader_;
+  SinkProgress progress_;
+  bool snapshot_done_;
+  bool interval_open_ = false;
+  std::chrono::steady_clock::time_point opened_at_;
+  Frontier written_;                   // pairs below it are in the open interval
+  std::chrono::milliseconds wait_{0};  // the next wait while nothing is pending
 };
 
 [[nodiscard]] Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,

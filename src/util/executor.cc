@@ -108,17 +108,38 @@ Status Timers::start_thread_locked() {
 }
 
 Result<Timers::Id> Timers::every(std::chrono::milliseconds interval, std::function<bool()> task) {
+  interval = std::max(interval, std::chrono::milliseconds(1));
+  return schedule(interval, [interval, fn = std::move(task)]() {
+    return fn() ? std::optional(interval) : std::nullopt;
+  });
+}
+
+Result<Timers::Id> Timers::schedule(std::chrono::milliseconds first, Step task) {
   std::lock_guard lock(mu_);
   if (stopping_) return make_error(ErrorKind::kClosed, "the timers are stopping");
   TM_TRY(start_thread_locked());
   const Id id = next_id_++;
   auto entry = std::make_shared<Task>();
-  entry->interval = std::max(interval, std::chrono::milliseconds(1));
   entry->fn = std::move(task);
+  entry->due = std::chrono::steady_clock::now() + std::max(first, std::chrono::milliseconds(0));
   tasks_.emplace(id, entry);
-  due_.emplace(std::chrono::steady_clock::now() + entry->interval, id);
+  due_.emplace(entry->due, id);
   changed_.notify_all();
   return id;
+}
+
+void Timers::wake(Id id) {
+  std::lock_guard lock(mu_);
+  auto it = tasks_.find(id);
+  if (it == tasks_.end() || it->second->cancelled) return;
+  Task& task = *it->second;
+  if (task.running) {
+    task.woken = true;
+    return;
+  }
+  task.due = std::chrono::steady_clock::now();
+  due_.emplace(task.due, id);
+  changed_.notify_all();
 }
 
 void Timers::cancel(Id id) {
@@ -159,9 +180,11 @@ void Timers::run() {
     if (it == tasks_.end()) continue;
     std::shared_ptr<Task> task = it->second;
     if (task->cancelled) {
-      tasks_.erase(it);
+      if (!task->running) tasks_.erase(it);
       continue;
     }
+    // An entry left by a wake(), or for a run that has since started.
+    if (task->running || task->due != when) continue;
     task->running = true;
     lock.unlock();
     if (!pool_->submit([this, id, task] { run_task(id, task); })) {
@@ -180,17 +203,21 @@ void Timers::run_task(Id id, const std::shared_ptr<Task>& task) {
   }
   current_timers = this;
   current_task = id;
-  const bool again = !cancelled && task->fn();
+  std::optional<std::chrono::milliseconds> next;
+  if (!cancelled) next = task->fn();
   current_timers = nullptr;
   current_task = 0;
   std::lock_guard lock(mu_);
   task->running = false;
   task->started = false;
-  if (!again || task->cancelled || stopping_) {
+  if (!next || task->cancelled || stopping_) {
     auto it = tasks_.find(id);
     if (it != tasks_.end() && it->second == task) tasks_.erase(it);
   } else {
-    due_.emplace(std::chrono::steady_clock::now() + task->interval, id);
+    if (task->woken) next = std::chrono::milliseconds(0);
+    task->woken = false;
+    task->due = std::chrono::steady_clock::now() + std::max(*next, std::chrono::milliseconds(0));
+    due_.emplace(task->due, id);
   }
   changed_.notify_all();
 }

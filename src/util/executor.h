@@ -12,8 +12,9 @@
 //
 // Timers runs periodic tasks: one timer thread keeps the deadlines (a
 // heap) and hands each due task to its WorkPool; a task runs again
-// `interval` after its previous run ended, so a task never runs twice at
-// once. Memory: O(tasks).
+// `interval` (or the delay its run returned) after its previous run ended,
+// so a task never runs twice at once. Memory: O(tasks) (the heap holds at
+// most one entry per wait or wake of a task).
 //
 // Both shared instances (compaction(), Timers::shared()) are created on
 // first use and live until the process exits (never destroyed, so no
@@ -36,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <string>
 #include <thread>
@@ -91,6 +93,16 @@ class Timers {
   // be started.
   [[nodiscard]] Result<Id> every(std::chrono::milliseconds interval, std::function<bool()> task);
 
+  // Runs `task` after `first`, then again after whatever delay each run
+  // returns (zero: queued at once), until a run returns nullopt or the
+  // task is cancelled. An error when the timer thread cannot be started.
+  using Step = std::function<std::optional<std::chrono::milliseconds>()>;
+  [[nodiscard]] Result<Id> schedule(std::chrono::milliseconds first, Step task);
+
+  // Makes task `id` due now: a task waiting runs at once, one running runs
+  // again as soon as it returns (unless it ends). A no-op if it has ended.
+  void wake(Id id);
+
   // Cancels task `id` (a no-op if it has ended) and, unless called from
   // the task itself, waits for a run of its function in progress to end:
   // once it returns the function is never called again.
@@ -106,11 +118,12 @@ class Timers {
 
  private:
   struct Task {
-    std::chrono::milliseconds interval;
-    std::function<bool()> fn;
-    bool running = false;  // queued on the pool or running
-    bool started = false;  // its function is running
+    Step fn;
+    std::chrono::steady_clock::time_point due;  // of its next run, when waiting
+    bool running = false;                       // queued on the pool or running
+    bool started = false;                       // its function is running
     bool cancelled = false;
+    bool woken = false;  // wake() while running: run again at once
   };
   using Due = std::pair<std::chrono::steady_clock::time_point, Id>;
 

@@ -4,8 +4,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "util/periodic.h"
 
@@ -100,6 +102,58 @@ TEST(TimersTest, CancelWaitsForARunInProgressAndATaskMayCancelItself) {
   for (int i = 0; i < 200 && runs == 0; ++i) std::this_thread::sleep_for(5ms);
   std::this_thread::sleep_for(30ms);
   EXPECT_EQ(runs.load(), 1);
+  EXPECT_EQ(settled_tasks(timers), 0u);
+}
+
+// schedule(): each run names the delay before the next; wake() runs a
+// waiting task at once, and one running again as soon as it returns.
+TEST(TimersTest, ScheduledTasksChooseTheirNextDelayAndWakeRunsThemAtOnce) {
+  WorkPool pool("test timers", 2);
+  Timers timers(&pool);
+  std::atomic<int> runs{0};
+  const auto began = std::chrono::steady_clock::now();
+  std::vector<std::chrono::steady_clock::duration> at(4);
+  // Runs at 0, then 30 ms later, then waits an hour unless woken.
+  auto task = timers.schedule(0ms, [&]() -> std::optional<std::chrono::milliseconds> {
+    const int run = runs++;
+    at[run] = std::chrono::steady_clock::now() - began;
+    if (run == 0) return 30ms;
+    if (run < 3) return std::chrono::milliseconds(std::chrono::hours(1));
+    return std::nullopt;
+  });
+  ASSERT_TRUE(task);
+  for (int i = 0; i < 400 && runs < 2; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(runs.load(), 2);
+  EXPECT_GE(at[1] - at[0], 30ms);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(runs.load(), 2);  // waiting its hour
+  const auto woken = std::chrono::steady_clock::now();
+  timers.wake(*task);
+  for (int i = 0; i < 2000 && runs < 3; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(runs.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - woken, 1s);
+  timers.wake(*task);  // the fourth run ends it
+  for (int i = 0; i < 2000 && runs < 4; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(runs.load(), 4);
+  EXPECT_EQ(settled_tasks(timers), 0u);
+  timers.wake(*task);  // ended: a no-op
+
+  // A wake while the task runs makes it run again as soon as it returns.
+  std::atomic<bool> inside{false};
+  std::atomic<bool> release{false};
+  std::atomic<int> slow_runs{0};
+  auto slow = timers.schedule(0ms, [&]() -> std::optional<std::chrono::milliseconds> {
+    if (++slow_runs > 1) return std::nullopt;
+    inside = true;
+    while (!release) std::this_thread::sleep_for(1ms);
+    return std::chrono::milliseconds(std::chrono::hours(1));
+  });
+  ASSERT_TRUE(slow);
+  while (!inside) std::this_thread::sleep_for(1ms);
+  timers.wake(*slow);
+  release = true;
+  for (int i = 0; i < 2000 && slow_runs < 2; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(slow_runs.load(), 2);
   EXPECT_EQ(settled_tasks(timers), 0u);
 }
 
