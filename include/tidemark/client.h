@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,7 @@ class Listener;
 class ReadHandle;
 struct ReaderOptions;
 struct ShardContext;
+class ChangeWatch;
 
 struct ClientOptions {
   // The batch builder cuts a part once its buffered updates reach this many
@@ -43,6 +45,10 @@ struct ClientOptions {
   std::uint64_t listen_buffer_bytes = 8ull << 20;
   // How often a listener polls consensus for a new upper.
   std::chrono::milliseconds listen_poll_interval{50};
+  // How soon Shard::subscribe's subscribers learn of a change another
+  // process commits: one read of every subscribed shard's head per
+  // interval (a change this process makes or reads wakes them at once).
+  std::chrono::milliseconds change_poll_interval{1000};
   // Writers hold a lease they heartbeat every lease / 3. A writer whose
   // process died loses it, and garbage collection then deletes the parts it
   // wrote that the shard never took.
@@ -123,6 +129,24 @@ struct ProducerLookup {
   std::size_t max_producers = 0;         // the most it keeps (ClientOptions; 0: no limit)
 };
 
+// A subscription to a shard's changes (Shard::subscribe); it ends when
+// destroyed or reset.
+class Subscription {
+ public:
+  Subscription() = default;
+  Subscription(Subscription&& other) noexcept;
+  Subscription& operator=(Subscription&& other) noexcept;
+  ~Subscription();
+  // Ends it: once this returns the function is not called again, except
+  // by a call already in progress on another thread.
+  void reset();
+
+ private:
+  friend class Shard;
+  std::shared_ptr<ChangeWatch> watch_;
+  std::uint64_t id_ = 0;
+};
+
 class Shard {
  public:
   explicit Shard(std::shared_ptr<ShardContext> context);
@@ -140,6 +164,17 @@ class Shard {
   // `fresh`, else from the last state this process saw.
   [[nodiscard]] Result<ProducerLookup> lookup_producer(std::string_view producer,
                                                        bool fresh = true);
+
+  // Calls `wake` after each change of this shard: at once when this
+  // process commits or reads a new upper (an append, a read of the upper),
+  // and within ClientOptions::change_poll_interval of a commit by another
+  // process (that one may be any change: read the upper to see). Subscribe,
+  // then read: every change after that read wakes. `wake` runs on the
+  // thread that learned of the change; it must be quick, must not block
+  // and must not call into the shard. Shared by every Shard of the Client:
+  // subscribers cost nothing while nothing changes but one batched head
+  // read per interval.
+  [[nodiscard]] Result<Subscription> subscribe(std::function<void()> wake);
 
   // Registers a new writer with the shard, leased (ClientOptions::writer_lease)
   // and heartbeating until the handle is destroyed.
@@ -202,6 +237,7 @@ class Client {
  private:
   Location location_;
   ClientOptions options_;
+  std::shared_ptr<ChangeWatch> changes_;
 };
 
 }  // namespace tidemark

@@ -99,6 +99,11 @@ class Consensus {
   [[nodiscard]] virtual Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                                                 std::size_t limit) = 0;
 
+  // The latest seqno under each key (nullopt: none), in the keys' order.
+  // The default asks head() for each; a backend may read them all at once.
+  [[nodiscard]] virtual Result<std::vector<std::optional<SeqNo>>> head_seqnos(
+      const std::vector<std::string>& keys);
+
   // Deletes versions with seqno < `seqno` and returns how many it deleted.
   // REQUIRES: seqno <= the head's seqno; else InvalidUsage.
   [[nodiscard]] virtual Result<std::size_t> truncate(std::string_view key, SeqNo seqno) = 0;

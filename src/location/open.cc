@@ -63,6 +63,17 @@ Result<std::shared_ptr<Blob>> open_blob(std::string_view url) {
                        "s3://bucket/prefix?endpoint=http://host:port&region=R or mem://)");
 }
 
+Result<std::vector<std::optional<SeqNo>>> Consensus::head_seqnos(
+    const std::vector<std::string>& keys) {
+  std::vector<std::optional<SeqNo>> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) {
+    TM_ASSIGN(auto version, head(key));
+    out.push_back(version ? std::optional(version->seqno) : std::nullopt);
+  }
+  return out;
+}
+
 Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
   if (url == kMemUrl) return std::make_shared<MemConsensus>();
   if (url.starts_with(kSqliteScheme)) {

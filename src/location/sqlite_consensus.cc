@@ -190,6 +190,7 @@ Status SqliteConsensus::prepare_statements() {
   };
   const Wanted wanted[] = {
       {&begin_, "BEGIN IMMEDIATE"},
+      {&begin_read_, "BEGIN DEFERRED"},
       {&commit_, "COMMIT"},
       {&rollback_, "ROLLBACK"},
       {&select_head_,
@@ -221,6 +222,32 @@ Result<std::optional<VersionedData>> SqliteConsensus::head(std::string_view key)
   if (code == SQLITE_DONE) return std::nullopt;
   if (code != SQLITE_ROW) return determinate(describe("head", code));
   return read_version(statement);
+}
+
+Result<std::vector<std::optional<SeqNo>>> SqliteConsensus::head_seqnos(
+    const std::vector<std::string>& keys) {
+  std::lock_guard lock(mutex_);
+  {
+    StatementUse use(begin_read_.get());
+    int code = sqlite3_step(begin_read_.get());
+    if (code != SQLITE_DONE) return determinate(describe("head_seqnos: begin", code));
+  }
+  std::vector<std::optional<SeqNo>> out;
+  out.reserve(keys.size());
+  for (const std::string& key : keys) {
+    auto seqno = head_seqno(key);
+    if (!seqno) {
+      StatementUse use(rollback_.get());
+      (void)sqlite3_step(rollback_.get());
+      return std::unexpected(seqno.error());
+    }
+    out.push_back(*seqno);
+  }
+  StatementUse use(commit_.get());
+  if (int code = sqlite3_step(commit_.get()); code != SQLITE_DONE) {
+    return determinate(describe("head_seqnos: commit", code));
+  }
+  return out;
 }
 
 Result<std::optional<SeqNo>> SqliteConsensus::head_seqno(std::string_view key) {

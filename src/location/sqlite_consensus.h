@@ -45,6 +45,9 @@ class SqliteConsensus : public Consensus {
   [[nodiscard]] static Result<std::unique_ptr<SqliteConsensus>> open(std::string path);
 
   [[nodiscard]] Result<std::optional<VersionedData>> head(std::string_view key) override;
+  // Every key's in one read transaction.
+  [[nodiscard]] Result<std::vector<std::optional<SeqNo>>> head_seqnos(
+      const std::vector<std::string>& keys) override;
   [[nodiscard]] Result<CasOutcome> compare_and_set(std::string_view key,
                                                    std::optional<SeqNo> expected,
                                                    VersionedData next) override;
@@ -85,6 +88,7 @@ class SqliteConsensus : public Consensus {
   // Declared before the statements so it is closed after they are finalized.
   Connection connection_;  // guarded by mutex_, as are the statements
   Statement begin_;
+  Statement begin_read_;
   Statement commit_;
   Statement rollback_;
   Statement select_head_;

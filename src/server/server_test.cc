@@ -812,7 +812,8 @@ int threads_now() {
 
 // Issue 18: every sink kept a thread of its own. Sinks are stepped on a
 // shared pool now: 150 sinks add at most the pool's threads, each still
-// writes every change once, and they all follow the next append.
+// writes every change once, and they all follow the next append at once
+// (woken by their shard's change subscription, not by polling).
 TEST_F(ServerTest, ManySinksShareABoundedSetOfThreads) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
@@ -854,11 +855,18 @@ TEST_F(ServerTest, ManySinksShareABoundedSetOfThreads) {
   };
   ASSERT_NO_FATAL_FAILURE(all_reach(2));
   const int running = threads_now();
+  // Idle sinks poll only as a 30 s fallback: the append wakes them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto appended = Clock::now();
   ASSERT_NO_FATAL_FAILURE(append_at(2));
   ASSERT_NO_FATAL_FAILURE(all_reach(3));
+  const double followed = std::chrono::duration<double>(Clock::now() - appended).count();
   const int after = threads_now();
-  std::fprintf(stderr, "threads: %d before, %d with %d sinks running, %d after an append\n", before,
-               running, kSinks, after);
+  std::fprintf(stderr,
+               "threads: %d before, %d with %d sinks running, %d after an append; every sink "
+               "committed the append within %.2f s\n",
+               before, running, kSinks, after, followed);
+  EXPECT_LT(followed, 10.0);
   // The sinks' pool and timer thread, and the shared heartbeats' pool.
   const int bound = static_cast<int>(SinkManager::default_threads()) + 12;
   EXPECT_LE(running, before + bound);

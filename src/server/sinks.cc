@@ -16,6 +16,10 @@ namespace {
 
 constexpr std::string_view kSpecPrefix = "server/sinks/";
 
+// How often an idle sink reads its shard's upper itself: a fallback, as
+// its subscription wakes it on every change.
+constexpr std::chrono::milliseconds kIdlePollFallback{30'000};
+
 std::string spec_key(const std::string& name) {
   return std::string(kSpecPrefix) + name;
 }
@@ -39,9 +43,23 @@ struct SinkManager::Task {
   // stops; used by its steps only once started.
   std::shared_ptr<SinkClaim> claim;
   DestinationAllowList allowed;
-  // Used by its steps only (one at a time): the run in progress, if any.
+  // Used by its steps only (one at a time): the run in progress, if any,
+  // and its subscription to the shard's changes, which wakes the sink.
   std::unique_ptr<SinkDestination> destination;
   std::unique_ptr<SinkRun> run;
+  Subscription changes;
+  // What a change wakes: the timers' task (null once the run is dropped,
+  // so that no wake reaches timers that may be gone).
+  struct Waker {
+    std::mutex mutex;
+    Timers* timers = nullptr;
+    Timers::Id id = 0;
+    void wake() {
+      std::lock_guard lock(mutex);
+      if (timers) timers->wake(id);
+    }
+  };
+  const std::shared_ptr<Waker> waker = std::make_shared<Waker>();
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
     std::lock_guard lock(mutex);
@@ -101,11 +119,11 @@ struct SinkManager::Task {
   // and starts a new one after kRetryInterval.
   std::optional<std::chrono::milliseconds> step(const std::shared_ptr<Client>& client,
                                                 const std::shared_ptr<MemoryPool>& pool,
-                                                const SinkRunner& runner) {
+                                                const SinkRunner& runner, Timers& timers) {
     if (stop) return end();
     if (!run) {
       set("starting");
-      if (auto started = start_run(client, pool, runner); !started) {
+      if (auto started = start_run(client, pool, runner, timers); !started) {
         return failed(started.error());
       }
       set("running");
@@ -140,17 +158,32 @@ struct SinkManager::Task {
   }
 
   void drop_run() {
+    {
+      std::lock_guard lock(waker->mutex);
+      waker->timers = nullptr;
+    }
+    changes.reset();
     run.reset();
     destination.reset();
   }
 
   Status start_run(const std::shared_ptr<Client>& client, const std::shared_ptr<MemoryPool>& pool,
-                   const SinkRunner& runner) {
+                   const SinkRunner& runner, Timers& timers) {
     TM_ASSIGN(auto opened, client->open_shard(spec.shard));
     {
       std::lock_guard lock(mutex);
       shard = opened;
     }
+    // Before the run's first read of the upper: every change after it wakes
+    // this sink's task at once (or within the Client's change poll when
+    // another process made it), so its own polls are only a fallback.
+    {
+      std::lock_guard lock(mutex);
+      std::lock_guard wake_lock(waker->mutex);
+      waker->timers = &timers;
+      waker->id = timer.value_or(0);
+    }
+    TM_ASSIGN(changes, opened->subscribe([waker = waker] { waker->wake(); }));
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
     // Checked on every run, so a stored sink whose destination the server
     // no longer allows fails (and says why) instead of reaching it.
@@ -176,6 +209,7 @@ struct SinkManager::Task {
     }
     SinkOptions options;
     options.sink_name = spec.name;
+    options.idle_poll_interval = kIdlePollFallback;
     options.stop = [this] { return stop.load(); };
     options.on_progress = [this](const SinkProgress& p) {
       std::lock_guard lock(mutex);
@@ -210,12 +244,13 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
   task->allowed = allowed_;
   // The lock orders the timer's id before its first step can end it.
   std::unique_lock task_lock(task->mutex);
-  auto timer = timers_.schedule(std::chrono::milliseconds(0),
-                                [task, client = client_, pool = pool_, runner = runner_] {
-                                  auto next = task->step(client, pool, runner);
-                                  if (!next) task->mark_finished();
-                                  return next;
-                                });
+  auto timer =
+      timers_.schedule(std::chrono::milliseconds(0),
+                       [task, client = client_, pool = pool_, runner = runner_, timers = &timers_] {
+                         auto next = task->step(client, pool, runner, *timers);
+                         if (!next) task->mark_finished();
+                         return next;
+                       });
   if (timer) {
     task->timer = *timer;
   } else {

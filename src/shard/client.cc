@@ -1,8 +1,10 @@
 #include "tidemark/client.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "location/retrying_blob.h"
+#include "shard/change_watch.h"
 #include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/state.h"
@@ -39,7 +41,9 @@ Result<std::shared_ptr<Client>> Client::open(std::string_view blob_url,
 }
 
 Client::Client(Location location, ClientOptions options)
-    : location_(std::move(location)), options_(options) {}
+    : location_(std::move(location)),
+      options_(options),
+      changes_(std::make_shared<ChangeWatch>(location_.consensus, options_.change_poll_interval)) {}
 
 Status Client::create_shard(std::string_view name) {
   TM_TRY(validate_shard_name(name));
@@ -98,6 +102,8 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->options = options_;
   context->machine =
       std::make_shared<ShardMachine>(context->name, location_.consensus, location_.blob);
+  context->changes = changes_;
+  context->machine->report_to(changes_);
   context->read_blob =
       std::make_shared<RetryingBlob>(location_.blob, options_.read_retry, context->stop_reads());
   if (options_.background_compaction) {
@@ -130,6 +136,36 @@ Result<ShardInfo> Shard::inspect() {
     }
   }
   return info;
+}
+
+Subscription::Subscription(Subscription&& other) noexcept
+    : watch_(std::move(other.watch_)), id_(std::exchange(other.id_, 0)) {}
+
+Subscription& Subscription::operator=(Subscription&& other) noexcept {
+  if (this != &other) {
+    reset();
+    watch_ = std::move(other.watch_);
+    id_ = std::exchange(other.id_, 0);
+  }
+  return *this;
+}
+
+Subscription::~Subscription() {
+  reset();
+}
+
+void Subscription::reset() {
+  if (watch_) watch_->unsubscribe(id_);
+  watch_.reset();
+  id_ = 0;
+}
+
+Result<Subscription> Shard::subscribe(std::function<void()> wake) {
+  if (!context_->changes) return invalid_usage("this shard has no change watch");
+  Subscription out;
+  TM_ASSIGN(out.id_, context_->changes->subscribe(context_->machine->key(), std::move(wake)));
+  out.watch_ = context_->changes;
+  return out;
 }
 
 Result<Frontier> Shard::upper() {

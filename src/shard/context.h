@@ -22,6 +22,7 @@
 namespace tidemark {
 
 class BackgroundCompactor;
+class ChangeWatch;
 
 struct ShardContext {
   ShardContext();
@@ -31,6 +32,8 @@ struct ShardContext {
   Location location;
   ClientOptions options;
   std::shared_ptr<ShardMachine> machine;
+  // The Client's watch, which the machine tells of every state it learns.
+  std::shared_ptr<ChangeWatch> changes;
   // location.blob with its reads retried (retrying_blob.h).
   std::shared_ptr<Blob> read_blob;
   // Set when the shard closes: retries on the read path stop.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "shard/change_watch.h"
 #include "tidemark/retry.h"
 #include "util/ids.h"
 
@@ -11,12 +12,12 @@ namespace {
 // How an indeterminate consensus write is retried (nine attempts in all,
 // about a quarter of a second) before the caller is told the outcome is
 // unknown.
-constexpr RetryPolicy kIndeterminateRetry{std::chrono::milliseconds(2),
-                                          std::chrono::milliseconds(64), 9, {}};
+constexpr RetryPolicy kIndeterminateRetry{
+    std::chrono::milliseconds(2), std::chrono::milliseconds(64), 9, {}};
 // How a rollup's upload is retried: its key is this attempt's own, so
 // writing it again is harmless.
-constexpr RetryPolicy kRollupUploadRetry{std::chrono::milliseconds(10),
-                                         std::chrono::milliseconds(100), 5, {}};
+constexpr RetryPolicy kRollupUploadRetry{
+    std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
 
 }  // namespace
 
@@ -30,7 +31,8 @@ ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consens
 Result<ShardState> ShardMachine::load_rollup(const RollupRef& rollup) {
   TM_ASSIGN(auto bytes, blob_->get(rollup_key(shard_, rollup.seqno, rollup.id)));
   if (bytes) {
-    TM_ASSIGN(ShardState state, decode_state(shard_, VersionedData{rollup.seqno, std::move(*bytes)}));
+    TM_ASSIGN(ShardState state,
+              decode_state(shard_, VersionedData{rollup.seqno, std::move(*bytes)}));
     state.rollup_id = rollup.id;
     return state;
   }
@@ -44,8 +46,12 @@ Result<ShardState> ShardMachine::load_rollup(const RollupRef& rollup) {
 }
 
 void ShardMachine::remember(const StatePtr& state) {
-  std::lock_guard lock(mu_);
-  if (!cache_ || cache_->seqno < state->seqno) cache_ = state;
+  {
+    std::lock_guard lock(mu_);
+    if (cache_ && cache_->seqno >= state->seqno) return;
+    cache_ = state;
+  }
+  if (watch_) watch_->observe(key_, state->seqno, state->upper);
 }
 
 Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
@@ -146,8 +152,8 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       // takes the writer's memory of its own write (its last token) with
       // it: after an indeterminate attempt, that verdict is a "maybe".
       if (fresh && uncertain && result.error().is(ErrorKind::kLeaseExpired)) {
-        return infrastructure_error(Error{ErrorKind::kIndeterminate, result.error().message,
-                                          std::nullopt, std::nullopt});
+        return infrastructure_error(
+            Error{ErrorKind::kIndeterminate, result.error().message, std::nullopt, std::nullopt});
       }
       if (fresh) return std::unexpected(result.error());
     } else if (*result == TransitionResult::kUnchanged) {

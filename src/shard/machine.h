@@ -3,9 +3,8 @@
 // States are stored as a chain of versions (state.h): diffs in consensus,
 // each naming the rollup (a full state in blob) its chain starts from; the
 // machine writes a new rollup every kRollupInterval versions, under a key
-// no other write uses, before the diff that first names it. fetch() reads the head, then folds the diffs
-// since its rollup (or since the cached state, when that is on the same
-// chain) onto it.
+// no other write uses, before the diff that first names it. fetch() reads the head, then folds the
+// diffs since its rollup (or since the cached state, when that is on the same chain) onto it.
 //
 // apply(transition) runs the transition on a copy of the latest known
 // state and commits the result with compare_and_set(expected = its seqno).
@@ -31,6 +30,8 @@
 
 namespace tidemark {
 
+class ChangeWatch;
+
 enum class TransitionResult : std::uint8_t { kWrite, kUnchanged };
 
 // Mutates the state it is given (a private copy); must be pure.
@@ -48,6 +49,11 @@ class ShardMachine {
   ShardMachine& operator=(const ShardMachine&) = delete;
 
   const std::string& shard() const { return shard_; }
+  const std::string& key() const { return key_; }
+
+  // Tells `watch` of every newer state this machine learns from now on.
+  // REQUIRES: called before the machine is shared.
+  void report_to(std::shared_ptr<ChangeWatch> watch) { watch_ = std::move(watch); }
 
   // The latest state in consensus (and refreshes the cache).
   [[nodiscard]] Result<StatePtr> fetch();
@@ -78,6 +84,7 @@ class ShardMachine {
   const std::string key_;
   const std::shared_ptr<Consensus> consensus_;
   const std::shared_ptr<Blob> blob_;
+  std::shared_ptr<ChangeWatch> watch_;  // may be null
   std::mutex mu_;
   StatePtr cache_;  // GUARDED_BY(mu_)
 };

@@ -184,8 +184,29 @@ std::unexpected<Error> ConsensusLease::taken_over(const LeaseRecord& holder) con
 
 bool ConsensusLease::renew() {
   const auto started = SteadyClock::now();
+  SeqNo expected;
+  {
+    std::lock_guard lock(mu_);
+    expected = seqno_;
+  }
+  // One write when nothing changed: our last landed version is the head
+  // unless someone took the lease (or an indeterminate write of ours
+  // landed), which the read below tells apart.
+  LeaseRecord next = record_;
+  next.expires_at_ms = wall_clock_millis() + static_cast<std::uint64_t>(options_.duration.count());
+  const SeqNo seqno = expected + 1;
+  auto outcome = consensus_->compare_and_set(key_, expected, VersionedData{seqno, next.to_json()});
+  if (outcome && *outcome == CasOutcome::kCommitted) {
+    {
+      std::lock_guard lock(mu_);
+      seqno_ = seqno;
+      landed_ = started;
+    }
+    if (seqno % kTruncateEvery == 0) (void)consensus_->truncate(key_, seqno);
+    return true;
+  }
   auto head = consensus_->head(key_);
-  if (!head || !*head) return true;  // try again next time (a missing head is lost below)
+  if (!head || !*head) return true;  // try again next time (a missing head is lost at check())
   auto current = LeaseRecord::parse((*head)->data);
   if (!current) return true;
   if (current->token != record_.token) {
@@ -193,20 +214,11 @@ bool ConsensusLease::renew() {
     lost_to_ = std::move(*current);
     return false;
   }
-  LeaseRecord next = record_;
-  next.expires_at_ms = wall_clock_millis() + static_cast<std::uint64_t>(options_.duration.count());
-  const SeqNo seqno = (*head)->seqno + 1;
-  auto outcome =
-      consensus_->compare_and_set(key_, (*head)->seqno, VersionedData{seqno, next.to_json()});
-  if (outcome && *outcome == CasOutcome::kCommitted) {
-    {
-      std::lock_guard lock(mu_);
-      seqno_ = seqno;
-      landed_ = started;
-    }
-    (void)consensus_->truncate(key_, seqno);
-  }
-  // A lost race or an error: the next renewal reads the head again.
+  // Still ours, at another seqno (a write of ours that seemed to fail
+  // landed): renew from there next time. landed_ stays: when that write
+  // started is not known.
+  std::lock_guard lock(mu_);
+  seqno_ = (*head)->seqno;
   return true;
 }
 

@@ -31,10 +31,15 @@
 // stops the renewal and releases the record (best effort; an unreleased one expires or is found
 // dead).
 //
-// Versions do not pile up: each landed write truncates the versions below.
+// A renewal is one compare_and_set against the last version it landed
+// (the head is read only when that fails: taken over, or an earlier write
+// of ours landed after all). Versions do not pile up: every
+// kTruncateEvery-th version truncates those below, so a lease keeps at
+// most that many.
 //
 // Thread-safety: check() and record() may be called from any thread, the
-// renewal runs on its own. Memory: one record and one thread per lease.
+// renewal runs on the shared timers. Memory: one record and a timer task
+// per lease.
 #pragma once
 
 #include <chrono>
@@ -86,6 +91,8 @@ struct LeaseOptions {
 
 class ConsensusLease {
  public:
+  static constexpr SeqNo kTruncateEvery = 6;
+
   ConsensusLease(const ConsensusLease&) = delete;
   ConsensusLease& operator=(const ConsensusLease&) = delete;
   ~ConsensusLease();  // stops renewing, releases the lease

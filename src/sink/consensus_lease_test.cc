@@ -200,6 +200,88 @@ TEST(ConsensusLeaseTest, RenewalKeepsItAndATakeoverIsNoticedByCheck) {
   EXPECT_EQ(head_record(*consensus, "lease/x").token, "t");
 }
 
+// Counts the calls it forwards; `lose_next_reply` makes the next
+// compare_and_set land but report Indeterminate.
+class CountingConsensus final : public Consensus {
+ public:
+  explicit CountingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  std::atomic<int> heads{0}, writes{0}, truncates{0};
+  std::atomic<bool> lose_next_reply{false};
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    ++heads;
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    ++writes;
+    auto outcome = inner_->compare_and_set(key, expected, std::move(next));
+    if (lose_next_reply.exchange(false)) return indeterminate("the reply was lost");
+    return outcome;
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    ++truncates;
+    return inner_->truncate(key, seqno);
+  }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
+};
+
+// A renewal is one write (a server renews a lease per sink every 10 s, so
+// a thousand sinks made 300 consensus calls a second), and the versions
+// stay few.
+TEST(ConsensusLeaseTest, ARenewalIsOneWriteAndVersionsStayFew) {
+  auto inner = std::make_shared<MemConsensus>();
+  auto consensus = std::make_shared<CountingConsensus>(inner);
+  LeaseOptions options{milliseconds(2000), milliseconds(10), milliseconds(500)};
+  auto lease = ConsensusLease::acquire(consensus, "lease/x", holder("me"), options);
+  ASSERT_TRUE(lease) << lease.error().message;
+  const int heads_before = consensus->heads, writes_before = consensus->writes;
+  for (int i = 0; i < 500 && consensus->writes - writes_before < 30; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const int renewals = consensus->writes - writes_before;
+  ASSERT_GE(renewals, 30);
+  EXPECT_EQ(consensus->heads - heads_before, 0);
+  EXPECT_LE(consensus->truncates.load(), renewals / 3);
+  auto versions = inner->scan("lease/x", 0, 100);
+  ASSERT_TRUE(versions);
+  EXPECT_LE(versions->size(), static_cast<std::size_t>(ConsensusLease::kTruncateEvery));
+
+  // A renewal whose reply is lost but which landed: the next one finds the
+  // head still ours, and the lease stays trusted.
+  consensus->lose_next_reply = true;
+  const int at = consensus->writes;
+  for (int i = 0; i < 500 && consensus->writes - at < 5; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_FALSE(consensus->lose_next_reply.load());
+  EXPECT_TRUE((*lease)->check());
+  const std::uint64_t expiry = head_record(*inner, "lease/x").expires_at_ms;
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_GT(head_record(*inner, "lease/x").expires_at_ms, expiry);  // still renewing
+
+  // Taken over: the next renewal's write fails, it reads the head, and stops.
+  auto head = inner->head("lease/x");
+  ASSERT_TRUE(head && *head);
+  ASSERT_TRUE(inner->compare_and_set(
+      "lease/x", (*head)->seqno,
+      {(*head)->seqno + 1, elsewhere(wall_clock_millis() + 60'000).to_json()}));
+  std::this_thread::sleep_for(milliseconds(100));
+  const int stopped_at = consensus->writes;
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(consensus->writes.load(), stopped_at);  // no more renewals
+  EXPECT_EQ(head_record(*inner, "lease/x").token, "t");
+  auto checked = (*lease)->check();
+  ASSERT_FALSE(checked);
+  EXPECT_EQ(checked.error().kind, ErrorKind::kHeld);
+}
+
 TEST(ConsensusLeaseTest, NotRenewedInTimeItIsNotTrusted) {
   auto inner = std::make_shared<MemConsensus>();
   auto consensus = std::make_shared<SeveredConsensus>(inner);

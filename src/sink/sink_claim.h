@@ -28,9 +28,9 @@
 // process lives); and two runners of one Kafka sink cannot both commit
 // (its transactional id fences the older producer).
 //
-// Thread-safety: check() from the sink's thread; the leases renew on
-// threads of their own. Memory: two leases (a thread each) or a lease and
-// a descriptor.
+// Thread-safety: check() from the sink's thread; the leases renew on the
+// shared timers. Memory: two leases (a timer task each) or a lease and a
+// descriptor.
 #pragma once
 
 #include <memory>

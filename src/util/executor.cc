@@ -91,7 +91,7 @@ Timers::~Timers() {
     std::unique_lock lock(mu_);
     stopping_ = true;
     for (auto& [id, task] : tasks_) task->cancelled = true;
-    changed_.notify_all();
+    earlier_.notify_all();
     changed_.wait(lock, [&] {
       return std::none_of(tasks_.begin(), tasks_.end(),
                           [](const auto& entry) { return entry.second->running; });
@@ -123,8 +123,7 @@ Result<Timers::Id> Timers::schedule(std::chrono::milliseconds first, Step task) 
   entry->fn = std::move(task);
   entry->due = std::chrono::steady_clock::now() + std::max(first, std::chrono::milliseconds(0));
   tasks_.emplace(id, entry);
-  due_.emplace(entry->due, id);
-  changed_.notify_all();
+  push_due_locked(entry->due, id);
   return id;
 }
 
@@ -138,8 +137,16 @@ void Timers::wake(Id id) {
     return;
   }
   task.due = std::chrono::steady_clock::now();
-  due_.emplace(task.due, id);
-  changed_.notify_all();
+  push_due_locked(task.due, id);
+}
+
+void Timers::push_due_locked(std::chrono::steady_clock::time_point when, Id id) {
+  // The timer thread sleeps until the earliest entry: it need only wake for
+  // an earlier one (most entries go behind others, and waking it for each
+  // cost a context switch per run).
+  const bool earliest = due_.empty() || when < due_.top().first;
+  due_.emplace(when, id);
+  if (earliest) earlier_.notify_one();
 }
 
 void Timers::cancel(Id id) {
@@ -167,12 +174,12 @@ void Timers::run() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     if (due_.empty()) {
-      changed_.wait(lock);
+      earlier_.wait(lock);
       continue;
     }
     const auto [when, id] = due_.top();
     if (std::chrono::steady_clock::now() < when) {
-      changed_.wait_until(lock, when);
+      earlier_.wait_until(lock, when);
       continue;
     }
     due_.pop();
@@ -217,9 +224,9 @@ void Timers::run_task(Id id, const std::shared_ptr<Task>& task) {
     if (task->woken) next = std::chrono::milliseconds(0);
     task->woken = false;
     task->due = std::chrono::steady_clock::now() + std::max(*next, std::chrono::milliseconds(0));
-    due_.emplace(task->due, id);
+    push_due_locked(task->due, id);
   }
-  changed_.notify_all();
+  changed_.notify_all();  // a cancel() waiting for this run
 }
 
 Timers& Timers::shared() {

@@ -128,12 +128,14 @@ class Timers {
   using Due = std::pair<std::chrono::steady_clock::time_point, Id>;
 
   Status start_thread_locked();
+  void push_due_locked(std::chrono::steady_clock::time_point when, Id id);
   void run();
   void run_task(Id id, const std::shared_ptr<Task>& task);
 
   WorkPool* const pool_;
   mutable std::mutex mu_;
-  std::condition_variable changed_;
+  std::condition_variable changed_;  // a run ended (for cancel and the destructor)
+  std::condition_variable earlier_;  // for the timer thread: an earlier entry, or stopping
   std::map<Id, std::shared_ptr<Task>> tasks_;                       // GUARDED_BY(mu_)
   std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;  // GUARDED_BY(mu_)
   Id next_id_ = 1;                                                  // GUARDED_BY(mu_)
