@@ -356,6 +356,20 @@ TEST_P(ConsensusConformance, CompareAndSetFromNothing) {
   EXPECT_EQ(head("key"), (VersionedData{2, "two"}));
 }
 
+// head_seqnos: each key's head seqno in the keys' order (absent keys,
+// repeated keys and an empty list included), after truncation too.
+TEST_P(ConsensusConformance, HeadSeqnosReadsEveryKeyInOrder) {
+  write_versions("a", 3);
+  write_versions("c", 1);
+  ASSERT_TRUE(consensus_->truncate("a", 3));
+  auto got = consensus_->head_seqnos({"c", "absent", "a", "c"});
+  ASSERT_TRUE(got.has_value()) << got.error().to_string();
+  EXPECT_EQ(*got, (std::vector<std::optional<SeqNo>>{1, std::nullopt, 3, 1}));
+  auto none = consensus_->head_seqnos({});
+  ASSERT_TRUE(none.has_value()) << none.error().to_string();
+  EXPECT_TRUE(none->empty());
+}
+
 TEST_P(ConsensusConformance, StaleExpectationIsAMismatchNotAnError) {
   write_versions("key", 3);
   EXPECT_EQ(cas("key", 2, 4), CasOutcome::kExpectationMismatch);  // behind
