@@ -110,13 +110,14 @@ TEST(TimersTest, CancelWaitsForARunInProgressAndATaskMayCancelItself) {
 TEST(TimersTest, ScheduledTasksChooseTheirNextDelayAndWakeRunsThemAtOnce) {
   WorkPool pool("test timers", 2);
   Timers timers(&pool);
-  std::atomic<int> runs{0};
+  std::atomic<int> runs{0};  // counted once a run has noted its time
   const auto began = std::chrono::steady_clock::now();
   std::vector<std::chrono::steady_clock::duration> at(4);
   // Runs at 0, then 30 ms later, then waits an hour unless woken.
   auto task = timers.schedule(0ms, [&]() -> std::optional<std::chrono::milliseconds> {
-    const int run = runs++;
+    const int run = runs.load();
     at[run] = std::chrono::steady_clock::now() - began;
+    ++runs;
     if (run == 0) return 30ms;
     if (run < 3) return std::chrono::milliseconds(std::chrono::hours(1));
     return std::nullopt;
