@@ -267,11 +267,19 @@ TEST(ConsensusLeaseTest, ARenewalIsOneWriteAndVersionsStayFew) {
   EXPECT_GT(head_record(*inner, "lease/x").expires_at_ms, expiry);  // still renewing
 
   // Taken over: the next renewal's write fails, it reads the head, and stops.
-  auto head = inner->head("lease/x");
-  ASSERT_TRUE(head && *head);
-  ASSERT_TRUE(inner->compare_and_set(
-      "lease/x", (*head)->seqno,
-      {(*head)->seqno + 1, elsewhere(wall_clock_millis() + 60'000).to_json()}));
+  // (The takeover is written against the head it read, so it may race a
+  // renewal: then it reads again.)
+  bool taken = false;
+  for (int attempt = 0; attempt < 100 && !taken; ++attempt) {
+    auto head = inner->head("lease/x");
+    ASSERT_TRUE(head && *head);
+    auto outcome = inner->compare_and_set(
+        "lease/x", (*head)->seqno,
+        {(*head)->seqno + 1, elsewhere(wall_clock_millis() + 60'000).to_json()});
+    ASSERT_TRUE(outcome);
+    taken = *outcome == CasOutcome::kCommitted;
+  }
+  ASSERT_TRUE(taken);
   std::this_thread::sleep_for(milliseconds(100));
   const int stopped_at = consensus->writes;
   std::this_thread::sleep_for(milliseconds(100));
