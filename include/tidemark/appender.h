@@ -6,8 +6,10 @@
 //     shard's upper and above the previous batch's (monotonic);
 //   - cuts batches by bytes and record count (or after batch_linger while
 //     the previous batch is still in flight) and uploads each batch's parts
-//     while the previous commit is in flight (a builder thread and a
-//     committer thread);
+//     while the previous commit is in flight (a builder and a committer,
+//     run on a pool of threads shared by every appender of the process,
+//     max(16, 8 x cores), only while there is work: an open appender with
+//     nothing queued holds no thread);
 //   - commits every ready batch with one compare_and_append (batch_appends;
 //     off commits one batch per call, for comparison);
 //   - after a commit is durable, releases the records' leases, then resolves
@@ -49,9 +51,9 @@
 //
 // Thread-safety: Appender is safe for concurrent use. An AppendSender is
 // move-only and used by one producer thread at a time; each producer takes
-// its own sender. Token callbacks run on the appender's threads: they must
+// its own sender. Token callbacks run on the appenders' pool: they must
 // not block for long, nor drop the last reference to the appender (its
-// destructor joins those threads).
+// destructor waits for its committer, which would be waiting for itself).
 #pragma once
 
 #include <chrono>
@@ -131,7 +133,7 @@ class CommitToken {
   // The outcome if there is one yet.
   std::optional<Result<Time>> poll() const;
   // Runs `done` once with the outcome: at once if it is known, else on the
-  // appender's thread when it is.
+  // appenders' pool when it is.
   void on_complete(std::function<void(const Result<Time>&)> done) const;
 
  private:

@@ -1,6 +1,8 @@
 // The background appender (include/tidemark/appender.h).
 //
-// Two threads per appender. The builder takes queued records in order,
+// Two tasks per appender (SerialTasks on the process's appenders pool,
+// util/executor.h, run only when there is work). The builder takes queued
+// records in order,
 // cuts a batch by bytes and count, gives it the next time and uploads its
 // parts; the committer takes every built batch (or one, without
 // batch_appends), makes sure their times still lie at or above the shard's
@@ -20,6 +22,7 @@
 #include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/clock.h"
+#include "util/executor.h"
 #include "util/ids.h"
 #include "util/thread.h"
 
@@ -124,8 +127,7 @@ struct Appender::Impl {
   std::unique_ptr<WriteHandle> writer;
 
   mutable std::mutex mu;
-  std::condition_variable work_cv;      // the builder waits for records
-  std::condition_variable built_cv;     // the committer waits for batches; the builder for room
+  std::condition_variable done_cv;      // close() waits for the builder and committer to end
   std::condition_variable capacity_cv;  // records-mode senders wait for room
   std::deque<Record> queue;             // GUARDED_BY(mu)
   std::uint64_t queued_bytes = 0;       // GUARDED_BY(mu): keys and values in queue
@@ -144,11 +146,16 @@ struct Appender::Impl {
   Time last_commit_time = 0;               // GUARDED_BY(mu)
   bool closing = false;                    // GUARDED_BY(mu)
   bool builder_done = false;               // GUARDED_BY(mu)
+  bool committer_done = false;             // GUARDED_BY(mu)
+  bool linger_armed = false;               // GUARDED_BY(mu): a linger timer is pending
+  std::optional<Timers::Id> linger_timer;  // GUARDED_BY(mu): the latest one
   bool committing = false;                 // GUARDED_BY(mu): the committer holds batches
   std::optional<Error> fatal;              // GUARDED_BY(mu)
   AppenderStats stats;                     // GUARDED_BY(mu)
-  std::thread builder_thread;
-  std::thread committer_thread;
+  // Run on WorkPool::appenders() when there is work: an appender waiting
+  // for records holds no thread. Set once by open().
+  std::unique_ptr<SerialTask> builder;
+  std::unique_ptr<SerialTask> committer;
 
   Time now() const { return options.clock ? options.clock() : wall_clock_millis(); }
 
@@ -233,7 +240,7 @@ struct Appender::Impl {
       // is full; other arrivals need not wake it.
       wake = was_empty || queue_full();
     }
-    if (wake) work_cv.notify_one();
+    if (wake) builder->notify();
     return {};
   }
 
@@ -244,38 +251,66 @@ struct Appender::Impl {
     return queue.size() >= options.batch_max_records || queued_bytes >= options.batch_max_bytes;
   }
 
-  // Waits until a batch should be cut: records are queued, fewer than
+  enum class Cut : std::uint8_t { kNow, kWait, kLinger, kStop };
+
+  // Whether a batch should be cut now: records are queued, fewer than
   // kMaxBuiltBatches are built, and either nothing is uploading or
   // committing (idle: cut at once), a whole batch is queued, the oldest
-  // record has lingered batch_linger, or the appender is closing. False
-  // when the builder should stop.
-  // REQUIRES: mu held (by `lock`).
-  bool wait_for_batch(std::unique_lock<std::mutex>& lock) {
-    for (;;) {
-      if (fatal) return false;
-      if (queue.empty()) {
-        if (closing) return false;
-        work_cv.wait(lock);
-        continue;
-      }
-      if (built.size() >= kMaxBuiltBatches) {
-        work_cv.wait(lock);
-        continue;
-      }
-      const bool idle = built.empty() && !committing;
-      if (idle || closing || queue_full()) return true;
-      const auto deadline = queue_since + options.batch_linger;
-      if (std::chrono::steady_clock::now() >= deadline) return true;
-      work_cv.wait_until(lock, deadline);
-    }
+  // record has lingered batch_linger, or the appender is closing. kWait:
+  // until a record arrives or the committer makes room (each notifies the
+  // builder); kLinger: until the oldest record's linger ends; kStop: the
+  // builder is done.
+  // REQUIRES: mu held.
+  Cut next_cut() const {
+    if (fatal) return Cut::kStop;
+    if (queue.empty()) return closing ? Cut::kStop : Cut::kWait;
+    if (built.size() >= kMaxBuiltBatches) return Cut::kWait;
+    const bool idle = built.empty() && !committing;
+    if (idle || closing || queue_full()) return Cut::kNow;
+    if (std::chrono::steady_clock::now() >= queue_since + options.batch_linger) return Cut::kNow;
+    return Cut::kLinger;
   }
 
+  // Notifies the builder when the oldest record's linger ends (one timer
+  // pending at a time; close() cancels it). False when no timer can be had
+  // (no timer thread): the caller cuts at once instead.
+  // REQUIRES: mu held.
+  bool arm_linger_locked() {
+    if (linger_armed) return true;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        queue_since + options.batch_linger - std::chrono::steady_clock::now());
+    auto timer = Timers::shared().schedule(std::max(left, std::chrono::milliseconds(0)),
+                                           [this]() -> std::optional<std::chrono::milliseconds> {
+                                             {
+                                               std::lock_guard lock(mu);
+                                               linger_armed = false;
+                                             }
+                                             builder->notify();
+                                             return std::nullopt;
+                                           });
+    if (!timer) return false;
+    linger_armed = true;
+    linger_timer = *timer;
+    return true;
+  }
+
+  // The builder, run when notified: cuts every batch that should be cut
+  // now and starts its upload, then returns.
   void run_builder() {
     for (;;) {
       std::vector<Record> records;
       {
         std::unique_lock lock(mu);
-        if (!wait_for_batch(lock)) break;
+        if (builder_done) return;
+        const Cut cut = next_cut();
+        if (cut == Cut::kStop) {
+          builder_done = true;
+          lock.unlock();
+          committer->notify();
+          return;
+        }
+        if (cut == Cut::kWait) return;
+        if (cut == Cut::kLinger && arm_linger_locked()) return;
         std::uint64_t bytes = 0;
         // A batch never ends inside a group (a group is queued whole).
         // Counted first, so the vector is allocated once at its exact size:
@@ -306,13 +341,8 @@ struct Appender::Impl {
         std::lock_guard lock(mu);
         built.push_back(std::move(batch));
       }
-      built_cv.notify_all();
+      committer->notify();
     }
-    {
-      std::lock_guard lock(mu);
-      builder_done = true;
-    }
-    built_cv.notify_all();
   }
 
   // The next batch time: monotonic, at least `at_least` and the clock.
@@ -340,13 +370,21 @@ struct Appender::Impl {
 
   // --- committer ---
 
+  // The committer, run when notified: commits every built batch, then
+  // returns. Once the builder is done (or the appender failed) it fails
+  // what is left and is done too.
   void run_committer() {
     for (;;) {
       std::vector<std::shared_ptr<Built>> taken;
       {
         std::unique_lock lock(mu);
-        built_cv.wait(lock, [&] { return fatal || !built.empty() || builder_done; });
-        if (fatal || built.empty()) break;
+        if (committer_done) return;
+        if (fatal || (built.empty() && builder_done)) {
+          lock.unlock();
+          fail_built();
+          return;
+        }
+        if (built.empty()) return;  // the builder notifies when it pushes one
         taken.push_back(std::move(built.front()));
         built.pop_front();
         committing = true;
@@ -368,7 +406,7 @@ struct Appender::Impl {
           built.pop_front();
         }
       }
-      work_cv.notify_all();  // room for the builder
+      builder->notify();  // room for the builder
       std::vector<Built> group;
       std::optional<Error> fatal_error;
       for (auto& batch : taken) {
@@ -385,15 +423,24 @@ struct Appender::Impl {
       }
       if (fatal_error) {
         set_fatal(*fatal_error, nullptr, &group);
-        break;
+        {
+          std::lock_guard lock(mu);
+          committing = false;
+        }
+        continue;  // fails what is left
       }
       if (!group.empty()) commit(group);
       {
         std::lock_guard lock(mu);
         committing = false;
       }
-      work_cv.notify_all();  // an idle appender cuts its next batch at once
+      builder->notify();  // an idle appender cuts its next batch at once
     }
+  }
+
+  // Fails the built batches (the appender is closing or failed); done
+  // once the builder is (a batch it cuts meanwhile notifies again).
+  void fail_built() {
     // Uploads still running hold pointers into batches: wait for them.
     std::deque<std::shared_ptr<Built>> rest;
     {
@@ -404,6 +451,12 @@ struct Appender::Impl {
       if (batch->upload.valid()) batch->upload.wait();
       finish(*batch, std::unexpected(closed_error().error()));
     }
+    {
+      std::lock_guard lock(mu);
+      if (!builder_done || !built.empty()) return;
+      committer_done = true;
+    }
+    done_cv.notify_all();
   }
 
   // What `batch` adds to a commit's loose parts; an ordered batch counts
@@ -875,8 +928,8 @@ struct Appender::Impl {
       queued_bytes = 0;
       // Built batches stay: the committer fails them once their uploads end.
     }
-    work_cv.notify_all();
-    built_cv.notify_all();
+    builder->notify();
+    committer->notify();
     capacity_cv.notify_all();
     Error failed{ErrorKind::kClosed, "the appender stopped: " + error.to_string(), std::nullopt,
                  std::nullopt};
@@ -927,12 +980,10 @@ Result<std::shared_ptr<Appender>> Appender::open(std::shared_ptr<Shard> shard,
   std::shared_ptr<Appender> appender = std::make_shared<Constructible>();
   appender->impl_ = std::move(impl);
   Impl* raw = appender->impl_.get();
-  // A thread that cannot start fails the open; the appender is dropped
-  // (its close() joins whichever thread did start).
-  TM_ASSIGN(raw->builder_thread,
-            start_thread("the appender of shard " + shard->name(), [raw] { raw->run_builder(); }));
-  TM_ASSIGN(raw->committer_thread, start_thread("the appender of shard " + shard->name(),
-                                                [raw] { raw->run_committer(); }));
+  raw->builder =
+      std::make_unique<SerialTask>(&WorkPool::appenders(), [raw] { raw->run_builder(); });
+  raw->committer =
+      std::make_unique<SerialTask>(&WorkPool::appenders(), [raw] { raw->run_committer(); });
   return appender;
 }
 
@@ -941,15 +992,25 @@ Appender::~Appender() {
 }
 
 void Appender::close() {
+  Impl& impl = *impl_;
   {
-    std::lock_guard lock(impl_->mu);
-    impl_->closing = true;
+    std::lock_guard lock(impl.mu);
+    impl.closing = true;
   }
-  impl_->work_cv.notify_all();
-  impl_->built_cv.notify_all();
-  impl_->capacity_cv.notify_all();
-  if (impl_->builder_thread.joinable()) impl_->builder_thread.join();
-  if (impl_->committer_thread.joinable()) impl_->committer_thread.join();
+  // The builder cuts what is queued and is done; the committer commits it
+  // and is done.
+  impl.builder->notify();
+  impl.committer->notify();
+  impl.capacity_cv.notify_all();
+  std::optional<Timers::Id> linger;
+  {
+    std::unique_lock lock(impl.mu);
+    impl.done_cv.wait(lock, [&] { return impl.builder_done && impl.committer_done; });
+    linger = impl.linger_timer;
+  }
+  if (linger) Timers::shared().cancel(*linger);
+  impl.builder->stop();
+  impl.committer->stop();
 }
 
 AppendSender Appender::sender() {

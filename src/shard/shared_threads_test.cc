@@ -12,6 +12,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "tidemark/appender.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
@@ -104,6 +105,71 @@ TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecut
   }
   writers.clear();
   shards.clear();
+}
+
+// Every appender kept two threads (its builder and committer) while open:
+// 300 open appenders held 600. They run on the appenders' pool now, only
+// while they have work, and their records are still committed in order,
+// each token with its time.
+TEST(SharedThreadsTest, HundredsOfOpenAppendersShareTheAppendersPool) {
+  constexpr int kShards = 300;
+  constexpr int kRounds = 3;
+  ClientOptions options;
+  options.background_compaction = false;
+  auto client = Client::open(
+      Location{std::make_shared<MemBlob>(), std::make_shared<MemConsensus>()}, options);
+  ASSERT_TRUE(client) << client.error().to_string();
+  const int before = threads_now();
+  std::vector<std::shared_ptr<Shard>> shards;
+  std::vector<std::shared_ptr<Appender>> appenders;
+  for (int i = 0; i < kShards; ++i) {
+    const std::string name = "a" + std::to_string(i);
+    ASSERT_TRUE((*client)->create_shard(name));
+    auto shard = (*client)->open_shard(name);
+    ASSERT_TRUE(shard) << shard.error().to_string();
+    AppenderOptions appender_options;
+    appender_options.queue_bytes = 1 << 20;
+    auto appender = Appender::open(*shard, appender_options);
+    ASSERT_TRUE(appender) << appender.error().to_string();
+    shards.push_back(*shard);
+    appenders.push_back(*appender);
+  }
+  int most = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<CommitToken> tokens;
+    for (int i = 0; i < kShards; ++i) {
+      AppendSender sender = appenders[i]->sender();
+      auto token = sender.enqueue_with_token(
+          AppendRecord{"k" + std::to_string(round), "v" + std::to_string(i), 1});
+      ASSERT_TRUE(token) << token.error().to_string();
+      tokens.push_back(std::move(*token));
+    }
+    most = std::max(most, threads_now());
+    for (int i = 0; i < kShards; ++i) {
+      auto time = tokens[i].wait();
+      ASSERT_TRUE(time) << time.error().to_string();
+    }
+    most = std::max(most, threads_now());
+  }
+  const int idle = threads_now();
+  // The appenders' pool, the timer thread and its pool (linger timers),
+  // uploads in flight (one transient thread each), and up to 2 of a
+  // sanitizer's runtime.
+  const int bound =
+      static_cast<int>(WorkPool::appenders().max_threads() + Timers::shared().pool_threads_max()) +
+      1 + 2;
+  std::fprintf(stderr,
+               "threads: %d before, at most %d with %d appenders busy, %d idle (bound +%d)\n",
+               before, most, kShards, idle, bound);
+  EXPECT_LE(idle - before, bound);
+  EXPECT_LE(most - before, bound + kShards / 10);
+  // Each shard holds its rounds' records, each once.
+  for (int i = 0; i < kShards; i += 37) {
+    auto info = shards[i]->inspect();
+    ASSERT_TRUE(info);
+    EXPECT_EQ(info->updates, static_cast<std::uint64_t>(kRounds)) << "shard a" << i;
+  }
+  for (auto& appender : appenders) appender->close();
 }
 
 }  // namespace

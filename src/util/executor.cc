@@ -82,6 +82,80 @@ WorkPool& WorkPool::compaction() {
   return *pool;
 }
 
+WorkPool& WorkPool::appenders() {
+  // Never destroyed, like compaction()'s.
+  static WorkPool* pool = new WorkPool("appenders", std::max<std::size_t>(16, 8 * cores()));
+  return *pool;
+}
+
+// --- SerialTask ---------------------------------------------------------------
+
+struct SerialTask::State {
+  std::function<void()> fn;
+  std::mutex mu;
+  std::condition_variable idle;
+  bool queued = false;   // a run is wanted and has not started
+  bool running = false;  // a run is in progress
+  bool stopped = false;
+  std::thread::id runner;  // of the run in progress
+};
+
+SerialTask::SerialTask(WorkPool* pool, std::function<void()> fn)
+    : pool_(pool), state_(std::make_shared<State>()) {
+  state_->fn = std::move(fn);
+}
+
+SerialTask::~SerialTask() {
+  stop();
+}
+
+void SerialTask::notify() {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->stopped || state_->queued) return;
+    state_->queued = true;
+    if (state_->running) return;  // the run in progress queues it when it ends
+  }
+  submit(state_, pool_);
+}
+
+void SerialTask::submit(const std::shared_ptr<State>& state, WorkPool* pool) {
+  if (!pool->submit([state, pool] { run(state, pool); })) run(state, pool);
+}
+
+void SerialTask::run(const std::shared_ptr<State>& state, WorkPool* pool) {
+  for (;;) {
+    {
+      std::lock_guard lock(state->mu);
+      if (state->stopped || state->running || !state->queued) return;
+      state->queued = false;
+      state->running = true;
+      state->runner = std::this_thread::get_id();
+    }
+    state->fn();
+    bool again;
+    {
+      std::lock_guard lock(state->mu);
+      state->running = false;
+      state->runner = {};
+      again = state->queued && !state->stopped;
+    }
+    state->idle.notify_all();
+    if (!again) return;
+    // Notified meanwhile: on a pool thread if one can be had, else here
+    // (a loop, not a call: a task that keeps notifying itself inline must
+    // not grow the stack).
+    if (pool->submit([state, pool] { run(state, pool); })) return;
+  }
+}
+
+void SerialTask::stop() {
+  std::unique_lock lock(state_->mu);
+  state_->stopped = true;
+  if (state_->runner == std::this_thread::get_id()) return;
+  state_->idle.wait(lock, [&] { return !state_->running; });
+}
+
 // --- Timers -------------------------------------------------------------------
 
 Timers::Timers(WorkPool* pool) : pool_(pool) {}

@@ -16,6 +16,13 @@
 // so a task never runs twice at once. Memory: O(tasks) (the heap holds at
 // most one entry per wait or wake of a task).
 //
+// SerialTask is a function run on a WorkPool whenever it is notified,
+// never twice at once: notify() queues a run unless one is queued already,
+// and a notify() during a run queues one more after it, so no notification
+// is lost. An appender's builder and committer are SerialTasks on the
+// appenders' pool: an appender waiting for records holds no thread.
+// Memory: one queued job at most.
+//
 // Both shared instances (compaction(), Timers::shared()) are created on
 // first use and live until the process exits (never destroyed, so no
 // shard or lease outlives them). Their sizes come from the cores:
@@ -64,6 +71,9 @@ class WorkPool {
 
   // The process's pool for background compaction: max(2, cores) threads.
   static WorkPool& compaction();
+  // The process's pool for appenders' builders and committers:
+  // max(16, 8 x cores) threads (a commit mostly waits on a sync).
+  static WorkPool& appenders();
 
  private:
   void run();
@@ -76,6 +86,30 @@ class WorkPool {
   std::size_t idle_ = 0;                     // GUARDED_BY(mu_)
   bool stopping_ = false;                    // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;         // GUARDED_BY(mu_)
+};
+
+class SerialTask {
+ public:
+  // Runs on `pool`, which must outlive this.
+  SerialTask(WorkPool* pool, std::function<void()> fn);
+  ~SerialTask();  // stop()
+  SerialTask(const SerialTask&) = delete;
+  SerialTask& operator=(const SerialTask&) = delete;
+
+  // Queues a run (see above). When the pool has no thread and none can be
+  // started, runs it on the calling thread instead: late rather than never.
+  void notify();
+  // No run starts after this; waits for a run in progress unless called
+  // from the function itself.
+  void stop();
+
+ private:
+  struct State;
+  static void run(const std::shared_ptr<State>& state, WorkPool* pool);
+  static void submit(const std::shared_ptr<State>& state, WorkPool* pool);
+
+  WorkPool* const pool_;
+  const std::shared_ptr<State> state_;
 };
 
 class Timers {

@@ -158,6 +158,62 @@ TEST(TimersTest, ScheduledTasksChooseTheirNextDelayAndWakeRunsThemAtOnce) {
   EXPECT_EQ(settled_tasks(timers), 0u);
 }
 
+// SerialTask: every notify is followed by a run that starts after it, runs
+// never overlap, and none starts once stop() has returned.
+TEST(SerialTaskTest, NotificationsAreNeverLostAndRunsNeverOverlap) {
+  WorkPool pool("test serial", 4);
+  std::atomic<int> inside{0}, overlaps{0}, runs{0};
+  std::atomic<std::uint64_t> seen{0};   // the latest value a run read
+  std::atomic<std::uint64_t> value{0};  // bumped before each notify
+  SerialTask task(&pool, [&] {
+    if (++inside > 1) ++overlaps;
+    seen = value.load();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    ++runs;
+    --inside;
+  });
+  std::vector<std::thread> notifiers;
+  for (int t = 0; t < 4; ++t) {
+    notifiers.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        ++value;
+        task.notify();
+      }
+    });
+  }
+  for (auto& t : notifiers) t.join();
+  // A run started after the last notify, so it saw the final value.
+  for (int i = 0; i < 2000 && seen != value; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(seen.load(), value.load());
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_LT(runs.load(), 2000);  // notifications during a run coalesce
+  task.stop();
+  const int at_stop = runs;
+  task.notify();
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(runs.load(), at_stop);
+}
+
+// A task may notify itself and stop itself without deadlock.
+TEST(SerialTaskTest, ATaskMayNotifyAndStopItself) {
+  WorkPool pool("test serial", 1);
+  std::atomic<int> runs{0};
+  std::unique_ptr<SerialTask> task;
+  task = std::make_unique<SerialTask>(&pool, [&] {
+    if (++runs < 5) {
+      task->notify();
+    } else {
+      task->stop();
+    }
+  });
+  task->notify();
+  for (int i = 0; i < 1000 && runs < 5; ++i) std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(runs.load(), 5);
+  task->stop();  // ordered after its last run, before the pointer is cleared
+  task.reset();
+}
+
 // The shared timers behind PeriodicTask: a thousand heartbeats take the
 // pool's threads, not a thousand.
 TEST(PeriodicTaskTest, AThousandTasksShareTheTimersThreads) {
