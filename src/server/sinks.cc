@@ -8,6 +8,7 @@
 #include "sink/destination_url.h"
 #include "sink/runner.h"
 #include "tidemark/read.h"
+#include "tidemark/retry.h"
 #include "util/cancel.h"
 #include "util/json.h"
 
@@ -268,18 +269,35 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
 }
 
 Status SinkManager::resume_all() {
+  // The blob store's reads retry as the shards' reads do (a fault at start
+  // must not leave the stored sinks stopped until the next restart), and
+  // one definition that cannot be read or parsed does not stop the others.
+  const RetryPolicy& retry = client_->options().read_retry;
+  Blob& blob = *client_->location().blob;
   std::vector<std::string> keys;
-  TM_TRY(client_->location().blob->list(
-      kSpecPrefix, [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); }));
+  TM_TRY(with_retries(retry, [&]() -> Status {
+    keys.clear();
+    return blob.list(kSpecPrefix,
+                     [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); });
+  }));
+  Status first_error;
   for (const std::string& key : keys) {
-    TM_ASSIGN(auto bytes, client_->location().blob->get(key));
-    if (!bytes) continue;
-    auto spec = SinkSpec::parse(*bytes);
-    if (!spec) return corruption("sink definition " + key + ": " + spec.error().message);
+    auto bytes = with_retries(retry, [&] { return blob.get(key); });
+    if (!bytes) {
+      if (first_error) first_error = std::unexpected(bytes.error());
+      continue;
+    }
+    if (!*bytes) continue;  // deleted meanwhile
+    auto spec = SinkSpec::parse(**bytes);
+    if (!spec) {
+      if (first_error)
+        first_error = corruption("sink definition " + key + ": " + spec.error().message);
+      continue;
+    }
     if (!spec->owner.empty() && spec->owner != runner_.owner) continue;  // another server's
     (void)start(*spec, nullptr);  // a failure shows in the sink's status
   }
-  return {};
+  return first_error;
 }
 
 Result<std::string> SinkManager::create(const SinkSpec& spec) {

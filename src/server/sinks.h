@@ -76,7 +76,10 @@ class SinkManager {
               DestinationAllowList allowed, std::size_t threads = default_threads());
   ~SinkManager();  // stop_all()
 
-  // Starts every stored sink this server owns (see above).
+  // Starts every stored sink this server owns (see above). Its blob reads
+  // retry under ClientOptions::read_retry; a definition that still cannot
+  // be read or parsed is skipped (the first such error is returned) and
+  // the others start.
   [[nodiscard]] Status resume_all();
   // Claims, stores and starts a sink, owned by this server; AlreadyExists
   // (here or on another server sharing the blob store), NotFound (no such
