@@ -27,7 +27,6 @@
 #include <charconv>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -37,6 +36,7 @@
 #include "cli/cli.h"
 #include "server/server.h"
 #include "server/test_client.h"
+#include "util/proc_status.h"
 
 namespace tidemark::cli {
 namespace {
@@ -44,19 +44,10 @@ namespace {
 using Clock = BenchClock;
 namespace http = boost::beast::http;
 
-struct ProcessFigures {
-  int threads = 0;
-  double rss_mib = 0;
-};
+using ProcessFigures = ProcStatus;
 
 ProcessFigures process_now() {
-  ProcessFigures f;
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("Threads:")) f.threads = std::stoi(line.substr(8));
-    if (line.starts_with("VmRSS:")) f.rss_mib = std::stod(line.substr(6)) / 1024.0;
-  }
-  return f;
+  return proc_status();
 }
 
 // The share of one core this process used over `seconds` of doing nothing.

@@ -37,6 +37,7 @@
 #include "sink/sink_claim.h"
 #include "util/executor.h"
 #include "util/json.h"
+#include "util/proc_status.h"
 
 namespace tidemark {
 namespace {
@@ -869,13 +870,8 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   EXPECT_LT(seconds, 1.0 + 10.0);
 }
 
-// The threads of this process, from /proc/self/status.
 int threads_now() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
-  }
-  return -1;
+  return proc_status().threads;
 }
 
 // Issue 18: every sink kept a thread of its own. Sinks are stepped on a

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,17 +16,13 @@
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/executor.h"
+#include "util/proc_status.h"
 
 namespace tidemark {
 namespace {
 
-// The threads of this process, from /proc/self/status.
 int threads_now() {
-  std::ifstream status("/proc/self/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("Threads:")) return std::stoi(line.substr(8));
-  }
-  return -1;
+  return proc_status().threads;
 }
 
 TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecutorsThreads) {
