@@ -32,6 +32,7 @@
 #include "server/silent_listener.h"
 #include "server/sinks.h"
 #include "server/test_client.h"
+#include "shard/test_util.h"
 #include "sink/file_destination.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/sink_claim.h"
@@ -630,34 +631,18 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
 
 // Fails the first `failures` reads of stored sink definitions (a blob store
 // that stumbles as the server starts).
-class FlakyDefinitions final : public Blob {
+class FlakyDefinitions final : public testing::ForwardingBlob {
  public:
   FlakyDefinitions(std::shared_ptr<Blob> inner, std::atomic<int>* failures)
-      : inner_(std::move(inner)), failures_(failures) {}
+      : ForwardingBlob(std::move(inner)), failures_(failures) {}
   Result<std::optional<std::string>> get(std::string_view key) override {
     if (key.starts_with("server/sinks/") && failures_->fetch_sub(1) > 0) {
       return determinate("injected: blob get of " + std::string(key));
     }
-    return inner_->get(key);
-  }
-  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
-                                std::uint64_t length) override {
-    return inner_->get_range(key, offset, length);
-  }
-  Status set(std::string_view key, std::string_view bytes) override {
-    return inner_->set(key, bytes);
-  }
-  Status remove(std::string_view key) override { return inner_->remove(key); }
-  Status remove_many(const std::vector<std::string>& keys) override {
-    return inner_->remove_many(keys);
-  }
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
-    return inner_->list(prefix, visit);
+    return ForwardingBlob::get(key);
   }
 
  private:
-  std::shared_ptr<Blob> inner_;
   std::atomic<int>* failures_;
 };
 
