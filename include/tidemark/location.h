@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tidemark/error.h"
@@ -77,6 +78,13 @@ struct VersionedData {
 
 enum class CasOutcome : std::uint8_t { kCommitted, kExpectationMismatch };
 
+// One compare_and_set of a batch (Consensus::compare_and_set_many).
+struct CasRequest {
+  std::string key;
+  std::optional<SeqNo> expected;
+  VersionedData next;
+};
+
 class Consensus {
  public:
   Consensus() = default;
@@ -107,6 +115,21 @@ class Consensus {
   // Deletes versions with seqno < `seqno` and returns how many it deleted.
   // REQUIRES: seqno <= the head's seqno; else InvalidUsage.
   [[nodiscard]] virtual Result<std::size_t> truncate(std::string_view key, SeqNo seqno) = 0;
+
+  // Several compare_and_sets, applied in order as if one after another,
+  // each landing or not on its own (a mismatch or an invalid request does
+  // not stop the others): one result per request, in order. Not atomic
+  // together, but a backend may commit them in one transaction, so that
+  // many small writes (lease renewals) cost one durable commit. The
+  // default calls compare_and_set for each.
+  [[nodiscard]] virtual std::vector<Result<CasOutcome>> compare_and_set_many(
+      const std::vector<CasRequest>& requests);
+
+  // truncate() for each (key, seqno), in order, each on its own, with the
+  // same batching freedom as compare_and_set_many. The default calls
+  // truncate for each.
+  [[nodiscard]] virtual std::vector<Result<std::size_t>> truncate_many(
+      const std::vector<std::pair<std::string, SeqNo>>& truncations);
 };
 
 // Opens a backend by URL:

@@ -370,6 +370,61 @@ TEST_P(ConsensusConformance, HeadSeqnosReadsEveryKeyInOrder) {
   EXPECT_TRUE(none->empty());
 }
 
+TEST_P(ConsensusConformance, CompareAndSetManyLandsEachOnItsOwn) {
+  write_versions("a", 2);
+  std::vector<CasRequest> requests = {
+      {"a", 2, {3, "a3"}},             // lands
+      {"b", 5, {6, "b6"}},             // a mismatch: "b" has no version
+      {"c", std::nullopt, {1, "c1"}},  // lands
+      {"a", 2, {4, "a4"}},             // after the first: a mismatch
+      {"d", 3, {3, "d3"}},             // invalid: next must exceed expected
+      {"c", 1, {2, "c2"}},             // sees the earlier "c" request
+  };
+  auto outcomes = consensus_->compare_and_set_many(requests);
+  ASSERT_EQ(outcomes.size(), requests.size());
+  for (std::size_t i : {0, 1, 2, 3, 5}) {
+    ASSERT_TRUE(outcomes[i].has_value()) << i << ": " << outcomes[i].error().to_string();
+  }
+  EXPECT_EQ(*outcomes[0], CasOutcome::kCommitted);
+  EXPECT_EQ(*outcomes[1], CasOutcome::kExpectationMismatch);
+  EXPECT_EQ(*outcomes[2], CasOutcome::kCommitted);
+  EXPECT_EQ(*outcomes[3], CasOutcome::kExpectationMismatch);
+  ASSERT_FALSE(outcomes[4].has_value());
+  EXPECT_EQ(outcomes[4].error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_EQ(*outcomes[5], CasOutcome::kCommitted);
+  EXPECT_EQ(head("a"), (VersionedData{3, "a3"}));
+  EXPECT_EQ(head("b"), std::nullopt);
+  EXPECT_EQ(head("c"), (VersionedData{2, "c2"}));
+  EXPECT_EQ(head("d"), std::nullopt);
+  auto seqnos = consensus_->head_seqnos({"a", "c"});
+  ASSERT_TRUE(seqnos.has_value()) << seqnos.error().to_string();
+  EXPECT_EQ(*seqnos, (std::vector<std::optional<SeqNo>>{3, 2}));
+  EXPECT_TRUE(consensus_->compare_and_set_many({}).empty());
+}
+
+TEST_P(ConsensusConformance, TruncateManyTruncatesEachOnItsOwn) {
+  write_versions("a", 4);
+  write_versions("b", 3);
+  auto deleted = consensus_->truncate_many({{"a", 3}, {"absent", 1}, {"b", 9}, {"b", 2}});
+  ASSERT_EQ(deleted.size(), 4u);
+  ASSERT_TRUE(deleted[0].has_value()) << deleted[0].error().to_string();
+  EXPECT_EQ(*deleted[0], 2u);
+  ASSERT_FALSE(deleted[1].has_value());
+  EXPECT_EQ(deleted[1].error().kind, ErrorKind::kInvalidUsage);
+  ASSERT_FALSE(deleted[2].has_value());
+  EXPECT_EQ(deleted[2].error().kind, ErrorKind::kInvalidUsage);
+  ASSERT_TRUE(deleted[3].has_value()) << deleted[3].error().to_string();
+  EXPECT_EQ(*deleted[3], 1u);
+  auto a = consensus_->scan("a", 0, 10);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->size(), 2u);
+  EXPECT_EQ(a->front().seqno, 3u);
+  auto b = consensus_->scan("b", 0, 10);
+  ASSERT_TRUE(b.has_value());
+  ASSERT_EQ(b->size(), 2u);
+  EXPECT_EQ(b->front().seqno, 2u);
+}
+
 TEST_P(ConsensusConformance, StaleExpectationIsAMismatchNotAnError) {
   write_versions("key", 3);
   EXPECT_EQ(cas("key", 2, 4), CasOutcome::kExpectationMismatch);  // behind

@@ -74,6 +74,24 @@ Result<std::vector<std::optional<SeqNo>>> Consensus::head_seqnos(
   return out;
 }
 
+std::vector<Result<CasOutcome>> Consensus::compare_and_set_many(
+    const std::vector<CasRequest>& requests) {
+  std::vector<Result<CasOutcome>> out;
+  out.reserve(requests.size());
+  for (const CasRequest& request : requests) {
+    out.push_back(compare_and_set(request.key, request.expected, request.next));
+  }
+  return out;
+}
+
+std::vector<Result<std::size_t>> Consensus::truncate_many(
+    const std::vector<std::pair<std::string, SeqNo>>& truncations) {
+  std::vector<Result<std::size_t>> out;
+  out.reserve(truncations.size());
+  for (const auto& [key, seqno] : truncations) out.push_back(truncate(key, seqno));
+  return out;
+}
+
 Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
   if (url == kMemUrl) return std::make_shared<MemConsensus>();
   if (url.starts_with(kSqliteScheme)) {

@@ -191,6 +191,7 @@ Status SqliteConsensus::prepare_statements() {
   const Wanted wanted[] = {
       {&begin_, "BEGIN IMMEDIATE"},
       {&begin_read_, "BEGIN DEFERRED"},
+      {&select_data_version_, "PRAGMA data_version"},
       {&commit_, "COMMIT"},
       {&rollback_, "ROLLBACK"},
       {&select_head_,
@@ -232,16 +233,31 @@ Result<std::vector<std::optional<SeqNo>>> SqliteConsensus::head_seqnos(
     int code = sqlite3_step(begin_read_.get());
     if (code != SQLITE_DONE) return determinate(describe("head_seqnos: begin", code));
   }
+  TransactionGuard transaction(connection_.get(), rollback_.get());
+  {
+    // Changes only when another connection commits (this one's own
+    // commits keep known_heads_ current themselves).
+    sqlite3_stmt* statement = select_data_version_.get();
+    StatementUse use(statement);
+    int code = sqlite3_step(statement);
+    if (code != SQLITE_ROW) return determinate(describe("head_seqnos: data_version", code));
+    const std::int64_t version = sqlite3_column_int64(statement, 0);
+    if (version != data_version_) {
+      known_heads_.clear();
+      data_version_ = version;
+    }
+  }
   std::vector<std::optional<SeqNo>> out;
   out.reserve(keys.size());
   for (const std::string& key : keys) {
-    auto seqno = head_seqno(key);
-    if (!seqno) {
-      StatementUse use(rollback_.get());
-      (void)sqlite3_step(rollback_.get());
-      return std::unexpected(seqno.error());
+    if (auto known = known_heads_.find(key); known != known_heads_.end()) {
+      out.push_back(known->second);
+      continue;
     }
-    out.push_back(*seqno);
+    TM_ASSIGN(std::optional<SeqNo> seqno, head_seqno(key));
+    if (known_heads_.size() >= kMaxKnownHeads) known_heads_.clear();
+    known_heads_.emplace(key, seqno);
+    out.push_back(seqno);
   }
   StatementUse use(commit_.get());
   if (int code = sqlite3_step(commit_.get()); code != SQLITE_DONE) {
@@ -260,32 +276,105 @@ Result<std::optional<SeqNo>> SqliteConsensus::head_seqno(std::string_view key) {
   return static_cast<SeqNo>(sqlite3_column_int64(statement, 0));
 }
 
+Status SqliteConsensus::begin_write(std::string_view what) {
+  StatementUse use(begin_.get());
+  int code = sqlite3_step(begin_.get());
+  if (code != SQLITE_DONE) return determinate(describe(std::string(what) + ": begin", code));
+  return {};
+}
+
+Status SqliteConsensus::commit_write(std::string_view what) {
+  StatementUse use(commit_.get());
+  int code = sqlite3_step(commit_.get());
+  if (code != SQLITE_DONE) return indeterminate(describe(std::string(what) + ": commit", code));
+  return {};
+}
+
+Result<CasOutcome> SqliteConsensus::compare_and_set_in_transaction(std::string_view key,
+                                                                   std::optional<SeqNo> expected,
+                                                                   const VersionedData& next) {
+  TM_ASSIGN(std::optional<SeqNo> current, head_seqno(key));
+  if (current != expected) return CasOutcome::kExpectationMismatch;
+  sqlite3_stmt* statement = insert_.get();
+  StatementUse use(statement);
+  bind_key(statement, 1, key);
+  bind_seqno(statement, 2, next.seqno);
+  sqlite3_bind_blob64(statement, 3, next.data.data(), next.data.size(), SQLITE_STATIC);
+  int code = sqlite3_step(statement);
+  if (code != SQLITE_DONE) return determinate(describe("compare_and_set: insert", code));
+  return CasOutcome::kCommitted;
+}
+
+void SqliteConsensus::learn_head(std::string_view key, std::optional<SeqNo> seqno) {
+  auto known = known_heads_.find(key);
+  if (known == known_heads_.end()) return;
+  if (seqno) {
+    known->second = seqno;
+  } else {
+    known_heads_.erase(known);  // not known any more
+  }
+}
+
 Result<CasOutcome> SqliteConsensus::compare_and_set(std::string_view key,
                                                     std::optional<SeqNo> expected,
                                                     VersionedData next) {
   TM_TRY(validate_compare_and_set(expected, next.seqno));
   std::lock_guard lock(mutex_);
-  {
-    StatementUse use(begin_.get());
-    int code = sqlite3_step(begin_.get());
-    if (code != SQLITE_DONE) return determinate(describe("compare_and_set: begin", code));
-  }
+  TM_TRY(begin_write("compare_and_set"));
   TransactionGuard transaction(connection_.get(), rollback_.get());
-  TM_ASSIGN(std::optional<SeqNo> current, head_seqno(key));
-  if (current != expected) return CasOutcome::kExpectationMismatch;
-  {
-    sqlite3_stmt* statement = insert_.get();
-    StatementUse use(statement);
-    bind_key(statement, 1, key);
-    bind_seqno(statement, 2, next.seqno);
-    sqlite3_bind_blob64(statement, 3, next.data.data(), next.data.size(), SQLITE_STATIC);
-    int code = sqlite3_step(statement);
-    if (code != SQLITE_DONE) return determinate(describe("compare_and_set: insert", code));
+  TM_ASSIGN(CasOutcome outcome, compare_and_set_in_transaction(key, expected, next));
+  if (outcome != CasOutcome::kCommitted) return outcome;
+  if (auto committed = commit_write("compare_and_set"); !committed) {
+    learn_head(key, std::nullopt);
+    return std::unexpected(committed.error());
   }
-  StatementUse use(commit_.get());
-  int code = sqlite3_step(commit_.get());
-  if (code != SQLITE_DONE) return indeterminate(describe("compare_and_set: commit", code));
+  learn_head(key, next.seqno);
   return CasOutcome::kCommitted;
+}
+
+std::vector<Result<CasOutcome>> SqliteConsensus::compare_and_set_many(
+    const std::vector<CasRequest>& requests) {
+  std::vector<Result<CasOutcome>> out;
+  out.reserve(requests.size());
+  for (const CasRequest& request : requests) {
+    auto valid = validate_compare_and_set(request.expected, request.next.seqno);
+    if (valid) {
+      out.emplace_back(CasOutcome::kExpectationMismatch);  // replaced below
+    } else {
+      out.emplace_back(std::unexpected(valid.error()));
+    }
+  }
+  auto fail_all_valid = [&](const Error& error) {
+    for (Result<CasOutcome>& result : out) {
+      if (result) result = std::unexpected(error);
+    }
+    return std::move(out);
+  };
+  std::lock_guard lock(mutex_);
+  if (auto begun = begin_write("compare_and_set_many"); !begun)
+    return fail_all_valid(begun.error());
+  TransactionGuard transaction(connection_.get(), rollback_.get());
+  bool any = false;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (!out[i]) continue;
+    const CasRequest& request = requests[i];
+    auto outcome = compare_and_set_in_transaction(request.key, request.expected, request.next);
+    if (!outcome) return fail_all_valid(outcome.error());  // rolled back: none landed
+    out[i] = *outcome;
+    any = any || *outcome == CasOutcome::kCommitted;
+  }
+  if (!any) return out;
+  auto committed = commit_write("compare_and_set_many");
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (!out[i] || *out[i] != CasOutcome::kCommitted) continue;
+    if (committed) {
+      learn_head(requests[i].key, requests[i].next.seqno);
+    } else {
+      learn_head(requests[i].key, std::nullopt);
+      out[i] = std::unexpected(committed.error());
+    }
+  }
+  return out;
 }
 
 Result<std::vector<VersionedData>> SqliteConsensus::scan(std::string_view key, SeqNo from,
@@ -307,14 +396,7 @@ Result<std::vector<VersionedData>> SqliteConsensus::scan(std::string_view key, S
   return out;
 }
 
-Result<std::size_t> SqliteConsensus::truncate(std::string_view key, SeqNo seqno) {
-  std::lock_guard lock(mutex_);
-  {
-    StatementUse use(begin_.get());
-    int code = sqlite3_step(begin_.get());
-    if (code != SQLITE_DONE) return determinate(describe("truncate: begin", code));
-  }
-  TransactionGuard transaction(connection_.get(), rollback_.get());
+Result<std::size_t> SqliteConsensus::truncate_in_transaction(std::string_view key, SeqNo seqno) {
   TM_ASSIGN(std::optional<SeqNo> head, head_seqno(key));
   if (!head) {
     return invalid_usage("truncate " + std::string(key) + " to seqno " + std::to_string(seqno) +
@@ -324,20 +406,52 @@ Result<std::size_t> SqliteConsensus::truncate(std::string_view key, SeqNo seqno)
     return invalid_usage("truncate " + std::string(key) + " to seqno " + std::to_string(seqno) +
                          ": beyond the head seqno " + std::to_string(*head));
   }
-  std::size_t deleted = 0;
-  {
-    sqlite3_stmt* statement = delete_below_.get();
-    StatementUse use(statement);
-    bind_key(statement, 1, key);
-    bind_seqno(statement, 2, seqno);
-    int code = sqlite3_step(statement);
-    if (code != SQLITE_DONE) return determinate(describe("truncate: delete", code));
-    deleted = static_cast<std::size_t>(sqlite3_changes64(connection_.get()));
-  }
-  StatementUse use(commit_.get());
-  int code = sqlite3_step(commit_.get());
-  if (code != SQLITE_DONE) return indeterminate(describe("truncate: commit", code));
+  sqlite3_stmt* statement = delete_below_.get();
+  StatementUse use(statement);
+  bind_key(statement, 1, key);
+  bind_seqno(statement, 2, seqno);
+  int code = sqlite3_step(statement);
+  if (code != SQLITE_DONE) return determinate(describe("truncate: delete", code));
+  return static_cast<std::size_t>(sqlite3_changes64(connection_.get()));
+}
+
+Result<std::size_t> SqliteConsensus::truncate(std::string_view key, SeqNo seqno) {
+  std::lock_guard lock(mutex_);
+  TM_TRY(begin_write("truncate"));
+  TransactionGuard transaction(connection_.get(), rollback_.get());
+  TM_ASSIGN(std::size_t deleted, truncate_in_transaction(key, seqno));
+  TM_TRY(commit_write("truncate"));
   return deleted;
+}
+
+std::vector<Result<std::size_t>> SqliteConsensus::truncate_many(
+    const std::vector<std::pair<std::string, SeqNo>>& truncations) {
+  std::vector<Result<std::size_t>> out;
+  out.reserve(truncations.size());
+  auto fail_all = [&](const Error& error) {
+    out.assign(truncations.size(), std::unexpected(error));
+    return std::move(out);
+  };
+  std::lock_guard lock(mutex_);
+  if (auto begun = begin_write("truncate_many"); !begun) return fail_all(begun.error());
+  TransactionGuard transaction(connection_.get(), rollback_.get());
+  bool any = false;
+  for (const auto& [key, seqno] : truncations) {
+    auto deleted = truncate_in_transaction(key, seqno);
+    // A request's own mistake is its answer; anything else undoes them all.
+    if (!deleted && !deleted.error().is(ErrorKind::kInvalidUsage)) {
+      return fail_all(deleted.error());
+    }
+    any = any || (deleted && *deleted > 0);
+    out.push_back(std::move(deleted));
+  }
+  if (!any) return out;
+  if (auto committed = commit_write("truncate_many"); !committed) {
+    for (Result<std::size_t>& result : out) {
+      if (result) result = std::unexpected(committed.error());
+    }
+  }
+  return out;
 }
 
 }  // namespace tidemark

@@ -10,7 +10,8 @@
 // Invariants:
 //   - the database is in WAL mode with synchronous=FULL, so a commit is
 //     durable when compare_and_set or truncate returns;
-//   - compare_and_set and truncate run in BEGIN IMMEDIATE transactions: the
+//   - compare_and_set and truncate (and their _many forms, all requests in
+//     one) run in BEGIN IMMEDIATE transactions: the
 //     read of the head and the write that depends on it hold SQLite's write
 //     lock together, which is what makes compare_and_set linearizable across
 //     processes sharing the file.
@@ -24,11 +25,15 @@
 // file. Do not carry an instance across fork(): open a new one in the child.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tidemark/location.h"
@@ -45,7 +50,8 @@ class SqliteConsensus : public Consensus {
   [[nodiscard]] static Result<std::unique_ptr<SqliteConsensus>> open(std::string path);
 
   [[nodiscard]] Result<std::optional<VersionedData>> head(std::string_view key) override;
-  // Every key's in one read transaction.
+  // Every key's in one read transaction, and none read again while no
+  // other connection has committed (known_heads_ below).
   [[nodiscard]] Result<std::vector<std::optional<SeqNo>>> head_seqnos(
       const std::vector<std::string>& keys) override;
   [[nodiscard]] Result<CasOutcome> compare_and_set(std::string_view key,
@@ -54,6 +60,11 @@ class SqliteConsensus : public Consensus {
   [[nodiscard]] Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                                         std::size_t limit) override;
   [[nodiscard]] Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override;
+  // Each in one transaction: one commit, one sync.
+  [[nodiscard]] std::vector<Result<CasOutcome>> compare_and_set_many(
+      const std::vector<CasRequest>& requests) override;
+  [[nodiscard]] std::vector<Result<std::size_t>> truncate_many(
+      const std::vector<std::pair<std::string, SeqNo>>& truncations) override;
 
   const std::string& path() const { return path_; }
 
@@ -78,6 +89,18 @@ class SqliteConsensus : public Consensus {
 
   // Reads the head seqno of `key` inside the current transaction.
   [[nodiscard]] Result<std::optional<SeqNo>> head_seqno(std::string_view key);
+  // BEGIN IMMEDIATE (Determinate on failure) and COMMIT (Indeterminate).
+  [[nodiscard]] Status begin_write(std::string_view what);
+  [[nodiscard]] Status commit_write(std::string_view what);
+  // The bodies of compare_and_set and truncate, inside an open write
+  // transaction (the caller rolls it back after an error).
+  [[nodiscard]] Result<CasOutcome> compare_and_set_in_transaction(std::string_view key,
+                                                                  std::optional<SeqNo> expected,
+                                                                  const VersionedData& next);
+  [[nodiscard]] Result<std::size_t> truncate_in_transaction(std::string_view key, SeqNo seqno);
+  // This connection's own commit moved `key`'s head to `seqno` (nullopt:
+  // it may or may not have): keeps known_heads_ true.
+  void learn_head(std::string_view key, std::optional<SeqNo> seqno);
 
   // "sqlite consensus <path>: <what>: <sqlite message>".
   std::string describe(std::string_view what, int code) const;
@@ -89,6 +112,7 @@ class SqliteConsensus : public Consensus {
   Connection connection_;  // guarded by mutex_, as are the statements
   Statement begin_;
   Statement begin_read_;
+  Statement select_data_version_;
   Statement commit_;
   Statement rollback_;
   Statement select_head_;
@@ -96,6 +120,16 @@ class SqliteConsensus : public Consensus {
   Statement insert_;
   Statement select_range_;
   Statement delete_below_;
+
+  // Head seqnos head_seqnos() has read, kept while PRAGMA data_version
+  // says no other connection (another process, or another instance on the
+  // same file) has committed, and updated by this connection's own
+  // commits: an idle poll of thousands of keys then reads none of them.
+  // At most kMaxKnownHeads entries (about 100 bytes each), cleared when
+  // full.
+  static constexpr std::size_t kMaxKnownHeads = 1 << 16;
+  std::map<std::string, std::optional<SeqNo>, std::less<>> known_heads_;  // guarded by mutex_
+  std::int64_t data_version_ = -1;                                        // guarded by mutex_
 };
 
 }  // namespace tidemark

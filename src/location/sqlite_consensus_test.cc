@@ -111,6 +111,49 @@ TEST(SqliteConsensusTest, SharedByTwoConnectionsInOneProcess) {
   expect_log(path, 2 * kEach, {{"first", kEach}, {"second", kEach}});
 }
 
+// head_seqnos keeps what it read while no other connection commits: what
+// it answers must still follow this connection's own commits (single and
+// batched, including a lost comparison), another instance's on the same
+// file, and another process's.
+TEST(SqliteConsensusTest, HeadSeqnosFollowEveryWriter) {
+  ScratchDirectory scratch;
+  const std::string path = scratch.path() + "/heads.db";
+  auto mine = SqliteConsensus::open(path);
+  auto other = SqliteConsensus::open(path);
+  ASSERT_TRUE(mine.has_value() && other.has_value());
+  auto heads = [&] {
+    auto seqnos = (*mine)->head_seqnos({"a", "b", "c"});
+    EXPECT_TRUE(seqnos.has_value()) << seqnos.error().to_string();
+    return seqnos ? *seqnos : std::vector<std::optional<SeqNo>>{};
+  };
+  using Heads = std::vector<std::optional<SeqNo>>;
+  EXPECT_EQ(heads(), (Heads{std::nullopt, std::nullopt, std::nullopt}));
+  ASSERT_EQ((*mine)->compare_and_set("a", std::nullopt, {1, "a1"}), CasOutcome::kCommitted);
+  EXPECT_EQ(heads(), (Heads{1, std::nullopt, std::nullopt}));
+  ASSERT_EQ((*other)->compare_and_set("b", std::nullopt, {1, "b1"}), CasOutcome::kCommitted);
+  EXPECT_EQ(heads(), (Heads{1, 1, std::nullopt}));
+  auto batch = (*mine)->compare_and_set_many({{"a", 1, {2, "a2"}}, {"c", 4, {5, "c5"}}});
+  ASSERT_TRUE(batch[0].has_value() && batch[1].has_value());
+  EXPECT_EQ(*batch[1], CasOutcome::kExpectationMismatch);
+  EXPECT_EQ(heads(), (Heads{2, 1, std::nullopt}));
+  std::fflush(nullptr);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto own = SqliteConsensus::open(path);
+    bool ok = own.has_value() &&
+              (*own)->compare_and_set("c", std::nullopt, {7, "c7"}) == CasOutcome::kCommitted;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  EXPECT_EQ(heads(), (Heads{2, 1, 7}));
+  ASSERT_EQ((*mine)->compare_and_set("c", 7, {8, "c8"}), CasOutcome::kCommitted);
+  ASSERT_EQ((*other)->compare_and_set("a", 2, {3, "a3"}), CasOutcome::kCommitted);
+  EXPECT_EQ(heads(), (Heads{3, 1, 8}));
+}
+
 TEST(SqliteConsensusTest, VersionsSurviveReopening) {
   ScratchDirectory scratch;
   const std::string path = scratch.path() + "/consensus.db";
