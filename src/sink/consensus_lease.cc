@@ -1,8 +1,15 @@
 #include "sink/consensus_lease.h"
 
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
 #include "util/clock.h"
 #include "util/ids.h"
 #include "util/json.h"
+#include "util/periodic.h"
 
 namespace tidemark {
 namespace {
@@ -24,6 +31,128 @@ std::optional<std::uint64_t> number_field(const JsonValue& json, std::string_vie
 }
 
 }  // namespace
+
+// The leases of this process on one Consensus with one renewal period:
+// one timer task renews them all, in batches (see the header).
+class RenewalGroup {
+ public:
+  // The live group for (consensus, every), or a new one with its task
+  // started. An error when the task cannot be started.
+  [[nodiscard]] static Result<std::shared_ptr<RenewalGroup>> of(
+      const std::shared_ptr<Consensus>& consensus, std::chrono::milliseconds every);
+
+  RenewalGroup(std::shared_ptr<Consensus> consensus, std::chrono::milliseconds every)
+      : consensus_(std::move(consensus)), every_(every) {}
+  ~RenewalGroup();
+  RenewalGroup(const RenewalGroup&) = delete;
+  RenewalGroup& operator=(const RenewalGroup&) = delete;
+
+  void join(ConsensusLease* lease);
+  // After it returns the group does not touch `lease` again.
+  void leave(ConsensusLease* lease);
+
+ private:
+  using Key = std::pair<const Consensus*, std::int64_t>;
+  // Every live group, weakly: a group lives while a lease holds it.
+  static std::mutex& registry_mu();
+  static std::map<Key, std::weak_ptr<RenewalGroup>>& registry();
+
+  // One round: every member renewed, kRenewalBatch to a write.
+  void renew_all();
+
+  const std::shared_ptr<Consensus> consensus_;
+  const std::chrono::milliseconds every_;
+  std::mutex round_mu_;  // held by a round: leave() waits for it
+  std::mutex members_mu_;
+  std::unordered_set<ConsensusLease*> members_;  // guarded by members_mu_
+  PeriodicTask task_;
+};
+
+std::mutex& RenewalGroup::registry_mu() {
+  static auto* mu = new std::mutex;  // never destroyed: leases may outlive statics
+  return *mu;
+}
+
+std::map<RenewalGroup::Key, std::weak_ptr<RenewalGroup>>& RenewalGroup::registry() {
+  static auto* groups = new std::map<Key, std::weak_ptr<RenewalGroup>>;
+  return *groups;
+}
+
+Result<std::shared_ptr<RenewalGroup>> RenewalGroup::of(const std::shared_ptr<Consensus>& consensus,
+                                                       std::chrono::milliseconds every) {
+  std::lock_guard lock(registry_mu());
+  std::weak_ptr<RenewalGroup>& entry = registry()[Key{consensus.get(), every.count()}];
+  if (auto group = entry.lock()) return group;
+  auto group = std::make_shared<RenewalGroup>(consensus, every);
+  // The task holds the group weakly: the last lease to leave ends both.
+  TM_TRY(group->task_.start(every, [weak = std::weak_ptr<RenewalGroup>(group)] {
+    auto self = weak.lock();
+    if (!self) return false;
+    self->renew_all();
+    return true;
+  }));
+  entry = group;
+  return group;
+}
+
+RenewalGroup::~RenewalGroup() {
+  task_.stop();
+  std::lock_guard lock(registry_mu());
+  auto entry = registry().find(Key{consensus_.get(), every_.count()});
+  // Another group may have taken the key since this one's last lease left.
+  if (entry != registry().end() && entry->second.expired()) registry().erase(entry);
+}
+
+void RenewalGroup::join(ConsensusLease* lease) {
+  std::lock_guard lock(members_mu_);
+  members_.insert(lease);
+}
+
+void RenewalGroup::leave(ConsensusLease* lease) {
+  {
+    std::lock_guard lock(members_mu_);
+    members_.erase(lease);
+  }
+  // A round in progress may hold it still.
+  std::lock_guard round(round_mu_);
+}
+
+void RenewalGroup::renew_all() {
+  std::lock_guard round(round_mu_);
+  std::vector<ConsensusLease*> members;
+  {
+    std::lock_guard lock(members_mu_);
+    members.assign(members_.begin(), members_.end());
+  }
+  std::vector<ConsensusLease*> renewing;
+  std::vector<CasRequest> requests;
+  std::vector<std::pair<std::string, SeqNo>> truncations;
+  for (std::size_t from = 0; from < members.size(); from += ConsensusLease::kRenewalBatch) {
+    const std::size_t to = std::min(members.size(), from + ConsensusLease::kRenewalBatch);
+    renewing.clear();
+    requests.clear();
+    truncations.clear();
+    for (std::size_t i = from; i < to; ++i) {
+      if (auto request = members[i]->next_renewal()) {
+        renewing.push_back(members[i]);
+        requests.push_back(std::move(*request));
+      }
+    }
+    if (requests.empty()) continue;
+    const auto started = SteadyClock::now();
+    std::vector<Result<CasOutcome>> outcomes = consensus_->compare_and_set_many(requests);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      Result<CasOutcome> outcome = i < outcomes.size()
+                                       ? std::move(outcomes[i])
+                                       : Result<CasOutcome>(determinate("no outcome"));
+      if (renewing[i]->renewed(requests[i], outcome, started)) {
+        truncations.emplace_back(requests[i].key, requests[i].next.seqno);
+      }
+    }
+    // Best effort: older versions are history.
+    if (!truncations.empty()) (void)consensus_->truncate_many(truncations);
+  }
+}
 
 std::string LeaseRecord::describe_holder() const {
   std::string out = runner.empty() ? std::string("a sink runner") : runner;
@@ -154,8 +283,8 @@ Result<std::unique_ptr<ConsensusLease>> ConsensusLease::acquire(
     auto lease = std::unique_ptr<ConsensusLease>(
         new ConsensusLease(std::move(consensus), std::move(key), next, options, seqno, started));
     // Cannot renew: released again (the destructor) and refused.
-    TM_TRY(
-        lease->renewal_.start(options.renew_every, [raw = lease.get()] { return raw->renew(); }));
+    TM_ASSIGN(lease->group_, RenewalGroup::of(lease->consensus_, options.renew_every));
+    lease->group_->join(lease.get());
     return lease;
   }
   return determinate("lease " + key + ": lost " + std::to_string(kAttempts) +
@@ -173,7 +302,7 @@ ConsensusLease::ConsensusLease(std::shared_ptr<Consensus> consensus, std::string
       landed_(landed) {}
 
 ConsensusLease::~ConsensusLease() {
-  renewal_.stop();
+  if (group_) group_->leave(this);
   release();
 }
 
@@ -182,44 +311,43 @@ std::unexpected<Error> ConsensusLease::taken_over(const LeaseRecord& holder) con
                     record_.subject + " was taken over by " + holder.describe_holder());
 }
 
-bool ConsensusLease::renew() {
-  const auto started = SteadyClock::now();
+std::optional<CasRequest> ConsensusLease::next_renewal() {
   SeqNo expected;
   {
     std::lock_guard lock(mu_);
+    if (lost_to_) return std::nullopt;
     expected = seqno_;
   }
   // One write when nothing changed: our last landed version is the head
   // unless someone took the lease (or an indeterminate write of ours
-  // landed), which the read below tells apart.
+  // landed), which renewed() tells apart.
   LeaseRecord next = record_;
   next.expires_at_ms = wall_clock_millis() + static_cast<std::uint64_t>(options_.duration.count());
-  const SeqNo seqno = expected + 1;
-  auto outcome = consensus_->compare_and_set(key_, expected, VersionedData{seqno, next.to_json()});
+  return CasRequest{key_, expected, VersionedData{expected + 1, next.to_json()}};
+}
+
+bool ConsensusLease::renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
+                             SteadyClock::time_point started) {
   if (outcome && *outcome == CasOutcome::kCommitted) {
-    {
-      std::lock_guard lock(mu_);
-      seqno_ = seqno;
-      landed_ = started;
-    }
-    if (seqno % kTruncateEvery == 0) (void)consensus_->truncate(key_, seqno);
-    return true;
+    std::lock_guard lock(mu_);
+    seqno_ = request.next.seqno;
+    landed_ = started;
+    return seqno_ % kTruncateEvery == 0;
   }
   auto head = consensus_->head(key_);
-  if (!head || !*head) return true;  // try again next time (a missing head is lost at check())
+  if (!head || !*head) return false;  // try again next time (a missing head is lost at check())
   auto current = LeaseRecord::parse((*head)->data);
-  if (!current) return true;
+  if (!current) return false;
+  std::lock_guard lock(mu_);
   if (current->token != record_.token) {
-    std::lock_guard lock(mu_);
     lost_to_ = std::move(*current);
     return false;
   }
   // Still ours, at another seqno (a write of ours that seemed to fail
   // landed): renew from there next time. landed_ stays: when that write
   // started is not known.
-  std::lock_guard lock(mu_);
   seqno_ = (*head)->seqno;
-  return true;
+  return false;
 }
 
 Status ConsensusLease::check() {

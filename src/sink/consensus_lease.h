@@ -33,13 +33,18 @@
 //
 // A renewal is one compare_and_set against the last version it landed
 // (the head is read only when that fails: taken over, or an earlier write
-// of ours landed after all). Versions do not pile up: every
-// kTruncateEvery-th version truncates those below, so a lease keeps at
-// most that many.
+// of ours landed after all). The leases of a process on one Consensus with
+// one renew_every renew together, on one timer task, in batches of at most
+// kRenewalBatch through Consensus::compare_and_set_many: on SQLite a
+// thousand leases cost one transaction (one sync) per period instead of a
+// thousand. A lease that joins the group renews at the group's next tick,
+// within renew_every. Versions do not pile up: every kTruncateEvery-th
+// version truncates those below (one truncate_many per batch), so a lease
+// keeps at most that many.
 //
 // Thread-safety: check() and record() may be called from any thread, the
-// renewal runs on the shared timers. Memory: one record and a timer task
-// per lease.
+// renewal runs on the shared timers. Memory: one record per lease, a
+// pointer in its group, and a timer task per group.
 #pragma once
 
 #include <chrono>
@@ -51,7 +56,6 @@
 #include <string_view>
 
 #include "tidemark/location.h"
-#include "util/periodic.h"
 #include "util/process_identity.h"
 
 namespace tidemark {
@@ -89,9 +93,12 @@ struct LeaseOptions {
   std::chrono::milliseconds margin{10'000};
 };
 
+class RenewalGroup;
+
 class ConsensusLease {
  public:
   static constexpr SeqNo kTruncateEvery = 6;
+  static constexpr std::size_t kRenewalBatch = 256;
 
   ConsensusLease(const ConsensusLease&) = delete;
   ConsensusLease& operator=(const ConsensusLease&) = delete;
@@ -117,8 +124,13 @@ class ConsensusLease {
  private:
   ConsensusLease(std::shared_ptr<Consensus> consensus, std::string key, LeaseRecord record,
                  LeaseOptions options, SeqNo seqno, std::chrono::steady_clock::time_point landed);
-  // One renewal; false once the lease is lost (the task stops).
-  bool renew();
+  friend class RenewalGroup;
+  // A renewal is next_renewal() (nullopt once the lease is lost), then
+  // renewed() with the outcome of its write, which started at `started`;
+  // true when the versions below the new one should be truncated.
+  std::optional<CasRequest> next_renewal();
+  bool renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
+               std::chrono::steady_clock::time_point started);
   void release();
   // Held: the lease went to `holder`.
   std::unexpected<Error> taken_over(const LeaseRecord& holder) const;
@@ -131,7 +143,7 @@ class ConsensusLease {
   SeqNo seqno_;                                   // guarded by mu_: our last landed version
   std::chrono::steady_clock::time_point landed_;  // guarded by mu_: when that write started
   std::optional<LeaseRecord> lost_to_;            // guarded by mu_
-  PeriodicTask renewal_;                          // last: stopped first
+  std::shared_ptr<RenewalGroup> group_;           // renews it while it is a member
 };
 
 }  // namespace tidemark

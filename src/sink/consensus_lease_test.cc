@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include "location/mem_consensus.h"
 #include "util/clock.h"
@@ -288,6 +290,94 @@ TEST(ConsensusLeaseTest, ARenewalIsOneWriteAndVersionsStayFew) {
   auto checked = (*lease)->check();
   ASSERT_FALSE(checked);
   EXPECT_EQ(checked.error().kind, ErrorKind::kHeld);
+}
+
+// Counts compare_and_set_many calls and their requests, forwarding them
+// whole to the inner Consensus.
+class BatchCountingConsensus final : public Consensus {
+ public:
+  explicit BatchCountingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  std::atomic<int> singles{0}, batches{0}, batched{0}, largest{0};
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    ++singles;
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+  std::vector<Result<CasOutcome>> compare_and_set_many(
+      const std::vector<CasRequest>& requests) override {
+    ++batches;
+    batched += static_cast<int>(requests.size());
+    largest = std::max(largest.load(), static_cast<int>(requests.size()));
+    return inner_->compare_and_set_many(requests);
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
+};
+
+// A server holds a lease per sink: a thousand of them renewing one by one
+// made a hundred SQLite commits (each with its sync) a second. The leases
+// of a process on one Consensus renew together, kRenewalBatch to a write,
+// and each stays renewed however many come and go meanwhile.
+TEST(ConsensusLeaseTest, LeasesOnOneConsensusRenewInBatches) {
+  auto inner = std::make_shared<MemConsensus>();
+  auto consensus = std::make_shared<BatchCountingConsensus>(inner);
+  LeaseOptions options{milliseconds(3000), milliseconds(100), milliseconds(1000)};
+  constexpr int kLeases = 600;
+  std::vector<std::unique_ptr<ConsensusLease>> leases;
+  for (int i = 0; i < kLeases; ++i) {
+    auto lease = ConsensusLease::acquire(consensus, "lease/" + std::to_string(i),
+                                         holder("me", "", "s/" + std::to_string(i)), options);
+    ASSERT_TRUE(lease) << lease.error().message;
+    leases.push_back(std::move(*lease));
+  }
+  std::vector<std::uint64_t> expiries;
+  for (int i = 0; i < kLeases; ++i) {
+    expiries.push_back(head_record(*inner, "lease/" + std::to_string(i)).expires_at_ms);
+  }
+  const int singles = consensus->singles;  // the acquisitions
+  const int batches_before = consensus->batches, batched_before = consensus->batched;
+  // Leases leave and join while rounds run.
+  std::thread churn([&] {
+    for (int i = 0; i < 50; ++i) {
+      auto lease =
+          ConsensusLease::acquire(consensus, "lease/churn", holder("me", "", "s/churn"), options);
+      EXPECT_TRUE(lease) << lease.error().message;
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(650));  // about six rounds
+  churn.join();
+  const int batches = consensus->batches - batches_before;
+  const int batched = consensus->batched - batched_before;
+  ASSERT_GT(batches, 0);
+  // Every renewal went through a batch, 256 to a batch at most, so that 600
+  // leases cost three batches a round.
+  // Single writes: only the churning lease's 50 acquisitions and releases.
+  EXPECT_EQ(consensus->singles - singles, 100);
+  EXPECT_LE(consensus->largest.load(), static_cast<int>(ConsensusLease::kRenewalBatch));
+  EXPECT_GE(batched / batches, 150) << batched << " renewals in " << batches << " batches";
+  for (int i = 0; i < kLeases; ++i) {
+    EXPECT_GT(head_record(*inner, "lease/" + std::to_string(i)).expires_at_ms, expiries[i]) << i;
+    ASSERT_TRUE(leases[static_cast<std::size_t>(i)]->check());
+  }
+  // Versions stay few under batched truncation too.
+  auto versions = inner->scan("lease/0", 0, 100);
+  ASSERT_TRUE(versions);
+  EXPECT_LE(versions->size(), static_cast<std::size_t>(ConsensusLease::kTruncateEvery) + 1);
+  leases.clear();
+  EXPECT_TRUE(head_record(*inner, "lease/0").released());
 }
 
 TEST(ConsensusLeaseTest, NotRenewedInTimeItIsNotTrusted) {
