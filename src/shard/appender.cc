@@ -336,7 +336,10 @@ struct Appender::Impl {
       batch->records = std::move(records);
       batch->time = take_time(0);
       Built* raw = batch.get();
-      batch->upload = async_or_inline([this, raw] { return build(*raw); });
+      // On the batch builds pool: a build waits for its parts' uploads
+      // (blob_io()), which an appenders-pool thread must not.
+      batch->upload =
+          submit_or_inline(WorkPool::batch_builds(), [this, raw] { return build(*raw); });
       {
         std::lock_guard lock(mu);
         built.push_back(std::move(batch));

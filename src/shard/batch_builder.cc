@@ -6,8 +6,8 @@
 #include "shard/run_writer.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
+#include "util/executor.h"
 #include "util/ids.h"
-#include "util/thread.h"
 
 namespace tidemark {
 namespace {
@@ -125,7 +125,8 @@ struct BatchBuilder::State {
     }
     PartBuffer full = std::move(buffer);
     buffer = PartBuffer{};
-    uploads.push_back(async_or_inline(
+    uploads.push_back(submit_or_inline(
+        WorkPool::blob_io(),
         [ctx = context, writer = writer_id, full = std::move(full), inline_desc]() mutable {
           return write_part(ctx, writer, std::move(full), inline_desc);
         }));

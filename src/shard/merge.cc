@@ -1,11 +1,9 @@
 #include "shard/merge.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <thread>
 
-#include "util/thread.h"
+#include "util/executor.h"
 
 namespace tidemark {
 
@@ -112,10 +110,10 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
 }
 
 // Calls fn(0) .. fn(count - 1), each a blob read or two: one by one while
-// that is quick (a local disk: threads would cost more than they save), the
-// rest on up to MergeCursor::kOpenThreads threads (this one among them)
-// once it has taken 2 ms. Threads that cannot be started are done without.
-// fn(i) must touch only state of its own i.
+// that is quick (a local disk: handing work to threads would cost more than
+// it saves), the rest with up to MergeCursor::kOpenThreads - 1 jobs of the
+// process's blob_io() pool helping once it has taken 2 ms (busy helpers are
+// done without). fn(i) must touch only state of its own i.
 void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>& fn) {
   const auto started = std::chrono::steady_clock::now();
   std::size_t first = 0;
@@ -124,20 +122,8 @@ void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>&
     fn(first++);
   }
   if (first == count) return;
-  const std::size_t threads = std::min(count - first, MergeCursor::kOpenThreads);
-  std::atomic<std::size_t> next{first};
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < count;) fn(i);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  for (std::size_t t = 1; t < threads; ++t) {
-    auto thread = start_thread("opening parts", work);
-    if (!thread) break;
-    pool.push_back(std::move(*thread));
-  }
-  work();
-  for (std::thread& thread : pool) thread.join();
+  for_each_helped(WorkPool::blob_io(), MergeCursor::kOpenThreads - 1, count - first,
+                  [&](std::size_t i) { fn(first + i); });
 }
 
 }  // namespace

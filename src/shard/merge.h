@@ -87,7 +87,8 @@ class MergeCursor {
   // Opens every unordered part and the first wanted part of each ordered
   // run, and reads each one's first update (unless its first block is over
   // kDeferBlockBytes: then only its footer): one by one while that is quick,
-  // the rest on up to kOpenThreads threads once it has taken 2 ms;
+  // the rest on up to kOpenThreads threads (this one and jobs of the
+  // process's blob_io() pool) once it has taken 2 ms;
   // the rest of a run is opened (and validated) as next() reaches it.
   // `stop` (when given) is asked before each part: once it says true, open
   // fails with Closed.

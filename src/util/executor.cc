@@ -1,6 +1,7 @@
 #include "util/executor.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "util/thread.h"
 
@@ -86,6 +87,50 @@ WorkPool& WorkPool::appenders() {
   // Never destroyed, like compaction()'s.
   static WorkPool* pool = new WorkPool("appenders", std::max<std::size_t>(16, 8 * cores()));
   return *pool;
+}
+
+WorkPool& WorkPool::batch_builds() {
+  // Never destroyed, like compaction()'s.
+  static WorkPool* pool = new WorkPool("batch builds", std::max<std::size_t>(32, 16 * cores()));
+  return *pool;
+}
+
+WorkPool& WorkPool::blob_io() {
+  // Never destroyed, like compaction()'s.
+  static WorkPool* pool = new WorkPool("blob transfers", std::max<std::size_t>(32, 16 * cores()));
+  return *pool;
+}
+
+void for_each_helped(WorkPool& pool, std::size_t helpers, std::size_t count,
+                     const std::function<void(std::size_t)>& fn) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable idle;
+    bool closed = false;  // GUARDED_BY(mu): late helpers do nothing
+    int active = 0;       // GUARDED_BY(mu): helpers inside work()
+    std::atomic<std::size_t> next{0};
+  };
+  auto shared = std::make_shared<Shared>();
+  const auto work = [&fn, count, raw = shared.get()] {
+    for (std::size_t i; (i = raw->next.fetch_add(1)) < count;) fn(i);
+  };
+  for (std::size_t h = 0; h < helpers && h + 1 < count; ++h) {
+    auto submitted = pool.submit([shared, &work] {
+      {
+        std::lock_guard lock(shared->mu);
+        if (shared->closed) return;
+        ++shared->active;
+      }
+      work();
+      std::lock_guard lock(shared->mu);
+      if (--shared->active == 0) shared->idle.notify_all();
+    });
+    if (!submitted) break;  // done without
+  }
+  work();
+  std::unique_lock lock(shared->mu);
+  shared->closed = true;
+  shared->idle.wait(lock, [&] { return shared->active == 0; });
 }
 
 // --- SerialTask ---------------------------------------------------------------

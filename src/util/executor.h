@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +49,7 @@
 #include <queue>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tidemark/error.h"
@@ -74,6 +76,14 @@ class WorkPool {
   // The process's pool for appenders' builders and committers:
   // max(16, 8 x cores) threads (a commit mostly waits on a sync).
   static WorkPool& appenders();
+  // The process's pool for building a batch (an appender's batch cut
+  // into parts): max(32, 16 x cores) threads. A job here may wait for
+  // blob_io() jobs, never for another pool's.
+  static WorkPool& batch_builds();
+  // The process's pool for single blob transfers (a part's upload, the
+  // opening of parts for a merge): max(32, 16 x cores) threads, mostly
+  // waiting on the blob. A job here never waits for another job.
+  static WorkPool& blob_io();
 
  private:
   void run();
@@ -87,6 +97,28 @@ class WorkPool {
   bool stopping_ = false;                    // GUARDED_BY(mu_)
   std::vector<std::thread> threads_;         // GUARDED_BY(mu_)
 };
+
+// Runs `f` on `pool` and returns its future; when the pool has no thread
+// and none can be started, runs `f` here, now: the work is done either
+// way, sooner or later. `f` (which may own large buffers) is moved once,
+// never copied. Do not wait on the future from a job of the same pool
+// (the pools above say which may wait for which).
+template <typename F>
+std::future<std::invoke_result_t<std::decay_t<F>&>> submit_or_inline(WorkPool& pool, F&& f) {
+  using R = std::invoke_result_t<std::decay_t<F>&>;
+  auto task = std::make_shared<std::packaged_task<R()>>(std::forward<F>(f));
+  std::future<R> future = task->get_future();
+  if (!pool.submit([task] { (*task)(); })) (*task)();
+  return future;
+}
+
+// Calls fn(0) .. fn(count - 1) on this thread and on up to `helpers` jobs
+// of `pool` that join in while work is left; returns when every call has
+// returned. A helper that starts after the work is done does nothing, so
+// this never waits for a queued job: it may be called from any thread,
+// including another pool's job. fn(i) must touch only state of its own i.
+void for_each_helped(WorkPool& pool, std::size_t helpers, std::size_t count,
+                     const std::function<void(std::size_t)>& fn);
 
 class SerialTask {
  public:

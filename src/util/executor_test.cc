@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -48,6 +50,46 @@ TEST(WorkPoolTest, RunsEveryJobOnAtMostItsThreads) {
   EXPECT_GE(most.load(), 2);  // they do run side by side
   EXPECT_LE(pool.threads(), 3u);
   EXPECT_LE(threads.size(), 3u);
+}
+
+TEST(WorkPoolTest, SubmitOrInlineGivesTheResult) {
+  WorkPool pool("test", 2);
+  auto owned = std::make_unique<int>(41);  // a move-only capture
+  auto future = submit_or_inline(pool, [owned = std::move(owned)] { return *owned + 1; });
+  EXPECT_EQ(future.get(), 42);
+}
+
+// Every index once, helped by the pool's free threads; with every thread of
+// the pool busy, the caller does it all and does not wait for them.
+TEST(WorkPoolTest, ForEachHelpedNeverWaitsForABusyPool) {
+  WorkPool pool("test", 3);
+  std::vector<std::atomic<int>> calls(200);
+  std::set<std::thread::id> seen;
+  std::mutex seen_mu;
+  for_each_helped(pool, 3, calls.size(), [&](std::size_t i) {
+    ++calls[i];
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::lock_guard lock(seen_mu);
+    seen.insert(std::this_thread::get_id());
+  });
+  for (std::size_t i = 0; i < calls.size(); ++i) EXPECT_EQ(calls[i].load(), 1) << i;
+  EXPECT_GT(seen.size(), 1u);  // helped
+
+  // Block every thread of the pool; the caller alone finishes.
+  std::mutex gate;
+  std::unique_lock closed(gate);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pool.submit([&gate] { std::lock_guard wait(gate); }));
+  }
+  std::atomic<int> done{0};
+  std::set<std::thread::id> alone;
+  for_each_helped(pool, 3, 50, [&](std::size_t) {
+    ++done;
+    alone.insert(std::this_thread::get_id());  // only this thread: no lock needed
+  });
+  EXPECT_EQ(done.load(), 50);
+  EXPECT_EQ(alone, std::set<std::thread::id>{std::this_thread::get_id()});
+  closed.unlock();  // the blocked jobs end; the late helpers find nothing to do
 }
 
 TEST(TimersTest, TasksRepeatUntilTheySayDoneOrAreCancelled) {
