@@ -161,7 +161,24 @@ int run_bench_shards(const Globals& globals, const std::vector<std::string>& arg
   const ProcessFigures idle = process_now();
   const double idle_cpu = idle_cpu_share(20);
   const double open_shards = metric(metrics, "tidemark_open_shards");
+  // Idle figures count only if every sink still runs (a failed sink costs
+  // nothing).
+  const std::string listed = call(http::verb::get, "/v1/sinks").body;
+  std::uint64_t running = 0;
+  for (std::size_t at = listed.find("\"status\":\"running\""); at != std::string::npos;
+       at = listed.find("\"status\":\"running\"", at + 1)) {
+    ++running;
+  }
   (*server)->stop();
+  if (running != sinks) {
+    std::size_t failed = listed.find("\"error\":\"");
+    return report(make_error(ErrorKind::kDeterminate,
+                             std::to_string(running) + " of " + std::to_string(sinks) +
+                                 " sinks running when idle; first error: " +
+                                 (failed == std::string::npos ? std::string("none")
+                                                              : listed.substr(failed, 300)))
+                      .error());
+  }
 
   const double n = static_cast<double>(shards);
   if (args->has("--json")) {
