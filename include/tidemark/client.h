@@ -19,6 +19,7 @@
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/location.h"
+#include "tidemark/read.h"
 #include "tidemark/retry.h"
 
 namespace tidemark {
@@ -189,14 +190,16 @@ class Shard {
 
   // Consolidated contents at `as_of`. NotReady when as_of >= upper (not yet
   // final); SinceViolation when as_of < since.
-  [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of);
+  // `memory`: what the read's decoded blocks are charged to (read.h).
+  [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of, const ReadMemory& memory = {});
 
   // Updates at times > from, in time order, with progress as the upper
   // advances; stops at `until` when given (updates at times < until only).
   // Both open a leased reader of their own for their duration, so garbage
   // collection never deletes a part they may still fetch.
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
-                                                         std::optional<Time> until = std::nullopt);
+                                                         std::optional<Time> until = std::nullopt,
+                                                         const ReadMemory& memory = {});
 
   // Runs the merges the spine needs until it is in shape,
   // each streaming in bounded memory and registered only if its inputs are

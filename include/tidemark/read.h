@@ -26,6 +26,7 @@
 
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
+#include "tidemark/memory_pool.h"
 
 namespace tidemark {
 
@@ -74,6 +75,24 @@ class Listener {
   virtual bool done() const = 0;
 };
 
+// What a read's decoded blocks are charged to. A snapshot holds one block
+// per part it merges (a listen, per part of the batch it reads), each up to
+// the part's block size (64 KiB of payload by default), or one whole update
+// when that is larger. With a pool, the block a part is about to load is
+// charged to it first and released when the next replaces it or the part
+// is done: a block of up to 1 MiB decoded at once, even past the pool's
+// capacity (a merge needs one per part, and refusing them would make a
+// shard with many small parts unreadable), a larger one (a huge update)
+// only when it fits, waiting up to `wait` for room. One that cannot get
+// its bytes in time fails the read with Full, naming the pool: nothing is
+// lost (read again later, or with more memory). So huge updates are read
+// within the pool, and ordinary blocks are counted in it. The default (no
+// pool) charges nothing.
+struct ReadMemory {
+  std::shared_ptr<MemoryPool> pool;
+  std::chrono::milliseconds wait{10'000};
+};
+
 struct ReaderOptions {
   // A leased reader whose lease runs out (no heartbeat for this long) loses
   // its hold.
@@ -106,16 +125,19 @@ class ReadHandle {
   // Reads under this reader's lease: garbage collection keeps every part
   // they may fetch while the lease lives. A critical handle has no lease
   // and reads through a leased reader of its own.
-  [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of);
+  [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of, const ReadMemory& memory = {});
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
-                                                         std::optional<Time> until = std::nullopt);
+                                                         std::optional<Time> until = std::nullopt,
+                                                         const ReadMemory& memory = {});
 
  private:
   friend class Shard;
   // Reads that own `self` (this handle) and drop its hold when done.
-  [[nodiscard]] Result<SnapshotCursor> snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self);
+  [[nodiscard]] Result<SnapshotCursor> snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
+                                                      const ReadMemory& memory);
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen_owned(Time from, std::optional<Time> until,
-                                                               std::unique_ptr<ReadHandle> self);
+                                                               std::unique_ptr<ReadHandle> self,
+                                                               const ReadMemory& memory);
 
   std::unique_ptr<Impl> impl_;
 };

@@ -135,6 +135,9 @@ class PartReader {
   // decoded_block_bytes of the block the next call to next() loads once the
   // current one is used up; 0 when there is none.
   std::uint64_t next_block_decoded_bytes() const;
+  // The next call to next() loads a block (or ends): the current one is
+  // used up, or none is loaded yet.
+  bool block_used_up() const { return position_ >= block_.count(); }
 
   // The next update in (key, value, time) order, or nullopt at the end. The
   // view stays valid until the next call to next() (or until the reader is

@@ -136,7 +136,10 @@ struct Server::Impl {
     root = MemoryPool::create("server", options.memory_limit);
     requests = root->child("requests", options.memory_limit / 4);
     appenders = root->child("appenders", options.memory_limit / 8 * 3);
-    reads = root->child("reads", options.memory_limit / 8);
+    // Room for the largest record the server accepts, read back as a block
+    // of its own (with its key and overhead), beside other reads.
+    reads = root->child("reads", std::max<std::uint64_t>(options.memory_limit / 8,
+                                                         2 * options.max_record_bytes.value_or(0)));
     sink_pool = root->child("sinks", options.memory_limit / 4);
   }
 
@@ -1726,7 +1729,8 @@ class Session : public std::enable_shared_from_this<Session> {
             }
             t = upper->time() - 1;
           }
-          auto cursor = s->snapshot(t);
+          // Its decoded blocks draw from the reads pool.
+          auto cursor = s->snapshot(t, ReadMemory{server->reads});
           if (!cursor) return std::unexpected(read_failure(std::move(cursor).error()));
           return std::make_shared<SnapshotCursor>(std::move(*cursor));
         },
@@ -1811,7 +1815,7 @@ class Session : public std::enable_shared_from_this<Session> {
     blocking<std::shared_ptr<Listener>>(
         [server = server_, n = name_, from, until]() -> Result<std::shared_ptr<Listener>> {
           TM_ASSIGN(auto s, server->shard(n));
-          auto listener = s->listen(*from, until);
+          auto listener = s->listen(*from, until, ReadMemory{server->reads});
           if (!listener) return std::unexpected(read_failure(std::move(listener).error()));
           return std::shared_ptr<Listener>(std::move(*listener));
         },

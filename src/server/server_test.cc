@@ -36,6 +36,7 @@
 #include "sink/file_destination.h"
 #include "sink/kafka_mock_process.h"
 #include "sink/sink_claim.h"
+#include "tidemark/write.h"
 #include "util/executor.h"
 #include "util/json.h"
 #include "util/proc_status.h"
@@ -1620,6 +1621,52 @@ TEST_F(ServerTest, APausedBodyGivesItsReservationUpToThoseWaiting) {
   Reply snapshot = get("/v1/shards/s/snapshot");
   EXPECT_EQ(snapshot.body.find("\"key\":\"p"), std::string::npos) << "the paused body was appended";
   EXPECT_NE(snapshot.body.find("\"key\":\"w0\""), std::string::npos);
+}
+
+// A huge update is read within the reads pool (a snapshot or listen holds
+// its whole block): one that does not fit fails that read, naming the pool,
+// and nothing else; with more memory the same read succeeds.
+TEST_F(ServerTest, AHugeUpdateIsReadWithinTheReadsPool) {
+  options_.memory_limit = 16 << 20;  // the reads pool: 2 MiB
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_TRUE(client_->create_shard("huge"));
+  {
+    auto shard = client_->open_shard("huge");
+    ASSERT_TRUE(shard) << shard.error().to_string();
+    auto writer = (*shard)->open_writer();
+    ASSERT_TRUE(writer) << writer.error().to_string();
+    std::vector<Update> one{Update{"k", std::string(6 << 20, 'v'), 1, 1}};
+    auto batch = (*writer)->batch(one, Frontier::at(0), Frontier::at(2));
+    ASSERT_TRUE(batch) << batch.error().to_string();
+    std::vector<Batch> batches;
+    batches.push_back(std::move(*batch));
+    ASSERT_TRUE((*writer)->compare_and_append(batches, Frontier::at(0), Frontier::at(2)));
+  }
+  ASSERT_EQ(post("/v1/shards", R"({"name": "small"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/small/append", "{\"key\": \"a\", \"value\": 1}\n").status, 200u);
+
+  // The huge block loads when the stream reaches it, after the headers:
+  // the stream ends with an error line (and where to resume), as any read
+  // failing midway does.
+  Reply snapshot = get("/v1/shards/huge/snapshot?as_of=1");
+  EXPECT_NE(snapshot.body.find("{\"error\":"), std::string::npos) << snapshot.body.substr(0, 300);
+  EXPECT_NE(snapshot.body.find("more than the reads memory"), std::string::npos)
+      << snapshot.body.substr(0, 300);
+  Reply listen = get("/v1/shards/huge/listen?from=0&until=2");
+  EXPECT_NE(listen.body.find("more than the reads memory"), std::string::npos)
+      << listen.body.substr(0, 300);
+  EXPECT_EQ(get("/healthz").status, 200u);
+  EXPECT_EQ(get("/v1/shards/small/snapshot").status, 200u);
+
+  // The same reads with a budget that holds the block.
+  server_.reset();
+  client_.reset();
+  options_.memory_limit = 128 << 20;  // the reads pool: 16 MiB
+  ASSERT_NO_FATAL_FAILURE(start());
+  snapshot = get("/v1/shards/huge/snapshot?as_of=1");
+  EXPECT_EQ(snapshot.status, 200u) << snapshot.body.substr(0, 300);
+  EXPECT_EQ(snapshot.body.find("\"error\""), std::string::npos) << snapshot.body.substr(0, 300);
+  EXPECT_EQ(lines_of(snapshot.body).size(), 1u);
 }
 
 TEST_F(ServerTest, BackpressureKeepsThePoolsWithinTheirBudget) {

@@ -24,8 +24,9 @@ namespace {
 class ShardListener final : public Listener {
  public:
   ShardListener(std::shared_ptr<ShardContext> context, Time from, std::optional<Time> until,
-                ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner)
+                ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, ReadMemory memory)
       : context_(std::move(context)),
+        memory_(std::move(memory)),
         from_(from),
         until_(until),
         reported_(Frontier::at(from)),
@@ -137,7 +138,7 @@ class ShardListener final : public Listener {
     const TimeWindow window = next.window;
     TM_ASSIGN(MergeCursor merge,
               MergeCursor::open(context_->read_blob, std::vector<MergeCursor::PartRun>{next.parts},
-                                window));
+                                window, {}, memory_));
     if (window.min == window.max) {
       merge_.emplace(std::move(merge));
       streaming_ = true;
@@ -197,6 +198,7 @@ class ShardListener final : public Listener {
   };
 
   std::shared_ptr<ShardContext> context_;
+  const ReadMemory memory_;
   const Time from_;
   const std::optional<Time> until_;
   bool done_ = false;
@@ -218,9 +220,10 @@ class ShardListener final : public Listener {
 Result<std::unique_ptr<Listener>> open_listener(const std::shared_ptr<ShardContext>& context,
                                                 Time from, std::optional<Time> until,
                                                 ReaderPins::Pin pin,
-                                                std::unique_ptr<ReadHandle> owner) {
-  auto listener =
-      std::make_unique<ShardListener>(context, from, until, std::move(pin), std::move(owner));
+                                                std::unique_ptr<ReadHandle> owner,
+                                                const ReadMemory& memory) {
+  auto listener = std::make_unique<ShardListener>(context, from, until, std::move(pin),
+                                                  std::move(owner), memory);
   TM_TRY(listener->check_since());
   return std::unique_ptr<Listener>(std::move(listener));
 }

@@ -19,6 +19,8 @@ struct MergeCursor::Input {
   Time min = 0;  // effective window of the open part, inclusive
   Time max = 0;
   std::unique_ptr<PartReader> reader;
+  // The reader's current block's bytes, from the cursor's ReadMemory.
+  std::optional<Lease> block_memory;
   std::unique_ptr<Run> run;  // set when the input is an ordered run
 };
 
@@ -165,10 +167,12 @@ Result<std::vector<std::uint64_t>> open_block_bytes(Blob& blob,
 }
 
 Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRun>& runs,
-                                      TimeWindow window, const std::function<bool()>& stop) {
+                                      TimeWindow window, const std::function<bool()>& stop,
+                                      ReadMemory memory) {
   MergeCursor cursor;
   cursor.blob_ = std::move(blob);
   cursor.window_ = window;
+  cursor.memory_ = std::move(memory);
   // One input per unordered part (opened below) and per ordered run.
   std::vector<Input> inputs;
   std::vector<const PartRef*> unopened;  // parallel to inputs; nullptr for a run
@@ -283,6 +287,37 @@ Status MergeCursor::leave_part(Input& input) {
   return {};  // `done` (its block) goes before the next part's block comes
 }
 
+Status MergeCursor::charge_next_block(Input& input) {
+  // The block held now goes before the next one comes (next() drops it).
+  input.block_memory.reset();
+  const std::uint64_t bytes = input.reader->next_block_decoded_bytes();
+  if (bytes == 0) return {};
+  if (bytes <= kDeferBlockBytes) {
+    // An ordinary block: counted, never refused (a merge of many parts
+    // needs one each, whatever the pool; see ReadMemory).
+    input.block_memory = memory_.pool->force_reserve(bytes);
+    return {};
+  }
+  auto lease = memory_.pool->reserve_until(bytes, std::chrono::steady_clock::now() + memory_.wait);
+  if (!lease) {
+    const std::string what = "part " + input.reader->name() + ": its next block decodes to " +
+                             std::to_string(bytes) + " bytes, ";
+    if (lease.error().is(ErrorKind::kInvalidUsage)) {  // can never fit
+      return make_error(ErrorKind::kFull, what + "more than the " + memory_.pool->name() +
+                                              " memory's capacity (" +
+                                              std::to_string(memory_.pool->capacity()) +
+                                              " bytes): it needs a larger memory limit");
+    }
+    return make_error(ErrorKind::kFull, what + "which the " + memory_.pool->name() +
+                                            " memory (capacity " +
+                                            std::to_string(memory_.pool->capacity()) +
+                                            " bytes) could not give within " +
+                                            std::to_string(memory_.wait.count()) + " ms");
+  }
+  input.block_memory = std::move(*lease);
+  return {};
+}
+
 Status MergeCursor::advance(Input& input) {
   Run* run = input.run.get();
   if (run && run->failed) return std::unexpected(*run->failed);
@@ -301,9 +336,11 @@ Status MergeCursor::advance(Input& input) {
         return {};
       }
     }
+    if (memory_.pool && input.reader->block_used_up()) TM_TRY(charge_next_block(input));
     TM_ASSIGN(auto update, input.reader->next());
     if (!update) {
       input.reader.reset();  // release its block buffers early
+      input.block_memory.reset();
       continue;
     }
     const bool wanted = update->time >= input.min && update->time <= input.max;

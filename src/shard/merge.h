@@ -55,6 +55,7 @@
 #include "part/part.h"
 #include "tidemark/batch.h"
 #include "tidemark/location.h"
+#include "tidemark/read.h"
 #include "tidemark/update.h"
 
 namespace tidemark {
@@ -91,10 +92,16 @@ class MergeCursor {
   // process's blob_io() pool) once it has taken 2 ms;
   // the rest of a run is opened (and validated) as next() reaches it.
   // `stop` (when given) is asked before each part: once it says true, open
-  // fails with Closed.
+  // fails with Closed. `memory` (when it has a pool) is charged every
+  // block an input loads, while the input holds it (ReadMemory, read.h):
+  // the next block's decoded bytes are reserved before it loads: up to
+  // kDeferBlockBytes at once (force_reserve), a larger block waiting for
+  // room, and one that cannot get it in time fails next() (or open) with
+  // Full.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRun>& runs, TimeWindow window,
-                                                const std::function<bool()>& stop = {});
+                                                const std::function<bool()>& stop = {},
+                                                ReadMemory memory = {});
   // Every part an input of its own.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRef>& parts,
@@ -112,6 +119,9 @@ class MergeCursor {
   struct Run;
   MergeCursor();
   [[nodiscard]] Status advance(Input& input);
+  // Reserves the decoded bytes of the block input.reader loads next
+  // (releasing the current one's). REQUIRES: memory_.pool.
+  [[nodiscard]] Status charge_next_block(Input& input);
   // Marks an input with a reader whose next block is over kDeferBlockBytes as
   // deferred, its head the bound (key_min, "", 0); false when it loads now.
   static bool defer(Input& input);
@@ -130,6 +140,7 @@ class MergeCursor {
 
   std::shared_ptr<Blob> blob_;  // the parts' readers fetch from *blob_
   TimeWindow window_;
+  ReadMemory memory_;
   std::vector<Input> inputs_;
   std::vector<std::size_t> heap_;  // min-heap of input indices, excluding current_
   std::optional<std::size_t> current_;

@@ -564,5 +564,80 @@ TEST_F(MergeRunTest, RetriesALargeFirstBlockWhoseLoadFailed) {
   EXPECT_FALSE(*end);
 }
 
+// A read's decoded blocks draw from its ReadMemory: each input's current
+// block is reserved before it loads and released when the next replaces it
+// or the input ends, so the pool sees what the merge holds; a block that
+// cannot fit fails the read with Full instead of being allocated anyway.
+TEST_F(MergeRunTest, BlocksAreChargedToTheReadsMemory) {
+  const Description desc = description(0, 10);
+  const std::string huge = incompressible(3 << 20, 'h');
+  const PartRef big = write_part("big", desc, {Update{"m", huge, 1, 1}});
+  const PartRef small = write_part("small", desc, run_updates("k", 0, 40));
+  auto pool = MemoryPool::create("reads", 8 << 20);
+  {
+    auto cursor = MergeCursor::open(blob_, {PartRun{{big, small}, false}}, {}, {},
+                                    ReadMemory{pool, std::chrono::milliseconds(100)});
+    ASSERT_TRUE(cursor) << cursor.error().to_string();
+    std::size_t rows = 0;
+    for (;;) {
+      auto update = cursor->next();
+      ASSERT_TRUE(update) << update.error().to_string();
+      if (!*update) break;
+      ++rows;
+      // The huge block is held while its update is the current one.
+      if ((*update)->key == "m") EXPECT_GE(pool->used(), huge.size());
+    }
+    EXPECT_EQ(rows, 41u);
+    EXPECT_GE(pool->stats().peak_used, huge.size());
+    EXPECT_LE(pool->stats().peak_used, pool->capacity());
+  }
+  EXPECT_EQ(pool->used(), 0u);  // every block's bytes back
+
+  // Too small for the huge block: the read fails with Full, naming the
+  // pool, once its wait is over; the pool is untouched.
+  auto tight = MemoryPool::create("reads", 1 << 20);
+  auto cursor = MergeCursor::open(blob_, {PartRun{{big, small}, false}}, {}, {},
+                                  ReadMemory{tight, std::chrono::milliseconds(100)});
+  Status read = cursor ? Status{} : Status(std::unexpected(cursor.error()));
+  while (read && cursor) {
+    auto update = cursor->next();
+    if (!update) {
+      read = std::unexpected(update.error());
+      break;
+    }
+    if (!*update) break;
+  }
+  ASSERT_FALSE(read) << "a 3 MiB block was read through a 1 MiB pool";
+  EXPECT_EQ(read.error().kind, ErrorKind::kFull) << read.error().to_string();
+  EXPECT_NE(read.error().message.find("more than the reads memory's capacity"), std::string::npos)
+      << read.error().message;
+  EXPECT_EQ(tight->used(), 0u);
+
+  // Room taken by others: the huge block waits for it, and fails after the
+  // wait; once the room is free the same read goes through.
+  auto shared = MemoryPool::create("reads", 4 << 20);
+  auto read_all_through = [&]() -> Status {
+    TM_ASSIGN(MergeCursor cursor,
+              MergeCursor::open(blob_, {PartRun{{big, small}, false}}, {}, {},
+                                ReadMemory{shared, std::chrono::milliseconds(200)}));
+    for (;;) {
+      TM_ASSIGN(auto update, cursor.next());
+      if (!update) return {};
+    }
+  };
+  {
+    Lease held = shared->force_reserve(2 << 20);
+    const auto started = std::chrono::steady_clock::now();
+    Status waited = read_all_through();
+    ASSERT_FALSE(waited);
+    EXPECT_EQ(waited.error().kind, ErrorKind::kFull) << waited.error().to_string();
+    EXPECT_NE(waited.error().message.find("could not give within 200 ms"), std::string::npos)
+        << waited.error().message;
+    EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(200));
+  }
+  Status read_again = read_all_through();
+  EXPECT_TRUE(read_again) << read_again.error().to_string();
+}
+
 }  // namespace
 }  // namespace tidemark

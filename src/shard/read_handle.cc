@@ -107,25 +107,28 @@ Status ReadHandle::expire() {
   return {};
 }
 
-Result<SnapshotCursor> ReadHandle::snapshot(Time as_of) {
-  if (impl_->critical) return Shard(impl_->context).snapshot(as_of);
-  return open_snapshot(impl_->context, as_of, impl_->pins->pin(), nullptr);
+Result<SnapshotCursor> ReadHandle::snapshot(Time as_of, const ReadMemory& memory) {
+  if (impl_->critical) return Shard(impl_->context).snapshot(as_of, memory);
+  return open_snapshot(impl_->context, as_of, impl_->pins->pin(), nullptr, memory);
 }
 
-Result<std::unique_ptr<Listener>> ReadHandle::listen(Time from, std::optional<Time> until) {
-  if (impl_->critical) return Shard(impl_->context).listen(from, until);
-  return open_listener(impl_->context, from, until, impl_->pins->pin(), nullptr);
+Result<std::unique_ptr<Listener>> ReadHandle::listen(Time from, std::optional<Time> until,
+                                                     const ReadMemory& memory) {
+  if (impl_->critical) return Shard(impl_->context).listen(from, until, memory);
+  return open_listener(impl_->context, from, until, impl_->pins->pin(), nullptr, memory);
 }
 
-Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self) {
+Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
+                                                  const ReadMemory& memory) {
   ReaderPins::Pin pin = impl_->pins->pin();
-  return open_snapshot(impl_->context, as_of, std::move(pin), std::move(self));
+  return open_snapshot(impl_->context, as_of, std::move(pin), std::move(self), memory);
 }
 
 Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(Time from, std::optional<Time> until,
-                                                           std::unique_ptr<ReadHandle> self) {
+                                                           std::unique_ptr<ReadHandle> self,
+                                                           const ReadMemory& memory) {
   ReaderPins::Pin pin = impl_->pins->pin();
-  return open_listener(impl_->context, from, until, std::move(pin), std::move(self));
+  return open_listener(impl_->context, from, until, std::move(pin), std::move(self), memory);
 }
 
 namespace {
@@ -185,16 +188,17 @@ Result<std::unique_ptr<ReadHandle>> Shard::open_critical_reader(std::string_view
   return open_handle(context_, "c-" + std::string(reader_id), true, ReaderOptions{});
 }
 
-Result<SnapshotCursor> Shard::snapshot(Time as_of) {
+Result<SnapshotCursor> Shard::snapshot(Time as_of, const ReadMemory& memory) {
   TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
   ReadHandle* raw = handle.get();
-  return raw->snapshot_owned(as_of, std::move(handle));
+  return raw->snapshot_owned(as_of, std::move(handle), memory);
 }
 
-Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until) {
+Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until,
+                                                const ReadMemory& memory) {
   TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
   ReadHandle* raw = handle.get();
-  return raw->listen_owned(from, until, std::move(handle));
+  return raw->listen_owned(from, until, std::move(handle), memory);
 }
 
 }  // namespace tidemark

@@ -15,12 +15,13 @@ namespace tidemark {
 
 [[nodiscard]] Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& context,
                                                    Time as_of, ReaderPins::Pin pin,
-                                                   std::unique_ptr<ReadHandle> owner);
+                                                   std::unique_ptr<ReadHandle> owner,
+                                                   const ReadMemory& memory);
 
 // An owner's since hold stays where it was registered: a transient read
 // never moves the shard's since for others.
 [[nodiscard]] Result<std::unique_ptr<Listener>> open_listener(
     const std::shared_ptr<ShardContext>& context, Time from, std::optional<Time> until,
-    ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner);
+    ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, const ReadMemory& memory);
 
 }  // namespace tidemark

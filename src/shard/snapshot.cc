@@ -38,7 +38,8 @@ Result<std::optional<SnapshotRow>> SnapshotCursor::next() {
 }
 
 Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& context_, Time as_of,
-                                     ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner) {
+                                     ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner,
+                                     const ReadMemory& memory) {
   TM_ASSIGN(StatePtr state_ptr, context_->fetch_for_read());
   const ShardState& state = *state_ptr;
   if (!state.upper.is_past(as_of)) {
@@ -58,7 +59,8 @@ Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& contex
     if (!batch.desc.lower.includes(as_of)) break;  // batches are in time order
     runs.push_back(MergeCursor::PartRun{batch.parts.get(), batch.ordered});
   }
-  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context_->read_blob, runs, TimeWindow{0, as_of}));
+  TM_ASSIGN(MergeCursor merge,
+            MergeCursor::open(context_->read_blob, runs, TimeWindow{0, as_of}, {}, memory));
   auto impl = std::make_unique<SnapshotCursor::Impl>();
   impl->as_of = as_of;
   impl->rows.emplace(std::move(merge));
