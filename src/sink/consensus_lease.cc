@@ -47,9 +47,10 @@ class RenewalGroup {
   RenewalGroup(const RenewalGroup&) = delete;
   RenewalGroup& operator=(const RenewalGroup&) = delete;
 
-  void join(ConsensusLease* lease);
-  // After it returns the group does not touch `lease` again.
-  void leave(ConsensusLease* lease);
+  void join(const std::shared_ptr<ConsensusLease::State>& lease);
+  // No round starts a renewal of `lease` after this; one in progress may
+  // still land (release() allows for it).
+  void leave(const std::shared_ptr<ConsensusLease::State>& lease);
 
  private:
   using Key = std::pair<const Consensus*, std::int64_t>;
@@ -62,9 +63,9 @@ class RenewalGroup {
 
   const std::shared_ptr<Consensus> consensus_;
   const std::chrono::milliseconds every_;
-  std::mutex round_mu_;  // held by a round: leave() waits for it
+  std::mutex round_mu_;  // one round at a time
   std::mutex members_mu_;
-  std::unordered_set<ConsensusLease*> members_;  // guarded by members_mu_
+  std::unordered_set<std::shared_ptr<ConsensusLease::State>> members_;  // guarded by members_mu_
   PeriodicTask task_;
 };
 
@@ -103,28 +104,28 @@ RenewalGroup::~RenewalGroup() {
   if (entry != registry().end() && entry->second.expired()) registry().erase(entry);
 }
 
-void RenewalGroup::join(ConsensusLease* lease) {
+void RenewalGroup::join(const std::shared_ptr<ConsensusLease::State>& lease) {
   std::lock_guard lock(members_mu_);
   members_.insert(lease);
 }
 
-void RenewalGroup::leave(ConsensusLease* lease) {
+void RenewalGroup::leave(const std::shared_ptr<ConsensusLease::State>& lease) {
   {
-    std::lock_guard lock(members_mu_);
-    members_.erase(lease);
+    std::lock_guard lock(lease->mu);
+    lease->released = true;  // a round that copied it already skips it
   }
-  // A round in progress may hold it still.
-  std::lock_guard round(round_mu_);
+  std::lock_guard lock(members_mu_);
+  members_.erase(lease);
 }
 
 void RenewalGroup::renew_all() {
   std::lock_guard round(round_mu_);
-  std::vector<ConsensusLease*> members;
+  std::vector<std::shared_ptr<ConsensusLease::State>> members;
   {
     std::lock_guard lock(members_mu_);
     members.assign(members_.begin(), members_.end());
   }
-  std::vector<ConsensusLease*> renewing;
+  std::vector<ConsensusLease::State*> renewing;
   std::vector<CasRequest> requests;
   std::vector<std::pair<std::string, SeqNo>> truncations;
   for (std::size_t from = 0; from < members.size(); from += ConsensusLease::kRenewalBatch) {
@@ -134,7 +135,7 @@ void RenewalGroup::renew_all() {
     truncations.clear();
     for (std::size_t i = from; i < to; ++i) {
       if (auto request = members[i]->next_renewal()) {
-        renewing.push_back(members[i]);
+        renewing.push_back(members[i].get());
         requests.push_back(std::move(*request));
       }
     }
@@ -280,118 +281,118 @@ Result<std::unique_ptr<ConsensusLease>> ConsensusLease::acquire(
       continue;
     }
     (void)consensus->truncate(key, seqno);  // best effort: older versions are history
-    auto lease = std::unique_ptr<ConsensusLease>(
-        new ConsensusLease(std::move(consensus), std::move(key), next, options, seqno, started));
+    auto lease = std::unique_ptr<ConsensusLease>(new ConsensusLease(std::make_shared<State>(
+        std::move(consensus), std::move(key), next, options, seqno, started)));
     // Cannot renew: released again (the destructor) and refused.
-    TM_ASSIGN(lease->group_, RenewalGroup::of(lease->consensus_, options.renew_every));
-    lease->group_->join(lease.get());
+    TM_ASSIGN(lease->group_, RenewalGroup::of(lease->state_->consensus, options.renew_every));
+    lease->group_->join(lease->state_);
     return lease;
   }
   return determinate("lease " + key + ": lost " + std::to_string(kAttempts) +
                      " races for it in a row");
 }
 
-ConsensusLease::ConsensusLease(std::shared_ptr<Consensus> consensus, std::string key,
-                               LeaseRecord record, LeaseOptions options, SeqNo seqno,
-                               SteadyClock::time_point landed)
-    : consensus_(std::move(consensus)),
-      key_(std::move(key)),
-      record_(std::move(record)),
-      options_(options),
-      seqno_(seqno),
-      landed_(landed) {}
-
 ConsensusLease::~ConsensusLease() {
-  if (group_) group_->leave(this);
+  if (group_) group_->leave(state_);
   release();
 }
 
 std::unexpected<Error> ConsensusLease::taken_over(const LeaseRecord& holder) const {
   return make_error(ErrorKind::kHeld,
-                    record_.subject + " was taken over by " + holder.describe_holder());
+                    state_->record.subject + " was taken over by " + holder.describe_holder());
 }
 
-std::optional<CasRequest> ConsensusLease::next_renewal() {
+std::optional<CasRequest> ConsensusLease::State::next_renewal() {
   SeqNo expected;
   {
-    std::lock_guard lock(mu_);
-    if (lost_to_) return std::nullopt;
-    expected = seqno_;
+    std::lock_guard lock(mu);
+    if (lost_to || released) return std::nullopt;
+    expected = seqno;
   }
   // One write when nothing changed: our last landed version is the head
   // unless someone took the lease (or an indeterminate write of ours
   // landed), which renewed() tells apart.
-  LeaseRecord next = record_;
-  next.expires_at_ms = wall_clock_millis() + static_cast<std::uint64_t>(options_.duration.count());
-  return CasRequest{key_, expected, VersionedData{expected + 1, next.to_json()}};
+  LeaseRecord next = record;
+  next.expires_at_ms = wall_clock_millis() + static_cast<std::uint64_t>(options.duration.count());
+  return CasRequest{key, expected, VersionedData{expected + 1, next.to_json()}};
 }
 
-bool ConsensusLease::renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
-                             SteadyClock::time_point started) {
+bool ConsensusLease::State::renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
+                                    SteadyClock::time_point started) {
   if (outcome && *outcome == CasOutcome::kCommitted) {
-    std::lock_guard lock(mu_);
-    seqno_ = request.next.seqno;
-    landed_ = started;
-    return seqno_ % kTruncateEvery == 0;
+    std::lock_guard lock(mu);
+    seqno = request.next.seqno;
+    landed = started;
+    return seqno % kTruncateEvery == 0;
   }
-  auto head = consensus_->head(key_);
+  auto head = consensus->head(key);
   if (!head || !*head) return false;  // try again next time (a missing head is lost at check())
   auto current = LeaseRecord::parse((*head)->data);
   if (!current) return false;
-  std::lock_guard lock(mu_);
-  if (current->token != record_.token) {
-    lost_to_ = std::move(*current);
+  std::lock_guard lock(mu);
+  if (current->token != record.token) {
+    lost_to = std::move(*current);
     return false;
   }
   // Still ours, at another seqno (a write of ours that seemed to fail
-  // landed): renew from there next time. landed_ stays: when that write
+  // landed): renew from there next time. landed stays: when that write
   // started is not known.
-  seqno_ = (*head)->seqno;
+  seqno = (*head)->seqno;
   return false;
 }
 
 Status ConsensusLease::check() {
+  State& state = *state_;
   {
-    std::lock_guard lock(mu_);
-    if (lost_to_) return taken_over(*lost_to_);
-    const auto trusted_until = landed_ + options_.duration - options_.margin;
+    std::lock_guard lock(state.mu);
+    if (state.lost_to) return taken_over(*state.lost_to);
+    const auto trusted_until = state.landed + state.options.duration - state.options.margin;
     if (SteadyClock::now() > trusted_until) {
-      return determinate(record_.subject + ": the lease was not renewed in time (is " + key_ +
+      return determinate(state.record.subject + ": the lease was not renewed in time (is " +
+                         state.key +
                          "'s consensus reachable?); not writing until it is taken again");
     }
   }
-  auto head = consensus_->head(key_);
+  auto head = state.consensus->head(state.key);
   if (!head) {
     Error error = head.error();
-    error.message = record_.subject + ": checking the lease: " + error.message;
+    error.message = state.record.subject + ": checking the lease: " + error.message;
     return std::unexpected(std::move(error));
   }
   if (!*head) {
-    return make_error(ErrorKind::kHeld,
-                      record_.subject + ": the lease " + key_ + " was deleted: it is not ours");
+    return make_error(ErrorKind::kHeld, state.record.subject + ": the lease " + state.key +
+                                            " was deleted: it is not ours");
   }
   auto current = LeaseRecord::parse((*head)->data);
-  if (!current) return corruption("lease " + key_ + ": " + current.error().message);
-  if (current->token != record_.token) {
-    std::lock_guard lock(mu_);
-    lost_to_ = *current;
+  if (!current) return corruption("lease " + state.key + ": " + current.error().message);
+  if (current->token != state.record.token) {
+    std::lock_guard lock(state.mu);
+    state.lost_to = *current;
     return taken_over(*current);
   }
   return {};
 }
 
 void ConsensusLease::release() {
-  auto head = consensus_->head(key_);
-  if (!head || !*head) return;
-  auto current = LeaseRecord::parse((*head)->data);
-  if (!current || current->token != record_.token) return;  // not ours any more
-  LeaseRecord released = *current;
-  released.token.clear();
-  released.expires_at_ms = 0;
-  const SeqNo seqno = (*head)->seqno + 1;
-  auto outcome =
-      consensus_->compare_and_set(key_, (*head)->seqno, VersionedData{seqno, released.to_json()});
-  if (outcome && *outcome == CasOutcome::kCommitted) (void)consensus_->truncate(key_, seqno);
+  State& state = *state_;
+  // A renewal already in flight when the lease left its group may land
+  // after the head read here: then the release meets it and tries again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto head = state.consensus->head(state.key);
+    if (!head || !*head) return;
+    auto current = LeaseRecord::parse((*head)->data);
+    if (!current || current->token != state.record.token) return;  // not ours any more
+    LeaseRecord released = *current;
+    released.token.clear();
+    released.expires_at_ms = 0;
+    const SeqNo seqno = (*head)->seqno + 1;
+    auto outcome = state.consensus->compare_and_set(state.key, (*head)->seqno,
+                                                    VersionedData{seqno, released.to_json()});
+    if (!outcome) return;  // best effort: an unreleased lease expires or is found dead
+    if (*outcome == CasOutcome::kCommitted) {
+      (void)state.consensus->truncate(state.key, seqno);
+      return;
+    }
+  }
 }
-
 }  // namespace tidemark

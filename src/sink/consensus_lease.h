@@ -38,7 +38,10 @@
 // kRenewalBatch through Consensus::compare_and_set_many: on SQLite a
 // thousand leases cost one transaction (one sync) per period instead of a
 // thousand. A lease that joins the group renews at the group's next tick,
-// within renew_every. Versions do not pile up: every kTruncateEvery-th
+// within renew_every; one that leaves (destroyed) never waits for a round
+// in progress (a round may take a slow backend's timeout for each write),
+// and its release allows for a renewal of that round landing after it.
+// Versions do not pile up: every kTruncateEvery-th
 // version truncates those below (one truncate_many per batch), so a lease
 // keeps at most that many.
 //
@@ -118,32 +121,50 @@ class ConsensusLease {
   [[nodiscard]] Status check();
 
   // The record as acquired (token, epoch).
-  const LeaseRecord& record() const { return record_; }
-  const std::string& key() const { return key_; }
+  const LeaseRecord& record() const { return state_->record; }
+  const std::string& key() const { return state_->key; }
 
  private:
-  ConsensusLease(std::shared_ptr<Consensus> consensus, std::string key, LeaseRecord record,
-                 LeaseOptions options, SeqNo seqno, std::chrono::steady_clock::time_point landed);
   friend class RenewalGroup;
-  // A renewal is next_renewal() (nullopt once the lease is lost), then
-  // renewed() with the outcome of its write, which started at `started`;
-  // true when the versions below the new one should be truncated.
-  std::optional<CasRequest> next_renewal();
-  bool renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
-               std::chrono::steady_clock::time_point started);
+  // What the renewals touch, shared with the lease's RenewalGroup so that a
+  // round in progress may finish with it after the lease is gone (leaving
+  // the group never waits for a round: a round may take a slow backend's
+  // timeout for each of its writes).
+  struct State {
+    State(std::shared_ptr<Consensus> c, std::string k, LeaseRecord r, LeaseOptions o, SeqNo s,
+          std::chrono::steady_clock::time_point l)
+        : consensus(std::move(c)),
+          key(std::move(k)),
+          record(std::move(r)),
+          options(o),
+          seqno(s),
+          landed(l) {}
+    // A renewal is next_renewal() (nullopt once the lease is lost or
+    // released), then renewed() with the outcome of its write, which
+    // started at `started`; true when the versions below the new one
+    // should be truncated.
+    std::optional<CasRequest> next_renewal();
+    bool renewed(const CasRequest& request, const Result<CasOutcome>& outcome,
+                 std::chrono::steady_clock::time_point started);
+
+    const std::shared_ptr<Consensus> consensus;
+    const std::string key;
+    const LeaseRecord record;  // token, epoch; its expiry is the first one
+    const LeaseOptions options;
+    mutable std::mutex mu;
+    SeqNo seqno;                                   // guarded by mu: our last landed version
+    std::chrono::steady_clock::time_point landed;  // guarded by mu: when that write started
+    std::optional<LeaseRecord> lost_to;            // guarded by mu
+    bool released = false;                         // guarded by mu: renew no more
+  };
+
+  explicit ConsensusLease(std::shared_ptr<State> state) : state_(std::move(state)) {}
   void release();
   // Held: the lease went to `holder`.
   std::unexpected<Error> taken_over(const LeaseRecord& holder) const;
 
-  const std::shared_ptr<Consensus> consensus_;
-  const std::string key_;
-  const LeaseRecord record_;  // token, epoch; its expiry is the first one
-  const LeaseOptions options_;
-  mutable std::mutex mu_;
-  SeqNo seqno_;                                   // guarded by mu_: our last landed version
-  std::chrono::steady_clock::time_point landed_;  // guarded by mu_: when that write started
-  std::optional<LeaseRecord> lost_to_;            // guarded by mu_
-  std::shared_ptr<RenewalGroup> group_;           // renews it while it is a member
+  const std::shared_ptr<State> state_;
+  std::shared_ptr<RenewalGroup> group_;  // renews it while it is a member
 };
 
 }  // namespace tidemark

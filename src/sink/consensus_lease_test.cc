@@ -380,6 +380,66 @@ TEST(ConsensusLeaseTest, LeasesOnOneConsensusRenewInBatches) {
   EXPECT_TRUE(head_record(*inner, "lease/0").released());
 }
 
+// Batched renewals stall (a slow backend) while armed.
+class StallingConsensus final : public Consensus {
+ public:
+  explicit StallingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  std::atomic<bool> stall{false};
+  std::atomic<int> stalled{0};
+
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+  std::vector<Result<CasOutcome>> compare_and_set_many(
+      const std::vector<CasRequest>& requests) override {
+    if (stall) {
+      ++stalled;
+      std::this_thread::sleep_for(milliseconds(1500));
+    }
+    return inner_->compare_and_set_many(requests);
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
+};
+
+// A round of renewals may take a slow backend's timeout for every write;
+// destroying a lease (a sink deleted, a server stopping) does not wait for
+// it, and the lease still ends released, whichever lands first.
+TEST(ConsensusLeaseTest, ALeaseLeavesWithoutWaitingForASlowRound) {
+  auto inner = std::make_shared<MemConsensus>();
+  auto consensus = std::make_shared<StallingConsensus>(inner);
+  LeaseOptions options{milliseconds(5000), milliseconds(50), milliseconds(1000)};
+  auto kept = ConsensusLease::acquire(consensus, "lease/kept", holder("me", "", "s/kept"), options);
+  auto leaving =
+      ConsensusLease::acquire(consensus, "lease/leaving", holder("me", "", "s/leaving"), options);
+  ASSERT_TRUE(kept && leaving);
+  consensus->stall = true;
+  for (int i = 0; i < 200 && consensus->stalled == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_GT(consensus->stalled.load(), 0);
+  const auto started = std::chrono::steady_clock::now();
+  leaving->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - started, milliseconds(700));
+  consensus->stall = false;
+  std::this_thread::sleep_for(milliseconds(1700));  // the stalled round ends
+  EXPECT_TRUE(head_record(*inner, "lease/leaving").released());
+  EXPECT_TRUE((*kept)->check());
+  EXPECT_FALSE(head_record(*inner, "lease/kept").released());
+}
+
 TEST(ConsensusLeaseTest, NotRenewedInTimeItIsNotTrusted) {
   auto inner = std::make_shared<MemConsensus>();
   auto consensus = std::make_shared<SeveredConsensus>(inner);
