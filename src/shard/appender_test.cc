@@ -525,20 +525,10 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
 // A Consensus whose compare_and_sets wait at a gate, so that a test knows
 // which commit is under way: the test lets them through one at a time, or
 // fails them.
-class GatedConsensus : public Consensus {
+class GatedConsensus : public testing::ForwardingConsensus {
  public:
-  explicit GatedConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
 
-  Result<std::optional<VersionedData>> head(std::string_view key) override {
-    return inner_->head(key);
-  }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     {
@@ -550,7 +540,7 @@ class GatedConsensus : public Consensus {
       if (failing_) return determinate("gated consensus: failed by the test");
       if (closed_) --passes_;
     }
-    return inner_->compare_and_set(key, expected, std::move(next));
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
   }
 
   void close() {
@@ -579,7 +569,6 @@ class GatedConsensus : public Consensus {
   }
 
  private:
-  const std::shared_ptr<Consensus> inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   int waiting_ = 0;       // guarded by mu_
@@ -849,27 +838,27 @@ TEST_F(AppenderTest, HandlesWhoseLeaseExpiredRegisterAgain) {
 // answers it Indeterminate (an answer lost on the way back), then fails
 // every call (Determinate) until healed: a commit that landed, seen from a
 // process cut off right after.
-class LandThenCutConsensus : public Consensus {
+class LandThenCutConsensus : public testing::ForwardingConsensus {
  public:
-  explicit LandThenCutConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
     if (cut_) return determinate("cut off by the test");
-    return inner_->head(key);
+    return ForwardingConsensus::head(key);
   }
   Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                           std::size_t limit) override {
     if (cut_) return determinate("cut off by the test");
-    return inner_->scan(key, from, limit);
+    return ForwardingConsensus::scan(key, from, limit);
   }
   Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
     if (cut_) return determinate("cut off by the test");
-    return inner_->truncate(key, seqno);
+    return ForwardingConsensus::truncate(key, seqno);
   }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     if (cut_) return determinate("cut off by the test");
-    auto outcome = inner_->compare_and_set(key, expected, std::move(next));
+    auto outcome = ForwardingConsensus::compare_and_set(key, expected, std::move(next));
     if (armed_.exchange(false) && outcome && *outcome == CasOutcome::kCommitted) {
       cut_ = true;
       landed_ = true;
@@ -883,7 +872,6 @@ class LandThenCutConsensus : public Consensus {
   void heal() { cut_ = false; }
 
  private:
-  const std::shared_ptr<Consensus> inner_;
   std::atomic<bool> armed_{false};
   std::atomic<bool> cut_{false};
   std::atomic<bool> landed_{false};

@@ -11,6 +11,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "shard/test_util.h"
 #include "tidemark/client.h"
 #include "tidemark/write.h"
 
@@ -21,34 +22,20 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // Counts the head reads and the batched ones.
-class CountingConsensus final : public Consensus {
+class CountingConsensus final : public testing::ForwardingConsensus {
  public:
-  explicit CountingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> heads{0}, batched{0};
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
     ++heads;
-    return inner_->head(key);
+    return ForwardingConsensus::head(key);
   }
   Result<std::vector<std::optional<SeqNo>>> head_seqnos(
       const std::vector<std::string>& keys) override {
     ++batched;
-    return inner_->head_seqnos(keys);
+    return inner().head_seqnos(keys);
   }
-  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
-                                     VersionedData next) override {
-    return inner_->compare_and_set(key, expected, std::move(next));
-  }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
-
- private:
-  std::shared_ptr<Consensus> inner_;
 };
 
 // Waits up to `limit` for `count` to reach `want`; how long it took.

@@ -617,27 +617,14 @@ TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
 // need: the next pass succeeds (before, rollups went first and GC failed
 // from then on).
 TEST_F(CompactionTest, FailedTruncateDoesNotStopLaterPasses) {
-  class FailTruncate final : public Consensus {
+  class FailTruncate final : public testing::ForwardingConsensus {
    public:
-    explicit FailTruncate(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+    using ForwardingConsensus::ForwardingConsensus;
     std::atomic<bool> fail{false};
-    Result<std::optional<VersionedData>> head(std::string_view k) override {
-      return inner_->head(k);
-    }
-    Result<CasOutcome> compare_and_set(std::string_view k, std::optional<SeqNo> e,
-                                       VersionedData n) override {
-      return inner_->compare_and_set(k, e, std::move(n));
-    }
-    Result<std::vector<VersionedData>> scan(std::string_view k, SeqNo f, std::size_t l) override {
-      return inner_->scan(k, f, l);
-    }
     Result<std::size_t> truncate(std::string_view k, SeqNo s) override {
       if (fail) return std::unexpected(Error{ErrorKind::kDeterminate, "injected", {}, {}});
-      return inner_->truncate(k, s);
+      return ForwardingConsensus::truncate(k, s);
     }
-
-   private:
-    std::shared_ptr<Consensus> inner_;
   };
   auto consensus = std::make_shared<FailTruncate>(consensus_);
   auto shard = *(*Client::open(Location{blob_, consensus}, options_))->open_shard("s");

@@ -29,16 +29,13 @@ using testing::read_snapshot;
 
 // A consensus that can be told to apply the next compare_and_set and then
 // report it as indeterminate, the worst case for idempotency.
-class ApplyThenFail final : public Consensus {
+class ApplyThenFail final : public testing::ForwardingConsensus {
  public:
-  explicit ApplyThenFail(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> apply_then_fail{0};
   std::atomic<int> fail_without_applying{0};
   std::atomic<int> cas_calls{0};
 
-  Result<std::optional<VersionedData>> head(std::string_view key) override {
-    return inner_->head(key);
-  }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     ++cas_calls;
@@ -46,23 +43,13 @@ class ApplyThenFail final : public Consensus {
       --fail_without_applying;
       return indeterminate("test: timed out before sending");
     }
-    auto result = inner_->compare_and_set(key, expected, std::move(next));
+    auto result = ForwardingConsensus::compare_and_set(key, expected, std::move(next));
     if (apply_then_fail > 0) {
       --apply_then_fail;
       return indeterminate("test: timed out after sending");
     }
     return result;
   }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
-
- private:
-  std::shared_ptr<Consensus> inner_;
 };
 
 class ShardTest : public ::testing::Test {

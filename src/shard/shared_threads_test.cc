@@ -28,6 +28,24 @@ int threads_now() {
   return proc_status().threads;
 }
 
+// Shards <prefix>0 .. <prefix>(count - 1), each with an open appender.
+void open_appenders(Client& client, const std::string& prefix, int count,
+                    std::vector<std::shared_ptr<Shard>>* shards,
+                    std::vector<std::shared_ptr<Appender>>* appenders) {
+  for (int i = 0; i < count; ++i) {
+    const std::string name = prefix + std::to_string(i);
+    ASSERT_TRUE(client.create_shard(name));
+    auto shard = client.open_shard(name);
+    ASSERT_TRUE(shard) << shard.error().to_string();
+    AppenderOptions options;
+    options.queue_bytes = 1 << 20;
+    auto appender = Appender::open(*shard, options);
+    ASSERT_TRUE(appender) << appender.error().to_string();
+    shards->push_back(*shard);
+    appenders->push_back(*appender);
+  }
+}
+
 TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecutorsThreads) {
   constexpr int kShards = 300;
   constexpr int kAppends = 12;
@@ -83,10 +101,10 @@ TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecut
   // transfers that help merges open their parts when that is slow), the
   // timer thread, and up to 2 of a sanitizer's runtime (ThreadSanitizer
   // starts one as the test runs).
-  const int bound = static_cast<int>(WorkPool::compaction().max_threads() +
-                                     Timers::shared().pool_threads_max() +
-                                     WorkPool::blob_io().max_threads()) +
-                    1 + 2;
+  const int bound =
+      static_cast<int>(WorkPool::compaction().max_threads() + Timers::shared().pool_threads_max() +
+                       WorkPool::blob_io().max_threads()) +
+      1 + 2;
   std::fprintf(stderr,
                "threads: %d before, %d with %d shards, writers and compaction (bound +%d)\n",
                before, during, kShards, bound);
@@ -123,18 +141,7 @@ TEST(SharedThreadsTest, HundredsOfOpenAppendersShareTheAppendersPool) {
   const int before = threads_now();
   std::vector<std::shared_ptr<Shard>> shards;
   std::vector<std::shared_ptr<Appender>> appenders;
-  for (int i = 0; i < kShards; ++i) {
-    const std::string name = "a" + std::to_string(i);
-    ASSERT_TRUE((*client)->create_shard(name));
-    auto shard = (*client)->open_shard(name);
-    ASSERT_TRUE(shard) << shard.error().to_string();
-    AppenderOptions appender_options;
-    appender_options.queue_bytes = 1 << 20;
-    auto appender = Appender::open(*shard, appender_options);
-    ASSERT_TRUE(appender) << appender.error().to_string();
-    shards.push_back(*shard);
-    appenders.push_back(*appender);
-  }
+  ASSERT_NO_FATAL_FAILURE(open_appenders(**client, "a", kShards, &shards, &appenders));
   int most = 0;
   for (int round = 0; round < kRounds; ++round) {
     std::vector<CommitToken> tokens;
@@ -156,11 +163,11 @@ TEST(SharedThreadsTest, HundredsOfOpenAppendersShareTheAppendersPool) {
   // The appenders' pool, the batch builds and blob transfer pools, the
   // timer thread and its pool (linger timers), and up to 2 of a
   // sanitizer's runtime.
-  const int bound = static_cast<int>(WorkPool::appenders().max_threads() +
-                                     WorkPool::batch_builds().max_threads() +
-                                     WorkPool::blob_io().max_threads() +
-                                     Timers::shared().pool_threads_max()) +
-                    1 + 2;
+  const int bound =
+      static_cast<int>(WorkPool::appenders().max_threads() +
+                       WorkPool::batch_builds().max_threads() + WorkPool::blob_io().max_threads() +
+                       Timers::shared().pool_threads_max()) +
+      1 + 2;
   std::fprintf(stderr,
                "threads: %d before, at most %d with %d appenders busy, %d idle (bound +%d)\n",
                before, most, kShards, idle, bound);
@@ -193,18 +200,7 @@ TEST(SharedThreadsTest, BusyAppendersBuildAndUploadOnBoundedPools) {
   ASSERT_TRUE(client) << client.error().to_string();
   std::vector<std::shared_ptr<Shard>> shards;
   std::vector<std::shared_ptr<Appender>> appenders;
-  for (int i = 0; i < kShards; ++i) {
-    const std::string name = "b" + std::to_string(i);
-    ASSERT_TRUE((*client)->create_shard(name));
-    auto shard = (*client)->open_shard(name);
-    ASSERT_TRUE(shard) << shard.error().to_string();
-    AppenderOptions appender_options;
-    appender_options.queue_bytes = 1 << 20;
-    auto appender = Appender::open(*shard, appender_options);
-    ASSERT_TRUE(appender) << appender.error().to_string();
-    shards.push_back(*shard);
-    appenders.push_back(*appender);
-  }
+  ASSERT_NO_FATAL_FAILURE(open_appenders(**client, "b", kShards, &shards, &appenders));
   const int before = threads_now();
   std::atomic<bool> sampling{true};
   std::atomic<int> most{before};

@@ -1,5 +1,6 @@
 // Helpers shared by the shard tests: a reference model of a shard's
-// collection, snapshot/listen collectors, and a Blob decorator base.
+// collection, snapshot/listen collectors, and Blob and Consensus decorator
+// bases.
 #pragma once
 
 #include <algorithm>
@@ -37,6 +38,37 @@ class ForwardingBlob : public Blob {
 
  private:
   std::shared_ptr<Blob> inner_;
+};
+
+// A Consensus that forwards every single call to `inner`; tests override the
+// calls they watch, slow down or fail. The batched calls (head_seqnos,
+// compare_and_set_many, truncate_many) keep Consensus's defaults, which go
+// through this object's single calls, so an override of a single call sees
+// them too; a test that watches a batch whole overrides it and forwards it
+// to inner().
+class ForwardingConsensus : public Consensus {
+ public:
+  explicit ForwardingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  Result<std::optional<VersionedData>> head(std::string_view key) override {
+    return inner_->head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    return inner_->compare_and_set(key, expected, std::move(next));
+  }
+  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
+                                          std::size_t limit) override {
+    return inner_->scan(key, from, limit);
+  }
+  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
+    return inner_->truncate(key, seqno);
+  }
+
+ protected:
+  Consensus& inner() const { return *inner_; }
+
+ private:
+  std::shared_ptr<Consensus> inner_;
 };
 
 // (key, value) -> diff, the consolidated collection at some as_of.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "location/mem_consensus.h"
+#include "shard/test_util.h"
 #include "util/clock.h"
 
 namespace tidemark {
@@ -16,32 +17,31 @@ namespace {
 using std::chrono::milliseconds;
 
 // A Consensus that can be cut off: every call fails (Determinate) while it is.
-class SeveredConsensus final : public Consensus {
+class SeveredConsensus final : public testing::ForwardingConsensus {
  public:
-  explicit SeveredConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   void sever(bool severed) { severed_ = severed; }
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
     if (severed_) return determinate("severed");
-    return inner_->head(key);
+    return ForwardingConsensus::head(key);
   }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     if (severed_) return determinate("severed");
-    return inner_->compare_and_set(key, expected, std::move(next));
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
   }
   Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                           std::size_t limit) override {
     if (severed_) return determinate("severed");
-    return inner_->scan(key, from, limit);
+    return ForwardingConsensus::scan(key, from, limit);
   }
   Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
     if (severed_) return determinate("severed");
-    return inner_->truncate(key, seqno);
+    return ForwardingConsensus::truncate(key, seqno);
   }
 
  private:
-  std::shared_ptr<Consensus> inner_;
   std::atomic<bool> severed_{false};
 };
 
@@ -204,34 +204,27 @@ TEST(ConsensusLeaseTest, RenewalKeepsItAndATakeoverIsNoticedByCheck) {
 
 // Counts the calls it forwards; `lose_next_reply` makes the next
 // compare_and_set land but report Indeterminate.
-class CountingConsensus final : public Consensus {
+class CountingConsensus final : public testing::ForwardingConsensus {
  public:
-  explicit CountingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> heads{0}, writes{0}, truncates{0};
   std::atomic<bool> lose_next_reply{false};
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
     ++heads;
-    return inner_->head(key);
+    return ForwardingConsensus::head(key);
   }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     ++writes;
-    auto outcome = inner_->compare_and_set(key, expected, std::move(next));
+    auto outcome = ForwardingConsensus::compare_and_set(key, expected, std::move(next));
     if (lose_next_reply.exchange(false)) return indeterminate("the reply was lost");
     return outcome;
   }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
   Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
     ++truncates;
-    return inner_->truncate(key, seqno);
+    return ForwardingConsensus::truncate(key, seqno);
   }
-
- private:
-  std::shared_ptr<Consensus> inner_;
 };
 
 // A renewal is one write (a server renews a lease per sink every 10 s, so
@@ -294,36 +287,23 @@ TEST(ConsensusLeaseTest, ARenewalIsOneWriteAndVersionsStayFew) {
 
 // Counts compare_and_set_many calls and their requests, forwarding them
 // whole to the inner Consensus.
-class BatchCountingConsensus final : public Consensus {
+class BatchCountingConsensus final : public testing::ForwardingConsensus {
  public:
-  explicit BatchCountingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> singles{0}, batches{0}, batched{0}, largest{0};
 
-  Result<std::optional<VersionedData>> head(std::string_view key) override {
-    return inner_->head(key);
-  }
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     ++singles;
-    return inner_->compare_and_set(key, expected, std::move(next));
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
   }
   std::vector<Result<CasOutcome>> compare_and_set_many(
       const std::vector<CasRequest>& requests) override {
     ++batches;
     batched += static_cast<int>(requests.size());
     largest = std::max(largest.load(), static_cast<int>(requests.size()));
-    return inner_->compare_and_set_many(requests);
+    return inner().compare_and_set_many(requests);
   }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
-
- private:
-  std::shared_ptr<Consensus> inner_;
 };
 
 // A server holds a lease per sink: a thousand of them renewing one by one
@@ -381,37 +361,20 @@ TEST(ConsensusLeaseTest, LeasesOnOneConsensusRenewInBatches) {
 }
 
 // Batched renewals stall (a slow backend) while armed.
-class StallingConsensus final : public Consensus {
+class StallingConsensus final : public testing::ForwardingConsensus {
  public:
-  explicit StallingConsensus(std::shared_ptr<Consensus> inner) : inner_(std::move(inner)) {}
+  using ForwardingConsensus::ForwardingConsensus;
   std::atomic<bool> stall{false};
   std::atomic<int> stalled{0};
 
-  Result<std::optional<VersionedData>> head(std::string_view key) override {
-    return inner_->head(key);
-  }
-  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
-                                     VersionedData next) override {
-    return inner_->compare_and_set(key, expected, std::move(next));
-  }
   std::vector<Result<CasOutcome>> compare_and_set_many(
       const std::vector<CasRequest>& requests) override {
     if (stall) {
       ++stalled;
       std::this_thread::sleep_for(milliseconds(1500));
     }
-    return inner_->compare_and_set_many(requests);
+    return inner().compare_and_set_many(requests);
   }
-  Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
-                                          std::size_t limit) override {
-    return inner_->scan(key, from, limit);
-  }
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
-
- private:
-  std::shared_ptr<Consensus> inner_;
 };
 
 // A round of renewals may take a slow backend's timeout for every write;
