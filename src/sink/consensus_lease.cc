@@ -325,6 +325,11 @@ bool ConsensusLease::State::renewed(const CasRequest& request, const Result<CasO
     landed = started;
     return seqno % kTruncateEvery == 0;
   }
+  // The backend failed: the next round tries again (a write of ours that
+  // landed after all shows there as a mismatch). No read now: with the
+  // backend down, a read per lease would hold up the round by a timeout
+  // each, and every other lease's renewal after it.
+  if (!outcome) return false;
   auto head = consensus->head(key);
   if (!head || !*head) return false;  // try again next time (a missing head is lost at check())
   auto current = LeaseRecord::parse((*head)->data);

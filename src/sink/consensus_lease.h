@@ -32,8 +32,9 @@
 // dead).
 //
 // A renewal is one compare_and_set against the last version it landed
-// (the head is read only when that fails: taken over, or an earlier write
-// of ours landed after all). The leases of a process on one Consensus with
+// (the head is read only when it meets another version: taken over, or an
+// earlier write of ours landed after all; a failed write is retried at the
+// next renewal). The leases of a process on one Consensus with
 // one renew_every renew together, on one timer task, in batches of at most
 // kRenewalBatch through Consensus::compare_and_set_many: on SQLite a
 // thousand leases cost one transaction (one sync) per period instead of a
