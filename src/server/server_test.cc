@@ -856,6 +856,56 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   EXPECT_LT(seconds, 1.0 + 10.0);
 }
 
+// A sink whose destination's buffer the sinks' pool cannot hold now used
+// to wait for it on a thread of the sinks' pool, showing "starting" with no
+// error, and could not be deleted until other sinks stopped (eight such
+// sinks would have held every thread of that pool). It now fails after
+// SinkManager::kPoolWait naming the pool, is retried, and is deleted at
+// once.
+TEST_F(ServerTest, ASinkWhoseBufferDoesNotFitFailsNamingThePool) {
+  ::setenv("AWS_ACCESS_KEY_ID", "tidemark-test", 0);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "tidemark-test-secret", 0);
+  testing::SilentListener silent;  // the first sink holds its buffer, stuck listing
+  auto allowed = DestinationAllowList::parse("http://127.0.0.1", "127.0.0.1");
+  ASSERT_TRUE(allowed) << allowed.error().to_string();
+  options_.allowed_destinations = *allowed;
+  options_.memory_limit = 64 << 20;  // the sinks' pool: 16 MiB, one S3 buffer of 9 MiB
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string endpoint = "?endpoint=http://127.0.0.1:" + std::to_string(silent.port());
+  ASSERT_EQ(
+      post("/v1/sinks", R"({"name": "a", "shard": "s", "to": "s3://bucket/a)" + endpoint + "\"}")
+          .status,
+      201u);
+  for (int i = 0; i < 1000 && silent.connections() < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(silent.connections(), 1);
+  ASSERT_EQ(
+      post("/v1/sinks", R"({"name": "b", "shard": "s", "to": "s3://bucket/b)" + endpoint + "\"}")
+          .status,
+      201u);
+  std::string status;
+  for (int i = 0; i < 100; ++i) {
+    status = get("/v1/sinks/b").body;
+    if (status.find("\"failed\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(status.find("\"failed\""), std::string::npos) << status;
+  EXPECT_NE(status.find("memory pool \\\"sinks\\\""), std::string::npos) << status;
+  EXPECT_NE(status.find("other sinks held"), std::string::npos) << status;
+  EXPECT_EQ(silent.connections(), 1);  // b never reached its endpoint
+  // Other requests are answered, and both sinks are deleted promptly.
+  EXPECT_EQ(get("/v1/shards").status, 200u);
+  for (const char* name : {"b", "a"}) {
+    SCOPED_TRACE(name);
+    const auto began = Clock::now();
+    Reply deleted = call(port_, http::verb::delete_, std::string("/v1/sinks/") + name);
+    EXPECT_EQ(deleted.status, 200u) << deleted.body;
+    EXPECT_LT(std::chrono::duration<double>(Clock::now() - began).count(), 5.0);
+  }
+}
+
 int threads_now() {
   return proc_status().threads;
 }

@@ -202,8 +202,10 @@ struct SinkManager::Task {
       TM_ASSIGN(claim, SinkClaim::acquire(client->location().consensus, spec.shard, spec.name, url,
                                           runner));
     }
+    // A destination whose buffer the sinks' pool cannot hold now fails
+    // this run (retried every kRetryInterval) rather than hold a thread.
     TM_ASSIGN(destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
-                                                 spec.name, pool, claim, cancel));
+                                                 spec.name, pool, claim, cancel, kPoolWait));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();

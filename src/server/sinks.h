@@ -63,6 +63,9 @@ namespace tidemark {
 class SinkManager {
  public:
   static constexpr std::chrono::seconds kRetryInterval{5};
+  // How long a sink's run waits for its destination's buffer (a Kafka
+  // queue, an S3 part) in the sinks' pool before it fails, naming it.
+  static constexpr std::chrono::milliseconds kPoolWait{1000};
   static constexpr std::chrono::seconds kStopGrace{10};
 
   // `runner.owner`: this server's id, written into the sinks it creates;

@@ -15,12 +15,15 @@
 // Thread-safety: one sink uses a destination from one thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "sink/diff_pairs.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
+#include "tidemark/memory_pool.h"
 
 namespace tidemark {
 
@@ -49,5 +52,28 @@ class SinkDestination {
 
   virtual std::uint64_t primary_key_violations() const = 0;
 };
+
+// Reserves a destination's buffer (`what`, for the message) from `pool`,
+// waiting up to `wait` for room (none: as long as it takes). Past the wait,
+// or when the pool can never hold it, Full naming the pool: a server's
+// sink then fails and is retried, instead of holding a thread of the
+// sinks' pool (and a delete of the sink) until other sinks stop.
+[[nodiscard]] inline Result<Lease> reserve_for_sink(MemoryPool& pool, std::uint64_t bytes,
+                                                    std::optional<std::chrono::milliseconds> wait,
+                                                    const std::string& what) {
+  auto lease = wait ? pool.reserve_until(bytes, std::chrono::steady_clock::now() + *wait)
+                    : pool.reserve(bytes);
+  if (lease) return lease;
+  std::string message = what + " needs " + std::to_string(bytes) + " bytes of memory pool \"" +
+                        pool.name() + "\" (capacity " + std::to_string(pool.capacity()) +
+                        " bytes, " + std::to_string(pool.used()) + " in use)";
+  if (lease.error().is(ErrorKind::kInvalidUsage)) {
+    message += ", more than it can ever hold";
+  } else if (wait) {
+    message += ", which other sinks held for " + std::to_string(wait->count()) +
+               " ms: it starts once they stop, or with more memory";
+  }
+  return make_error(ErrorKind::kFull, message + " (" + lease.error().message + ")");
+}
 
 }  // namespace tidemark

@@ -206,7 +206,8 @@ Status DestinationAllowList::check(const SinkUrl& url) const {
 Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
-    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel) {
+    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel,
+    std::optional<std::chrono::milliseconds> pool_wait) {
   if (claim) {
     TM_ASSIGN(const std::string identity, destination_identity(url));
     if (claim->destination() != identity) {
@@ -222,6 +223,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     TM_ASSIGN(S3Credentials credentials, s3_credentials_from_environment());
     S3DestinationOptions options;
     options.pool = std::move(pool);
+    options.pool_wait = pool_wait;
     options.claim = std::move(claim);
     options.cancel = std::move(cancel);
     TM_ASSIGN(auto objects,
@@ -233,6 +235,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   // One producer id per (shard, sink): a restarted sink fences its zombie.
   options.sink_id = "tidemark/" + shard + "/" + sink_name;
   options.pool = std::move(pool);
+  options.pool_wait = pool_wait;
   options.claim = std::move(claim);
   options.cancel = std::move(cancel);
   // A queue that fits: at most half the pool (a server's sink pool is a

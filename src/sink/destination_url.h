@@ -95,6 +95,7 @@ class DestinationAllowList {
 [[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
-    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel = nullptr);
+    std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel = nullptr,
+    std::optional<std::chrono::milliseconds> pool_wait = std::nullopt);
 
 }  // namespace tidemark

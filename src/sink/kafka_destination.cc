@@ -358,7 +358,9 @@ Result<std::unique_ptr<KafkaDestination>> KafkaDestination::open(
   }
   auto state = std::make_unique<State>(address, envelope, options);
   if (options.pool) {
-    TM_ASSIGN(state->queue_lease, options.pool->reserve(options.queue_bytes));
+    TM_ASSIGN(state->queue_lease,
+              reserve_for_sink(*options.pool, options.queue_bytes, options.pool_wait,
+                               "kafka sink: its producer queue"));
   }
   TM_TRY(state->make_producer());
   TM_TRY(state->read_progress());

@@ -97,6 +97,9 @@ struct KafkaDestinationOptions {
   std::string sink_id;
   // The pool the producer's queue is reserved from (unlimited if null).
   std::shared_ptr<MemoryPool> pool;
+  // How long open() waits for the pool to have room for the queue; none:
+  // as long as it takes. Past it, open() fails with Full naming the pool.
+  std::optional<std::chrono::milliseconds> pool_wait;
   // Checked before each commit_transaction (none: unclaimed).
   std::shared_ptr<DestinationClaim> claim = nullptr;
   std::uint64_t queue_bytes = 16ull << 20;

@@ -205,15 +205,10 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
   auto state = std::make_unique<State>(std::move(url), std::move(credentials), envelope, format,
                                        std::move(options));
   if (state->options.pool) {
-    auto lease = state->options.pool->reserve(state->buffer_bytes);
-    if (!lease) {
-      return make_error(lease.error().kind,
-                        "s3 destination: reserving its buffer (part_size + " +
-                            std::to_string(kLineSlackBytes) + " = " +
-                            std::to_string(state->buffer_bytes) + " bytes) from memory pool \"" +
-                            state->options.pool->name() + "\": " + lease.error().message);
-    }
-    state->lease = std::move(*lease);
+    TM_ASSIGN(state->lease,
+              reserve_for_sink(*state->options.pool, state->buffer_bytes, state->options.pool_wait,
+                               "s3 destination: its buffer (part_size + " +
+                                   std::to_string(kLineSlackBytes) + " bytes)"));
   }
 
   // Every object directly below the prefix: the sink's.

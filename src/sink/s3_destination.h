@@ -104,6 +104,9 @@ struct S3DestinationOptions {
 
   // The buffer's bytes are reserved from it (unaccounted if null).
   std::shared_ptr<MemoryPool> pool;
+  // How long open() waits for the pool to have room for them; none: as
+  // long as it takes. Past it, open() fails with Full naming the pool.
+  std::optional<std::chrono::milliseconds> pool_wait;
   // Checked before each commit's PUT or copy (none: unclaimed).
   std::shared_ptr<DestinationClaim> claim = nullptr;
   // Once cancelled, every S3 call gives up within about a second (the
