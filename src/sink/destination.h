@@ -55,9 +55,9 @@ class SinkDestination {
 
 // Reserves a destination's buffer (`what`, for the message) from `pool`,
 // waiting up to `wait` for room (none: as long as it takes). Past the wait,
-// or when the pool can never hold it, Full naming the pool: a server's
-// sink then fails and is retried, instead of holding a thread of the
-// sinks' pool (and a delete of the sink) until other sinks stop.
+// Full naming the pool: a server's sink then fails and is retried, instead
+// of holding a thread of the sinks' pool (and a delete of the sink) until
+// other sinks stop. When the pool can never hold it, InvalidUsage.
 [[nodiscard]] inline Result<Lease> reserve_for_sink(MemoryPool& pool, std::uint64_t bytes,
                                                     std::optional<std::chrono::milliseconds> wait,
                                                     const std::string& what) {
@@ -68,8 +68,10 @@ class SinkDestination {
                         pool.name() + "\" (capacity " + std::to_string(pool.capacity()) +
                         " bytes, " + std::to_string(pool.used()) + " in use)";
   if (lease.error().is(ErrorKind::kInvalidUsage)) {
-    message += ", more than it can ever hold";
-  } else if (wait) {
+    // A configuration to change, not a wait to retry.
+    return invalid_usage(message + ", more than it can ever hold");
+  }
+  if (wait) {
     message += ", which other sinks held for " + std::to_string(wait->count()) +
                " ms: it starts once they stop, or with more memory";
   }
