@@ -2273,7 +2273,7 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
       impl->client, impl->sink_pool,
       SinkRunner{"tidemark serve on " + impl->options.host + ":" + std::to_string(impl->bound_port),
                  impl->options.sink_owner},
-      impl->options.allowed_destinations);
+      impl->options.allowed_destinations, impl->options.idle_close);
   if (auto resumed = impl->sinks->resume_all(); !resumed) {
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());

@@ -88,7 +88,10 @@ struct ServerOptions {
   // A shard's appender, explicit-append writer and open shard handle that
   // no request has used for this long (and that hold no record) are
   // closed, so idle shards cost no threads, no lease heartbeats and no
-  // cached state; the next request opens them again. 0: never.
+  // cached state; the next request opens them again. A sink whose shard
+  // has not changed for this long closes its destination the same way (a
+  // Kafka producer's threads and queue), and opens it on the next change
+  // (server/sinks.h). 0: never.
   std::chrono::milliseconds idle_close{30'000};
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks

@@ -35,6 +35,7 @@
 #include "shard/test_util.h"
 #include "sink/file_destination.h"
 #include "sink/kafka_mock_process.h"
+#include "sink/kafka_reader.h"
 #include "sink/sink_claim.h"
 #include "tidemark/write.h"
 #include "util/executor.h"
@@ -910,6 +911,133 @@ int threads_now() {
   return proc_status().threads;
 }
 
+// This process's threads whose name starts with `prefix` (librdkafka names
+// its own "rdk:main", "rdk:broker...").
+int threads_named(std::string_view prefix) {
+  int count = 0;
+  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "comm");
+    std::string name;
+    if (std::getline(in, name) && name.starts_with(prefix)) ++count;
+  }
+  return count;
+}
+
+// Issue 18: a running Kafka sink kept its producer open for good, and with
+// it librdkafka's threads (four with one broker) and its queue, so threads
+// grew with the Kafka sinks defined and the default memory ran four. An
+// idle sink now closes its destination after idle_close and opens it again
+// on the next change of its shard. Six sinks whose queues the sinks' pool
+// holds two at a time all deliver their snapshot and a later change, each
+// exactly once, and no librdkafka thread is left once they idle.
+TEST_F(ServerTest, IdleSinksCloseTheirKafkaProducers) {
+  if (kUnderTsan) GTEST_SKIP() << kKafkaUnderTsan;
+  constexpr int kSinks = 6;
+  std::vector<std::string> args;
+  for (int i = 0; i < kSinks; ++i) {
+    args.insert(args.end(), {"--topic", "t" + std::to_string(i) + ":1"});
+  }
+  auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, args);
+  ASSERT_TRUE(mock) << mock.error().message;
+  auto allowed = DestinationAllowList::parse("", "127.0.0.1");
+  ASSERT_TRUE(allowed) << allowed.error().to_string();
+  options_.allowed_destinations = *allowed;
+  options_.memory_limit = 64 << 20;  // the sinks' pool: 16 MiB, two 8 MiB Kafka queues
+  options_.idle_close = std::chrono::milliseconds(1000);
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto append_at = [&](int shard, Time t, const std::string& rows) {
+    Reply r = post("/v1/shards/s" + std::to_string(shard) + "/append?lower=" + std::to_string(t) +
+                       "&upper=" + std::to_string(t + 1),
+                   rows);
+    ASSERT_EQ(r.status, 200u) << r.body;
+  };
+  for (int i = 0; i < kSinks; ++i) {
+    ASSERT_EQ(post("/v1/shards", "{\"name\": \"s" + std::to_string(i) + "\"}").status, 201u);
+    ASSERT_NO_FATAL_FAILURE(append_at(i, 0,
+                                      R"({"key": "a", "value": 1, "time": 0})"
+                                      "\n"));
+  }
+  ASSERT_EQ(threads_named("rdk:"), 0);
+  for (int i = 0; i < kSinks; ++i) {
+    const std::string n = std::to_string(i);
+    Reply created =
+        post("/v1/sinks", "{\"name\": \"k" + n + "\", \"shard\": \"s" + n +
+                              "\", \"to\": \"kafka://" + (*mock)->brokers() + "/t" + n + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  // Every sink's frontier reaches `want`, while at most two destinations
+  // (the pool's two queues) are open at once; then every one closes.
+  int most_rdk = 0;
+  auto all_reach = [&](std::uint64_t want) {
+    std::string last;
+    bool reached = false;
+    for (int i = 0; i < 1200 && !reached; ++i) {
+      most_rdk = std::max(most_rdk, threads_named("rdk:"));
+      last = get("/v1/sinks").body;
+      auto json = parse_json(last);
+      int there = 0;
+      if (json && json->is_array()) {
+        for (const JsonValue& sink : json->as_array()) {
+          const JsonValue* frontier = sink.find("frontier");
+          if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
+        }
+      }
+      reached = there == kSinks;
+      if (!reached) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(reached) << "not every sink reached " << want << ": " << last;
+    int rdk = threads_named("rdk:");
+    for (int i = 0; i < 200 && rdk > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      rdk = threads_named("rdk:");
+    }
+    EXPECT_EQ(rdk, 0) << "producers still open after idle_close";
+    // Closed, each still shows as running.
+    for (int i = 0; i < kSinks; ++i) {
+      const std::string body = get("/v1/sinks/k" + std::to_string(i)).body;
+      EXPECT_NE(body.find("\"status\":\"running\""), std::string::npos) << body;
+    }
+  };
+  const auto began = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(all_reach(1));
+  const double snapshots = std::chrono::duration<double>(Clock::now() - began).count();
+  for (int i = 0; i < kSinks; ++i) {
+    ASSERT_NO_FATAL_FAILURE(append_at(i, 1,
+                                      R"({"key": "a", "value": 1, "time": 1, "diff": -1})"
+                                      "\n"
+                                      R"({"key": "a", "value": 2, "time": 1})"
+                                      "\n"));
+  }
+  ASSERT_NO_FATAL_FAILURE(all_reach(2));
+  std::fprintf(stderr,
+               "%d sinks took %.1f s for their snapshots through a pool of two queues; at most "
+               "%d librdkafka threads at once\n",
+               kSinks, snapshots, most_rdk);
+  // Two destinations at a time, each with up to three librdkafka handles
+  // of four threads while it opens (its producer, the consumer that reads
+  // its progress topic, a watermark probe), then its producer alone.
+  EXPECT_LE(most_rdk, 2 * 3 * 4);
+  EXPECT_GT(most_rdk, 0);
+  // Each topic holds the snapshot and the change, once each, committed.
+  for (int i = 0; i < kSinks; ++i) {
+    SCOPED_TRACE(i);
+    const std::string n = std::to_string(i);
+    const KafkaAddress address = *KafkaAddress::parse("kafka://" + (*mock)->brokers() + "/t" + n);
+    std::vector<std::string> lines;
+    auto audit = audit_kafka_sink(address, "tidemark/s" + n + "/k" + n, std::chrono::seconds(20),
+                                  [&](const KafkaMessageView& m) -> Status {
+                                    lines.push_back(std::string(m.time.value_or("?")) + " " +
+                                                    std::string(m.key) + " " +
+                                                    std::string(m.value.value_or("null")));
+                                    return {};
+                                  });
+    ASSERT_TRUE(audit) << audit.error().message;
+    EXPECT_EQ(audit->frontier, Frontier::at(2));
+    EXPECT_EQ(audit->outside, 0u);
+    EXPECT_EQ(lines, (std::vector<std::string>{"0 \"a\" 1", "1 \"a\" 2"}));
+  }
+}
+
 // Issue 18: every sink kept a thread of its own. Sinks are stepped on a
 // shared pool now: 150 sinks add at most the pool's threads, each still
 // writes every change once, and they all follow the next append at once
@@ -989,6 +1117,85 @@ TEST_F(ServerTest, ManySinksShareABoundedSetOfThreads) {
   std::fprintf(stderr, "deleted %d sinks in %.2f s\n", kSinks,
                std::chrono::duration<double>(Clock::now() - deleting).count());
   EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+}
+
+// Sinks close their destinations when idle (SinkManager's idle_close) and
+// open them on the next change. Twenty file sinks follow eight appends,
+// some made once every sink has closed, some while they are closing, and
+// each writes every change exactly once.
+TEST_F(ServerTest, IdleSinksCloseAndFollowTheNextChangeExactlyOnce) {
+  options_.idle_close = std::chrono::milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  auto append_at = [&](Time t) {
+    Reply r =
+        post("/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1),
+             "{\"key\": \"k" + std::to_string(t) + "\", \"value\": " + std::to_string(t) +
+                 ", \"time\": " + std::to_string(t) + "}\n");
+    ASSERT_EQ(r.status, 200u) << r.body;
+  };
+  ASSERT_NO_FATAL_FAILURE(append_at(0));
+  constexpr int kSinks = 20;
+  for (int i = 0; i < kSinks; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    Reply created =
+        post("/v1/sinks", "{\"name\": \"" + name + "\", \"shard\": \"s\", \"to\": \"file://" +
+                              (dir_ / "sinks" / name).string() + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  auto wait_for = [&](const std::function<bool()>& done, const std::string& what) {
+    for (int i = 0; i < 1000 && !done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(done()) << what;
+  };
+  auto all_reach = [&](std::uint64_t want) {
+    auto json = parse_json(get("/v1/sinks").body);
+    if (!json || !json->is_array()) return false;
+    int there = 0;
+    for (const JsonValue& sink : json->as_array()) {
+      const JsonValue* frontier = sink.find("frontier");
+      if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
+    }
+    return there == kSinks;
+  };
+  auto all_idle = [&] { return metric(get("/metrics").body, "tidemark_sinks_idle") == kSinks; };
+  constexpr Time kTimes = 8;
+  int closed_rounds = 0;
+  for (Time t = 1; t < kTimes; ++t) {
+    SCOPED_TRACE(t);
+    ASSERT_NO_FATAL_FAILURE(wait_for([&] { return all_reach(t); }, "every sink follows"));
+    if (t % 2 == 1) {
+      ASSERT_NO_FATAL_FAILURE(wait_for(all_idle, "every sink closes its destination"));
+      ++closed_rounds;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250 + 20 * t));  // while closing
+    }
+    ASSERT_NO_FATAL_FAILURE(append_at(t));
+  }
+  ASSERT_NO_FATAL_FAILURE(wait_for([&] { return all_reach(kTimes); }, "every sink follows"));
+  ASSERT_NO_FATAL_FAILURE(wait_for(all_idle, "every sink closes its destination"));
+  EXPECT_EQ(closed_rounds, 4);
+  EXPECT_NE(get("/v1/sinks").body.find("\"running\""), std::string::npos);
+  for (int i = 0; i < kSinks; ++i) {
+    std::multiset<std::string> lines;
+    for (const auto& entry : fs::directory_iterator(dir_ / "sinks" / ("f" + std::to_string(i)))) {
+      const std::string name = entry.path().filename().string();
+      if (name == FileDestination::kLockFileName) continue;
+      std::ifstream in(entry.path());
+      for (std::string line; std::getline(in, line);) lines.insert(line);
+    }
+    EXPECT_EQ(lines.size(), static_cast<std::size_t>(kTimes)) << "sink f" << i;
+    EXPECT_EQ(std::set<std::string>(lines.begin(), lines.end()).size(), lines.size());
+    for (Time t = 0; t < kTimes; ++t) {
+      const std::string key = "\"k" + std::to_string(t) + "\"";
+      EXPECT_EQ(
+          std::count_if(lines.begin(), lines.end(),
+                        [&](const std::string& l) { return l.find(key) != std::string::npos; }),
+          1)
+          << "sink f" << i << " key " << key;
+    }
+  }
 }
 
 // Issue 18: every shard a server opened kept its appender's threads and

@@ -1,5 +1,6 @@
 #include "server/sinks.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <thread>
 
@@ -44,11 +45,17 @@ struct SinkManager::Task {
   // stops; used by its steps only once started.
   std::shared_ptr<SinkClaim> claim;
   DestinationAllowList allowed;
+  std::chrono::milliseconds idle_close{0};
   // Used by its steps only (one at a time): the run in progress, if any,
   // and its subscription to the shard's changes, which wakes the sink.
   std::unique_ptr<SinkDestination> destination;
   std::unique_ptr<SinkRun> run;
   Subscription changes;
+  // Set while the run is closed for being idle (see park()): everything
+  // below `parked_at` is committed, and the subscription still wakes it.
+  // Written by its steps; read by the metrics too.
+  std::atomic<bool> parked{false};
+  Frontier parked_at;
   // What a change wakes: the timers' task (null once the run is dropped,
   // so that no wake reaches timers that may be gone).
   struct Waker {
@@ -123,10 +130,21 @@ struct SinkManager::Task {
                                                 const SinkRunner& runner, Timers& timers) {
     if (stop) return end();
     if (!run) {
-      set("starting");
+      if (parked) {
+        // Woken by a change or the fallback poll: reopened only when the
+        // shard has something past what is committed. A failure to read
+        // the upper is left to the run's reads, which retry and report.
+        auto upper = shard->upper();
+        if (upper && *upper <= parked_at) {
+          return std::chrono::duration_cast<std::chrono::milliseconds>(kIdlePollFallback);
+        }
+      } else {
+        set("starting");
+      }
       if (auto started = start_run(client, pool, runner, timers); !started) {
         return failed(started.error());
       }
+      parked = false;
       set("running");
     }
     auto next = run->step();
@@ -138,7 +156,28 @@ struct SinkManager::Task {
       return std::nullopt;
     }
     if (stop) return std::chrono::milliseconds(0);  // the next step ends it
+    if (auto since = run->idle_since(); since && idle_close.count() > 0) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+          *since + idle_close - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        park();
+        return std::chrono::duration_cast<std::chrono::milliseconds>(kIdlePollFallback);
+      }
+      return std::min(**next, left);
+    }
     return **next;
+  }
+
+  // Closes an idle run's destination (a Kafka producer's threads and
+  // queue, an S3 part's buffer go back) and keeps what wakes it: the claim,
+  // the critical reader's hold (durable) and the subscription. Everything
+  // written is committed, so the next run resumes exactly where this one
+  // ended.
+  void park() {
+    parked_at = run->progress().frontier;
+    parked = true;
+    run.reset();
+    destination.reset();
   }
 
   std::optional<std::chrono::milliseconds> failed(const Error& error) {
@@ -164,6 +203,7 @@ struct SinkManager::Task {
       waker->timers = nullptr;
     }
     changes.reset();
+    parked = false;
     run.reset();
     destination.reset();
   }
@@ -178,13 +218,15 @@ struct SinkManager::Task {
     // Before the run's first read of the upper: every change after it wakes
     // this sink's task at once (or within the Client's change poll when
     // another process made it), so its own polls are only a fallback.
-    {
-      std::lock_guard lock(mutex);
-      std::lock_guard wake_lock(waker->mutex);
-      waker->timers = &timers;
-      waker->id = timer.value_or(0);
+    if (!parked) {
+      {
+        std::lock_guard lock(mutex);
+        std::lock_guard wake_lock(waker->mutex);
+        waker->timers = &timers;
+        waker->id = timer.value_or(0);
+      }
+      TM_ASSIGN(changes, opened->subscribe([waker = waker] { waker->wake(); }));
     }
-    TM_ASSIGN(changes, opened->subscribe([waker = waker] { waker->wake(); }));
     TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
     // Checked on every run, so a stored sink whose destination the server
     // no longer allows fails (and says why) instead of reaching it.
@@ -228,11 +270,13 @@ std::size_t SinkManager::default_threads() {
 }
 
 SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
-                         SinkRunner runner, DestinationAllowList allowed, std::size_t threads)
+                         SinkRunner runner, DestinationAllowList allowed,
+                         std::chrono::milliseconds idle_close, std::size_t threads)
     : client_(std::move(client)),
       pool_(std::move(pool)),
       runner_(std::move(runner)),
       allowed_(std::move(allowed)),
+      idle_close_(idle_close),
       threads_("sinks", threads),
       timers_(&threads_) {}
 
@@ -245,6 +289,7 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
   task->spec = spec;
   task->claim = std::move(claim);
   task->allowed = allowed_;
+  task->idle_close = idle_close_;
   // The lock orders the timer's id before its first step can end it.
   std::unique_lock task_lock(task->mutex);
   auto timer =
@@ -436,6 +481,12 @@ void SinkManager::render_metrics(std::string* out) const {
       "# HELP tidemark_sink_lag The shard's upper minus the sink's frontier, in time "
       "units.\n# TYPE tidemark_sink_lag gauge\n");
   out->append(lag);
+  std::size_t idle = 0;
+  for (const auto& [name, task] : tasks) idle += task->parked ? 1 : 0;
+  out->append(
+      "# HELP tidemark_sinks_idle Sinks whose destination is closed until their shard changes "
+      "(idle_close).\n# TYPE tidemark_sinks_idle gauge\n");
+  append_sample(out, "tidemark_sinks_idle", "", static_cast<double>(idle));
 }
 
 }  // namespace tidemark

@@ -38,6 +38,19 @@
 // Status: "starting", "running" (snapshot or following), "failed" (with
 // error; retried), "done" (the shard closed), "stopped".
 //
+// Idle sinks close their destinations. A sink that has committed all it
+// wrote and seen no change of its shard for `idle_close` (by default the
+// server's idle_close, 30 s) closes its destination: a Kafka producer's
+// threads (librdkafka starts four per producer with one broker) and its
+// queue, an S3 part's buffer, a file's handle go back. It keeps its claim,
+// its hold and its subscription, and stays "running": the next change of
+// its shard opens the destination again (a Kafka producer fences and reads
+// its progress topic anew, which that change waits for) and the run
+// resumes from the destination's progress. So threads and memory grow
+// with the sinks that have work in hand, not with the sinks defined, and
+// more sinks can be defined than the pool holds buffers for: one that
+// finds the pool full fails for kRetryInterval and runs once others idle.
+//
 // Memory: sinks draw from one pool (a Kafka producer's queue is reserved
 // from it); per sink its walker's O(1) state and a timer entry.
 //
@@ -67,6 +80,7 @@ class SinkManager {
   // queue, an S3 part) in the sinks' pool before it fails, naming it.
   static constexpr std::chrono::milliseconds kPoolWait{1000};
   static constexpr std::chrono::seconds kStopGrace{10};
+  static constexpr std::chrono::milliseconds kIdleClose{30'000};
 
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
@@ -75,8 +89,12 @@ class SinkManager {
   // sink whose destination is not allowed fails (status "failed", the
   // reason in "error") without connecting, stored sinks too.
   // `threads`: the most threads every sink's steps share.
+  // `idle_close`: a sink that has committed everything and seen no change
+  // of its shard for this long closes its destination (see above); 0:
+  // never.
   SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner,
-              DestinationAllowList allowed, std::size_t threads = default_threads());
+              DestinationAllowList allowed, std::chrono::milliseconds idle_close = kIdleClose,
+              std::size_t threads = default_threads());
   ~SinkManager();  // stop_all()
 
   // Starts every stored sink this server owns (see above). Its blob reads
@@ -119,6 +137,7 @@ class SinkManager {
   std::shared_ptr<MemoryPool> pool_;
   const SinkRunner runner_;
   const DestinationAllowList allowed_;
+  const std::chrono::milliseconds idle_close_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
   WorkPool threads_;  // before timers_: destroyed after them

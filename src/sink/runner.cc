@@ -92,6 +92,7 @@ SinkRun::SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options
       options_(std::move(options)),
       reader_(std::move(reader)),
       snapshot_done_(destination.progress().has_value()),
+      committed_at_(std::chrono::steady_clock::now()),
       wait_(options_.poll_interval) {
   progress_.frontier = destination.progress().value_or(Frontier::at(0));
   written_ = progress_.frontier;
@@ -107,7 +108,14 @@ Result<std::unique_ptr<SinkRun>> SinkRun::open(Shard& shard, SinkDestination& de
       new SinkRun(shard, destination, std::move(options), std::move(reader)));
 }
 
+std::optional<std::chrono::steady_clock::time_point> SinkRun::idle_since() const {
+  if (!snapshot_done_ || interval_open_) return std::nullopt;
+  return committed_at_;
+}
+
+// After each commit.
 void SinkRun::report() {
+  committed_at_ = std::chrono::steady_clock::now();
   progress_.primary_key_violations = destination_.primary_key_violations();
   if (options_.on_progress) options_.on_progress(progress_);
 }

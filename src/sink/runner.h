@@ -99,6 +99,11 @@ class SinkRun {
   // Commits the open interval, if any (a stopped sink keeps what it wrote).
   [[nodiscard]] Status finish();
   const SinkProgress& progress() const { return progress_; }
+  // Since when the run has had nothing in hand: its snapshot and every
+  // interval it opened are committed, and nothing has been committed
+  // since. nullopt while it has work in hand. A server closes the
+  // destinations of sinks idle for long (server/sinks.h).
+  std::optional<std::chrono::steady_clock::time_point> idle_since() const;
 
  private:
   SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options,
@@ -117,8 +122,9 @@ class SinkRun {
   bool snapshot_done_;
   bool interval_open_ = false;
   std::chrono::steady_clock::time_point opened_at_;
-  Frontier written_;                   // pairs below it are in the open interval
-  std::chrono::milliseconds wait_{0};  // the next wait while nothing is pending
+  std::chrono::steady_clock::time_point committed_at_;  // or opened, if none yet
+  Frontier written_;                                    // pairs below it are in the open interval
+  std::chrono::milliseconds wait_{0};                   // the next wait while nothing is pending
 };
 
 [[nodiscard]] Result<SinkProgress> run_sink(Shard& shard, SinkDestination& destination,
