@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Tidemark needs to build and test.
+# Installs the Debian 12 packages Tidemark needs to build and test
+# (`install-deps.sh peers`: and to run bench/peers/run.sh).
 # Idempotent: installs only what is missing; does nothing when all is present.
 set -euo pipefail
 
@@ -11,6 +12,11 @@ packages=(
   postgresql
   libclang-rt-14-dev
 )
+# `install-deps.sh peers`: also the systems bench/peers/run.sh measures
+# Tidemark against (not needed to build or test).
+if [ "${1:-}" = peers ]; then
+  packages+=(redis-server librocksdb-dev libhiredis-dev strace)
+fi
 # s3rver (tools/s3rver, for the S3 tests) runs on the machine's Node.js;
 # Debian's only when the machine has none.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
