@@ -754,10 +754,16 @@ TEST(FaultProxyS3Test, ServeExitsSoonAfterTheGraceWhenItsBlobStoreNeverAnswers) 
       testing::http_call(serving.port, http::verb::post, "/v1/shards", R"({"name": "s"})").status,
       201u);
   ASSERT_TRUE((*proxy)->set(0, "blackhole").has_value());
-  // A managed append whose part upload never finishes.
+  // A managed append whose part upload never finishes: a value that does
+  // not compress, too large for the part to travel inline in the state.
+  std::string value;
+  for (std::uint64_t x = 1; value.size() < 16384;) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    value += std::to_string(x >> 20);
+  }
   auto append = std::async(std::launch::async, [&] {
     return testing::http_call(serving.port, http::verb::post, "/v1/shards/s/append",
-                              "{\"key\": \"a\", \"value\": 1}\n");
+                              "{\"key\": \"a\", \"value\": \"" + value + "\"}\n");
   });
   std::this_thread::sleep_for(1s);
   const auto began = Clock::now();

@@ -2,8 +2,11 @@
 //
 // A batch has a description {lower, upper, since}: every update time lies
 // in [lower, upper). Its data is one or more parts, each an immutable blob
-// object. A batch is produced by a BatchBuilder (write.h) and consumed by
-// WriteHandle::compare_and_append.
+// object, or, for a small part (ClientOptions::inline_part_max_bytes), the
+// encoded part itself carried inside the shard's state: an inline part
+// costs its append no blob write, and compaction later moves it into a
+// blob part. A batch is produced by a BatchBuilder (write.h) and consumed
+// by WriteHandle::compare_and_append.
 //
 // Ownership: a Batch owns its parts until an append commits them. A batch
 // dropped without being committed (abandoned, or its append definitely
@@ -38,8 +41,19 @@ struct PartRef {
   Time time_max = 0;
   Frontier lower;  // registered range
   Frontier upper;
+  // The encoded part (`size` bytes) when it travels inline, in the shard's
+  // state; null when it is the blob object `key`. An inline part keeps a
+  // key of its own, which names it in messages and is written to Blob only
+  // if the state has no room for it when it is appended.
+  std::shared_ptr<const std::string> data;
 
-  bool operator==(const PartRef&) const = default;
+  bool is_inline() const { return data != nullptr; }
+  // Equal fields, and equal inline bytes (not only the same pointer).
+  friend bool operator==(const PartRef& a, const PartRef& b) {
+    return a.key == b.key && a.size == b.size && a.count == b.count && a.bytes == b.bytes &&
+           a.time_min == b.time_min && a.time_max == b.time_max && a.lower == b.lower &&
+           a.upper == b.upper && (a.data == b.data || (a.data && b.data && *a.data == *b.data));
+  }
 };
 
 class Batch {

@@ -41,6 +41,17 @@ struct ClientOptions {
   // part is about one block.
   std::size_t block_bytes = 64 << 10;
   int zstd_level = 1;
+  // A part whose encoding is at most this many bytes travels inline, in
+  // the consensus write that appends it, instead of as a blob object: a
+  // small append then costs one consensus write (one sync on the embedded
+  // default, one commit on PostgreSQL) and no file or object. 0: never.
+  std::uint64_t inline_part_max_bytes = 4096;
+  // The most inline bytes the shard's state may hold after an append of
+  // this client's: past that, the append writes its parts to the blob
+  // store as usual. Compaction moves inline parts into blob parts (it
+  // merges them once they reach half of this), so the state, which every
+  // consensus read of a rollup carries, stays small.
+  std::uint64_t inline_state_max_bytes = 256 << 10;
   // Listen orders each batch's updates by time within this buffer; a batch
   // larger than this is emitted in several passes over time ranges.
   std::uint64_t listen_buffer_bytes = 8ull << 20;
@@ -110,10 +121,14 @@ struct ShardInfo {
   SeqNo seqno = 0;
   std::uint64_t batches = 0;
   std::uint64_t parts = 0;
+  // Of those, parts held inline in the state (PartRef::data), with no blob
+  // object: parts - inline_parts objects are in the blob store.
+  std::uint64_t inline_parts = 0;
   std::uint64_t updates = 0;  // stored updates, before consolidation
   std::uint64_t bytes = 0;    // encoded bytes of all parts
 
-  // {"name", "upper", "since", "seqno", "batches", "parts", "updates", "bytes"}
+  // {"name", "upper", "since", "seqno", "batches", "parts", "inline_parts",
+  //  "updates", "bytes"}
   std::string to_json() const;
 };
 

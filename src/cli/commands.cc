@@ -558,9 +558,11 @@ int run_compact(const Globals& globals, const std::vector<std::string>& argv) {
   if (!collected) return report(collected.error());
   auto info = (*shard)->inspect();
   if (!info) return report(info.error());
-  std::printf(
-      "%s,\"batches\":%llu,\"parts\":%llu}\n", compaction_json(*compacted, *collected).c_str(),
-      static_cast<unsigned long long>(info->batches), static_cast<unsigned long long>(info->parts));
+  std::printf("%s,\"batches\":%llu,\"parts\":%llu,\"inline_parts\":%llu}\n",
+              compaction_json(*compacted, *collected).c_str(),
+              static_cast<unsigned long long>(info->batches),
+              static_cast<unsigned long long>(info->parts),
+              static_cast<unsigned long long>(info->inline_parts));
   return kExitOk;
 }
 

@@ -119,6 +119,9 @@ class PartReader {
                                                     std::uint64_t size);
   // The whole object already in memory (tests, small parts).
   [[nodiscard]] static Result<PartReader> from_bytes(std::string name, std::string bytes);
+  // The same, sharing the bytes (an inline part: PartRef::data).
+  [[nodiscard]] static Result<PartReader> from_shared(std::string name,
+                                                      std::shared_ptr<const std::string> bytes);
 
   PartReader(PartReader&&) noexcept = default;
   PartReader& operator=(PartReader&&) noexcept = default;

@@ -22,7 +22,11 @@ Result<PartReader> PartReader::open_blob(Blob& blob, std::string key, std::uint6
 }
 
 Result<PartReader> PartReader::from_bytes(std::string name, std::string bytes) {
-  auto object = std::make_shared<const std::string>(std::move(bytes));
+  return from_shared(std::move(name), std::make_shared<const std::string>(std::move(bytes)));
+}
+
+Result<PartReader> PartReader::from_shared(std::string name,
+                                           std::shared_ptr<const std::string> object) {
   const std::uint64_t size = object->size();
   FetchRange fetch = [object](std::uint64_t offset, std::uint64_t length) -> Result<std::string> {
     // Like Blob::get_range: shorter when the object ends first.

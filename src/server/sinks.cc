@@ -255,6 +255,7 @@ struct SinkManager::Task {
     SinkOptions options;
     options.sink_name = spec.name;
     options.idle_poll_interval = kIdlePollFallback;
+    options.read_memory = ReadMemory{pool};  // its reads' blocks, beside its buffers
     options.stop = [this] { return stop.load(); };
     options.on_progress = [this](const SinkProgress& p) {
       std::lock_guard lock(mutex);

@@ -51,8 +51,10 @@
 // more sinks can be defined than the pool holds buffers for: one that
 // finds the pool full fails for kRetryInterval and runs once others idle.
 //
-// Memory: sinks draw from one pool (a Kafka producer's queue is reserved
-// from it); per sink its walker's O(1) state and a timer entry.
+// Memory: sinks draw from one pool (a Kafka producer's queue or an S3
+// part's buffer is reserved from it, and the blocks its reads decode are
+// charged to it: read.h); per sink its walker's O(1) state and a timer
+// entry.
 //
 // Thread-safety: all methods are safe for concurrent use.
 #pragma once

@@ -401,12 +401,15 @@ TEST_F(AppenderTest, BatchedAppendsCommitManyBatchesPerCall) {
 }
 
 TEST_F(AppenderTest, BusyAppenderLingersIdleOneCutsAtOnce) {
-  // Each part upload takes 100 ms. The first record finds the appender idle
-  // and is cut at once; the 25 that follow while it uploads make full
-  // batches of 10 at once and leave 5, which wait (a linger longer than the
-  // test) until the appender is idle again: 4 batches in all. Cutting
-  // whenever there was room (the old way) made a batch of nearly each.
+  // Each part upload and each consensus call takes 100 ms (a small batch's
+  // part travels inline, in its commit). The first record finds the
+  // appender idle and is cut at once; the 25 that follow while it is in
+  // flight make full batches of 10 at once and leave 5, which wait (a
+  // linger longer than the test) until the appender is idle again: 4
+  // batches in all. Cutting whenever there was room (the old way) made a
+  // batch of nearly each.
   blob_->set_config(FaultConfig{std::chrono::milliseconds(100)});
+  consensus_->set_config(FaultConfig{std::chrono::milliseconds(100)});
   AppenderOptions options;
   options.batch_max_records = 10;
   options.batch_linger = std::chrono::minutes(10);

@@ -49,7 +49,8 @@ struct PartBuffer {
   }
 };
 
-// Sorts, consolidates and encodes one part, then writes it to Blob.
+// Sorts, consolidates and encodes one part, then writes it to Blob, or
+// keeps it inline when it is small (ClientOptions::inline_part_max_bytes).
 Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
                            const std::string& writer_id, PartBuffer buffer,
                            Description inline_desc) {
@@ -89,6 +90,10 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
   ref.bytes = writer.stats().bytes;
   ref.time_min = writer.stats().time_min;
   ref.time_max = writer.stats().time_max;
+  if (encoded.size() <= context->options.inline_part_max_bytes) {
+    ref.data = std::make_shared<const std::string>(std::move(encoded));
+    return ref;
+  }
   TM_TRY(with_retries(context->options.write_retry,
                       [&] { return context->location.blob->set(ref.key, encoded); }));
   return ref;

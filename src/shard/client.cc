@@ -19,8 +19,8 @@ std::string ShardInfo::to_json() const {
   std::string out =
       "{\"name\":\"" + name + "\",\"upper\":" + upper.to_json() + ",\"since\":" + since.to_json() +
       ",\"seqno\":" + std::to_string(seqno) + ",\"batches\":" + std::to_string(batches) +
-      ",\"parts\":" + std::to_string(parts) + ",\"updates\":" + std::to_string(updates) +
-      ",\"bytes\":" + std::to_string(bytes) + "}";
+      ",\"parts\":" + std::to_string(parts) + ",\"inline_parts\":" + std::to_string(inline_parts) +
+      ",\"updates\":" + std::to_string(updates) + ",\"bytes\":" + std::to_string(bytes) + "}";
   return out;
 }
 
@@ -131,6 +131,7 @@ Result<ShardInfo> Shard::inspect() {
   for (const HollowBatch& batch : state.batches) {
     info.parts += batch.parts.size();
     for (const PartRef& part : batch.parts) {
+      info.inline_parts += part.is_inline() ? 1 : 0;
       info.updates += part.count;
       info.bytes += part.size;
     }

@@ -137,6 +137,17 @@ class CompactionTest : public ::testing::Test {
     writer_ = std::move(*shard_->open_writer());
   }
 
+  // For tests that watch blob objects (GC, ranged reads): no part travels
+  // inline. Inline parts: ShardTest.InlineParts*.
+  void blob_parts_only() {
+    options_.inline_part_max_bytes = 0;
+    writer_.reset();
+    shard_.reset();
+    client_ = *Client::open(Location{blob_, consensus_}, options_);
+    shard_ = *client_->open_shard("s");
+    writer_ = std::move(*shard_->open_writer());
+  }
+
   // One append [t, t + 1) of `updates` (all at time t).
   void append_at(Time t, const std::vector<Update>& updates) {
     std::vector<Batch> batches;
@@ -384,6 +395,7 @@ TEST_F(CompactionTest, ConcurrentCompactorsNeverLoseOrDoubleData) {
 }
 
 TEST_F(CompactionTest, GcNeverDeletesWhatALeasedReaderMayFetch) {
+  blob_parts_only();
   for (Time t = 0; t < 30; ++t) {
     std::vector<Update> updates;
     for (int i = 0; i < 40; ++i) updates.push_back(Update{"k" + std::to_string(i), "v", t, 1});
@@ -423,6 +435,7 @@ TEST_F(CompactionTest, GcNeverDeletesWhatALeasedReaderMayFetch) {
 }
 
 TEST_F(CompactionTest, OrphansAreDeletedOnlyOnceTheirWriterIsGone) {
+  blob_parts_only();
   append_at(0, {Update{"a", "1", 0, 1}});
   // A batch whose append ended indeterminate: its parts must survive.
   auto other = std::move(*shard_->open_writer());
@@ -718,6 +731,7 @@ TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
 }
 
 TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {
+  blob_parts_only();
   // 200 batches, never compacted; then a shard with a background compactor
   // that reads through a blob whose every read takes 20 ms, woken by one
   // more append. Closing it mid-merge abandons the merge at once: nothing

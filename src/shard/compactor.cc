@@ -112,7 +112,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
                         const std::function<bool()>& stop) {
   TM_TRY(writer.advance_hold());
   TM_ASSIGN(StatePtr state, context.machine->fetch());
-  const std::optional<MergeRequest> request = next_merge(*state);
+  const std::optional<MergeRequest> request = next_merge(*state, context.inline_drain_bytes());
   if (!request) return false;
   const std::span<const HollowBatch> requested(state->batches.data() + request->begin,
                                                request->end - request->begin);
@@ -196,7 +196,7 @@ Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
 Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
-  if (!next_merge(*state)) return report;
+  if (!next_merge(*state, context.inline_drain_bytes())) return report;
   PassWriter writer(context);
   TM_TRY(writer.open());
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
@@ -222,7 +222,7 @@ std::function<bool()> ShardContext::stop_reads() const {
 }
 
 void ShardContext::request_compaction(const ShardState& state) {
-  if (compactor && next_merge(state)) compactor->request();
+  if (compactor && next_merge(state, inline_drain_bytes())) compactor->request();
 }
 
 struct BackgroundCompactor::Shared {

@@ -45,6 +45,9 @@ struct ShardContext {
   // Hands the background compactor a merge the spine needs (if there is
   // one and a compactor runs).
   void request_compaction(const ShardState& state);
+  // When compaction moves inline parts into blob parts: once the state
+  // holds half of what appends may fill it with.
+  std::uint64_t inline_drain_bytes() const { return options.inline_state_max_bytes / 2; }
 
   // The latest state, retrying failures that may pass (options.read_retry).
   [[nodiscard]] Result<StatePtr> fetch_for_read();

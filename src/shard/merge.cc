@@ -73,6 +73,12 @@ struct OpenedPart {
   Time max = 0;
 };
 
+// A reader of the part `ref`: its inline bytes, or its blob object.
+Result<PartReader> open_reader(Blob& blob, const PartRef& ref) {
+  if (ref.data) return PartReader::from_shared(ref.key, ref.data);
+  return PartReader::open_blob(blob, ref.key, ref.size);
+}
+
 // Opens the part `ref` filtered to the intersection of its registered
 // range, its inline description and `window`; nullopt, without opening it
 // when its stats allow, when nothing of it is wanted.
@@ -83,7 +89,7 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
   Time max = std::min({reg_max, window.max, ref.time_max});
   if (ref.count == 0 || min > max) return std::nullopt;  // nothing of this part is wanted
 
-  TM_ASSIGN(PartReader reader, PartReader::open_blob(blob, ref.key, ref.size));
+  TM_ASSIGN(PartReader reader, open_reader(blob, ref));
   const Description& inline_desc = reader.inline_desc();
   Time inline_min, inline_max;
   if (!to_inclusive(inline_desc.lower, inline_desc.upper, &inline_min, &inline_max) ||
@@ -149,7 +155,7 @@ Result<std::vector<std::uint64_t>> open_block_bytes(Blob& blob,
   for_each_quickly(to_fetch.size(), [&](std::size_t i) {
     const auto [r, p] = to_fetch[i];
     const PartRef& ref = runs[r].parts[p];
-    auto reader = PartReader::open_blob(blob, ref.key, ref.size);
+    auto reader = open_reader(blob, ref);
     if (!reader) {
       fetched[i] = std::unexpected(reader.error());
       return;
@@ -390,7 +396,7 @@ Result<int> MergeCursor::compare_with_last(const Run& run, UpdateView update) co
   if (update.value.size() == kept.size()) return -1;
   // Rare: read the last value back from its part.
   const PartRef& ref = run.parts[run.last_part_index];
-  TM_ASSIGN(PartReader reader, PartReader::open_blob(*blob_, ref.key, ref.size));
+  TM_ASSIGN(PartReader reader, open_reader(*blob_, ref));
   std::optional<UpdateView> last;
   for (std::uint64_t i = 0; i < ref.count; ++i) {
     TM_ASSIGN(last, reader.next());

@@ -70,6 +70,17 @@ class ShardTest : public ::testing::Test {
     writer_ = std::move(*shard_->open_writer());
   }
 
+  // For tests that watch blob objects: no part travels inline.
+  void blob_parts_only() {
+    ClientOptions options = client_->options();
+    options.inline_part_max_bytes = 0;
+    writer_.reset();
+    shard_.reset();
+    client_ = *Client::open(Location{blob_, consensus_}, options);
+    shard_ = *client_->open_shard("orders");
+    writer_ = std::move(*shard_->open_writer());
+  }
+
   std::size_t part_objects() {
     std::size_t n = 0;
     EXPECT_TRUE(
@@ -174,6 +185,53 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
     EXPECT_EQ(cut.error().kind, ErrorKind::kCorruption);
     EXPECT_NE(cut.error().message.find("shard s"), std::string::npos);
   }
+}
+
+// Inline parts (PartRef::data) travel in full states and diffs; a batch
+// without them encodes as it did before they existed.
+TEST(StateTest, InlinePartsRoundTripInStatesAndDiffs) {
+  ShardState before;
+  before.name = "s";
+  before.seqno = 3;
+  before.upper = Frontier::at(10);
+  PartRef blob_part{"shard/s/part/a", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
+  before.batches.push_back(HollowBatch{
+      Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({blob_part})});
+  const std::string plain = encode_state(before);
+  // The flags byte of a batch without inline parts: 0 (not ordered).
+  ASSERT_NE(plain.find(std::string("\x00\x01", 2)), std::string::npos);
+
+  ShardState after = before;
+  after.seqno = 4;
+  after.upper = Frontier::at(20);
+  PartRef small{"shard/s/part/b", 6, 2, 4, 10, 19, Frontier::at(10), Frontier::at(20)};
+  small.data = std::make_shared<const std::string>("inline");
+  after.batches.push_back(HollowBatch{
+      Description{Frontier::at(10), Frontier::at(20), Frontier::at(0)}, PartList({small})});
+  EXPECT_EQ(inline_bytes(before), 0u);
+  EXPECT_EQ(inline_bytes(after), 6u);
+
+  auto full = decode_state("s", VersionedData{4, encode_state(after)});
+  ASSERT_TRUE(full) << full.error().to_string();
+  EXPECT_EQ(*full, after);
+  ASSERT_TRUE(full->batches[1].parts[0].is_inline());
+  EXPECT_EQ(*full->batches[1].parts[0].data, "inline");
+  EXPECT_FALSE(full->batches[0].parts[0].is_inline());
+
+  auto diffed =
+      apply_version("s", &before, VersionedData{4, encode_diff(before, after, RollupRef{3, "r"})});
+  ASSERT_TRUE(diffed) << diffed.error().to_string();
+  EXPECT_EQ(*diffed, after);
+  EXPECT_EQ(*diffed->batches[1].parts[0].data, "inline");
+
+  // Inline bytes that are not the size the reference gives are corrupt.
+  ShardState wrong = after;
+  PartRef lying = small;
+  lying.size = 7;
+  wrong.batches[1].parts = PartList({lying});
+  auto refused = decode_state("s", VersionedData{4, encode_state(wrong)});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kCorruption);
 }
 
 TEST(StateTest, DiffsReproduceEveryKindOfChange) {
@@ -463,6 +521,7 @@ TEST_F(ShardTest, AnExpiredLeaseStopsHoldingSince) {
 }
 
 TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
+  blob_parts_only();  // diffs of one batch of blob parts (inline: SmallAppendsTravelInline...)
   // A second handle caches the state early and must catch up later.
   auto early = *client_->open_shard("orders");
   ASSERT_TRUE(early->inspect());
@@ -511,6 +570,93 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
   EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
 }
 
+// Issue 19: a small append wrote a part file (a create, a sync, a rename
+// and a directory sync) before its consensus write. Its part now travels
+// inline, in the consensus write: no blob object, and it reads back from
+// snapshots and listens, and from a fresh client.
+TEST_F(ShardTest, SmallAppendsTravelInlineWithNoBlobObject) {
+  std::vector<Update> all;
+  for (Time t = 0; t < 5; ++t) {
+    std::vector<Update> updates = numbered(3, t, "t" + std::to_string(t) + "-");
+    all.insert(all.end(), updates.begin(), updates.end());
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(updates, t, t + 1));
+    ASSERT_TRUE(batches[0].parts()[0].is_inline());
+    ASSERT_TRUE(append(batches, t, t + 1));
+  }
+  EXPECT_EQ(part_objects(), 0u);
+  // Each diff carries its append's part: one batch, not the shard.
+  auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 100);
+  for (const VersionedData& v : versions) {
+    if (!is_full_version(v.data)) EXPECT_LT(v.data.size(), 300u + 4096u);
+  }
+  auto state = *shard_->inspect();
+  EXPECT_EQ(state.batches, 5u);
+  EXPECT_EQ(state.parts, 5u);
+  EXPECT_EQ(*read_snapshot(*shard_, 4), model_at(all, 4));
+  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
+  EXPECT_EQ(*read_snapshot(*fresh, 4), model_at(all, 4));
+  auto listener = fresh->listen(0, 5);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  auto listened = read_listen(**listener);
+  ASSERT_TRUE(listened) << listened.error().to_string();
+  EXPECT_EQ(listened->updates.size(), 12u);  // times 1 to 4: from 0 is exclusive
+  // A batch over the limit is a blob part, as before.
+  std::vector<Batch> big;
+  std::vector<Update> many;
+  for (int i = 0; i < 3000; ++i) {
+    many.push_back(Update{"big" + std::to_string(i), std::to_string(i * 7919), 5, 1});
+  }
+  big.push_back(make_batch(many, 5, 6));
+  EXPECT_FALSE(big[0].parts().back().is_inline());
+  ASSERT_TRUE(append(big, 5, 6));
+  EXPECT_GT(part_objects(), 0u);
+  all.insert(all.end(), many.begin(), many.end());
+  EXPECT_EQ(*read_snapshot(*fresh, 5), model_at(all, 5));
+}
+
+// The state holds at most inline_state_max_bytes of inline parts: an append
+// that would pass it writes its parts to the blob store first. Compaction
+// moves inline parts out once they reach half of it, and nothing is lost or
+// doubled on the way.
+TEST_F(ShardTest, InlinePartsStayWithinTheirBoundAndCompactionMovesThemOut) {
+  ClientOptions options = client_->options();
+  options.inline_state_max_bytes = 4096;
+  auto client = *Client::open(client_->location(), options);
+  auto shard = *client->open_shard("orders");
+  auto writer = std::move(*shard->open_writer());
+  ShardMachine machine("orders", consensus_, blob_);  // to read the state itself
+  std::vector<Update> all;
+  std::uint64_t most = 0;
+  for (Time t = 0; t < 40; ++t) {
+    std::vector<Update> updates = numbered(4, t, "t" + std::to_string(t) + "-");
+    all.insert(all.end(), updates.begin(), updates.end());
+    std::vector<Batch> batches;
+    batches.push_back(*writer->batch(updates, Frontier::at(t), Frontier::at(t + 1)));
+    ASSERT_TRUE(batches[0].parts()[0].is_inline());
+    ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
+    auto state = *machine.fetch();
+    most = std::max(most, inline_bytes(*state));
+    EXPECT_LE(inline_bytes(*state), options.inline_state_max_bytes);
+  }
+  const std::size_t spilled = part_objects();
+  EXPECT_GT(spilled, 0u) << "no append found the state full";
+  EXPECT_GT(most, options.inline_state_max_bytes / 2);
+  EXPECT_EQ(*read_snapshot(*shard, 39), model_at(all, 39));
+  // Compaction merges from the oldest inline part on into blob parts.
+  auto compacted = shard->compact();
+  ASSERT_TRUE(compacted) << compacted.error().to_string();
+  EXPECT_GT(compacted->merges, 0u);
+  auto state = *machine.fetch();
+  EXPECT_LT(inline_bytes(*state), options.inline_state_max_bytes / 2);
+  EXPECT_EQ(*read_snapshot(*shard, 39), model_at(all, 39));
+  auto listener = shard->listen(0, 40);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  auto listened = read_listen(**listener);
+  ASSERT_TRUE(listened) << listened.error().to_string();
+  EXPECT_EQ(listened->updates.size(), 39u * 4);
+}
+
 TEST_F(ShardTest, ManyBatchesCommitWithOneConsensusWrite) {
   std::vector<Batch> batches;
   batches.push_back(make_batch(numbered(10, 2, "a"), 2, 4));
@@ -526,6 +672,7 @@ TEST_F(ShardTest, ManyBatchesCommitWithOneConsensusWrite) {
 }
 
 TEST_F(ShardTest, UpperMismatchNamesBothUppersAndKeepsTheBatch) {
+  blob_parts_only();  // it counts the part objects a stale batch leaves
   std::vector<Batch> first;
   first.push_back(make_batch(numbered(2, 0), 0, 2));
   ASSERT_TRUE(append(first, 0, 2));
@@ -796,6 +943,7 @@ TEST_F(ShardTest, APartHoldingMorePayloadThanRegisteredIsACorruptionNamingIt) {
 }
 
 TEST_F(ShardTest, CorruptPartIsAnErrorNamingIt) {
+  blob_parts_only();  // its blob object is corrupted (an inline part: the next test)
   std::vector<Batch> batches;
   batches.push_back(make_batch(numbered(50, 1), 0, 2));
   std::string key = batches[0].parts()[0].key;
@@ -807,6 +955,30 @@ TEST_F(ShardTest, CorruptPartIsAnErrorNamingIt) {
   ASSERT_FALSE(snapshot);
   EXPECT_EQ(snapshot.error().kind, ErrorKind::kCorruption);
   EXPECT_NE(snapshot.error().message.find(key), std::string::npos);
+}
+
+// An inline part's bytes pass the same checks as a blob object's: a flipped
+// byte is a Corruption naming the part, never a wrong answer.
+TEST_F(ShardTest, CorruptInlinePartIsAnErrorNamingIt) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(50, 1), 0, 2));
+  ASSERT_TRUE(batches[0].parts()[0].is_inline());
+  const std::string key = batches[0].parts()[0].key;
+  ASSERT_TRUE(append(batches, 0, 2));
+  ShardMachine machine("orders", client_->location().consensus, client_->location().blob);
+  ASSERT_TRUE(machine.apply([](ShardState& s) -> Result<TransitionResult> {
+    std::vector<PartRef> parts = s.batches[0].parts.get();
+    std::string bytes = *parts[0].data;
+    bytes[bytes.size() / 2] ^= 0x5a;
+    parts[0].data = std::make_shared<const std::string>(std::move(bytes));
+    s.batches[0].parts = PartList(std::move(parts));
+    return TransitionResult::kWrite;
+  }));
+  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
+  auto snapshot = read_snapshot(*fresh, 1);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(snapshot.error().message.find(key), std::string::npos) << snapshot.error().message;
 }
 
 TEST_F(ShardTest, ListenEmitsInTimeOrderWithProgress) {
@@ -875,6 +1047,7 @@ class FaultyReadsTest : public ShardTest {
  protected:
   void SetUp() override {
     ShardTest::SetUp();
+    blob_parts_only();  // reads of blob parts under faults
     // Ten batches of several parts and blocks each.
     for (Time t = 0; t < 10; ++t) {
       std::vector<Update> updates = numbered(150, t, "k" + std::to_string(t % 3) + "-");

@@ -27,11 +27,21 @@ bool get_string(Decoder& d, std::string* s) {
   return true;
 }
 
+// A batch's flags byte: bit 0 ordered; bit 1 each part is followed by its
+// inline bytes (empty for a blob part). A batch without inline parts is
+// written as before bit 1 existed, and a Tidemark that predates it refuses
+// a batch with the bit (malformed) rather than misread it.
+constexpr std::uint8_t kBatchOrdered = 1;
+constexpr std::uint8_t kBatchInlineParts = 2;
+
 void put_batch(Encoder& e, const HollowBatch& batch) {
   put_frontier(e, batch.desc.lower);
   put_frontier(e, batch.desc.upper);
   put_frontier(e, batch.desc.since);
-  e.put_u8(batch.ordered ? 1 : 0);
+  const bool any_inline = std::any_of(batch.parts.begin(), batch.parts.end(),
+                                      [](const PartRef& p) { return p.is_inline(); });
+  e.put_u8(static_cast<std::uint8_t>((batch.ordered ? kBatchOrdered : 0) |
+                                     (any_inline ? kBatchInlineParts : 0)));
   e.put_varint(batch.parts.size());
   for (const PartRef& part : batch.parts) {
     e.put_bytes(part.key);
@@ -42,6 +52,7 @@ void put_batch(Encoder& e, const HollowBatch& batch) {
     e.put_varint(part.time_max);
     put_frontier(e, part.lower);
     put_frontier(e, part.upper);
+    if (any_inline) e.put_bytes(part.data ? std::string_view(*part.data) : std::string_view());
   }
 }
 
@@ -50,9 +61,9 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
       !get_frontier(d, &batch->desc.since)) {
     return false;
   }
-  std::uint8_t ordered;
-  if (!d.get_u8(&ordered) || ordered > 1) return false;
-  batch->ordered = ordered == 1;
+  std::uint8_t flags;
+  if (!d.get_u8(&flags) || (flags & ~(kBatchOrdered | kBatchInlineParts)) != 0) return false;
+  batch->ordered = (flags & kBatchOrdered) != 0;
   std::uint64_t count;
   if (!d.get_varint(&count) || count > d.remaining()) return false;
   std::vector<PartRef> parts(count);
@@ -62,6 +73,15 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
         !d.get_varint(&part.time_max) || !get_frontier(d, &part.lower) ||
         !get_frontier(d, &part.upper)) {
       return false;
+    }
+    if ((flags & kBatchInlineParts) != 0) {
+      std::string_view bytes;
+      if (!d.get_bytes(&bytes)) return false;
+      if (!bytes.empty()) {
+        // An inline part is exactly the encoding its reference sizes.
+        if (bytes.size() != part.size) return false;
+        part.data = std::make_shared<const std::string>(bytes);
+      }
     }
   }
   batch->parts = PartList(std::move(parts));
@@ -127,6 +147,14 @@ Status validate_state(const ShardState& state,
 }
 
 }  // namespace
+
+std::uint64_t inline_bytes(const ShardState& state) {
+  std::uint64_t bytes = 0;
+  for (const HollowBatch& batch : state.batches) {
+    for (const PartRef& part : batch.parts) bytes += part.is_inline() ? part.size : 0;
+  }
+  return bytes;
+}
 
 std::uint64_t HollowBatch::count() const {
   std::uint64_t n = 0;
@@ -751,8 +779,17 @@ std::size_t read_inputs(const ShardState& state) {
   return inputs;
 }
 
-std::optional<MergeRequest> next_merge(const ShardState& state) {
+std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t inline_drain_bytes) {
   const auto& batches = state.batches;
+  if (inline_drain_bytes != kNoInlineDrain && inline_bytes(state) >= inline_drain_bytes) {
+    // From the oldest batch holding an inline part: everything after it.
+    for (std::size_t i = 0; i < batches.size(); ++i) {
+      if (std::any_of(batches[i].parts.begin(), batches[i].parts.end(),
+                      [](const PartRef& p) { return p.is_inline(); })) {
+        return MergeRequest{i, batches.size()};
+      }
+    }
+  }
   if (batches.size() < 2) return std::nullopt;
   // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);

@@ -147,6 +147,9 @@ struct ShardState {
   }
 };
 
+// The bytes of the inline parts (PartRef::data) the state holds.
+std::uint64_t inline_bytes(const ShardState& state);
+
 // The consensus key of a shard's state, and the blob prefix of its parts.
 std::string shard_consensus_key(std::string_view shard);
 std::string shard_part_prefix(std::string_view shard);
@@ -350,8 +353,13 @@ struct MergeRequest {
 
 // The merge the spine needs next: the oldest batch that breaks the size
 // rule (and whose run is wide or big enough), with every batch after it.
-// nullopt when the spine is in shape.
-std::optional<MergeRequest> next_merge(const ShardState& state);
+// nullopt when the spine is in shape. Once the state's inline parts reach
+// `inline_drain_bytes`, the oldest batch holding one and every batch after
+// it instead (a merge writes its output to the blob store), even when that
+// is a single batch.
+inline constexpr std::uint64_t kNoInlineDrain = UINT64_MAX;
+std::optional<MergeRequest> next_merge(const ShardState& state,
+                                       std::uint64_t inline_drain_bytes = kNoInlineDrain);
 
 enum class CompactionOutcome : std::uint8_t {
   kApplied,         // the inputs were replaced by the output

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <thread>
 
 #include "shard/context.h"
@@ -8,6 +9,21 @@
 #include "util/periodic.h"
 
 namespace tidemark {
+namespace {
+
+// Writes the inline parts among `parts` to the blob store under their keys;
+// they are blob parts from then on.
+Status write_inline_parts(ShardContext& context, std::vector<PartRef>& parts) {
+  for (PartRef& part : parts) {
+    if (!part.is_inline()) continue;
+    TM_TRY(with_retries(context.options.write_retry,
+                        [&] { return context.location.blob->set(part.key, *part.data); }));
+    part.data.reset();
+  }
+  return {};
+}
+
+}  // namespace
 
 WriteHandle::WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id)
     : context_(std::move(context)),
@@ -161,14 +177,35 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   // once: failures that may pass are retried (options.write_retry). Once an
   // attempt may have landed, a later LeaseExpired is only a "maybe" (the
   // lost writer took the record of that attempt with it).
+  //
+  // Inline parts go into the state only while it has room for them
+  // (options.inline_state_max_bytes); otherwise they are written to the
+  // blob store first, under their keys, and appended as blob parts.
+  bool carries_inline =
+      std::any_of(parts.begin(), parts.end(), [](const PartRef& p) { return p.is_inline(); });
+  bool no_room = false;
   Backoff backoff(options.write_retry);
   Result<StatePtr> applied;
   for (;;) {
     applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
       TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
-      return outcome == AppendOutcome::kApplied ? TransitionResult::kWrite
-                                                : TransitionResult::kUnchanged;
+      if (outcome != AppendOutcome::kApplied) return TransitionResult::kUnchanged;
+      if (carries_inline && inline_bytes(state) > options.inline_state_max_bytes) {
+        no_room = true;
+        return make_error(ErrorKind::kFull, "no room for inline parts in the shard's state");
+      }
+      return TransitionResult::kWrite;
     });
+    if (no_room) {
+      // Nothing was written: this state did not hold the append.
+      no_room = false;
+      carries_inline = false;
+      if (auto spilled = write_inline_parts(*context_, parts); !spilled) {
+        applied = std::unexpected(spilled.error());
+        break;
+      }
+      continue;
+    }
     if (applied || !is_retryable(applied.error())) break;
     maybe_landed = maybe_landed || applied.error().is(ErrorKind::kIndeterminate);
     if (!backoff.next()) break;

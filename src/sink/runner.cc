@@ -152,7 +152,7 @@ Result<Next> SinkRun::snapshot_step() {
   if (!options_.as_of && !upper.is_closed()) as_of = upper.time() - 1;
   TM_ASSIGN(DiffPairWalker walker,
             DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
-              TM_ASSIGN(SnapshotCursor cursor, shard_.snapshot(as_of));
+              TM_ASSIGN(SnapshotCursor cursor, shard_.snapshot(as_of, options_.read_memory));
               return std::make_unique<SnapshotSource>(std::move(cursor));
             }));
   progress_.target = Frontier::at(as_of + 1);
@@ -225,7 +225,7 @@ Result<Next> SinkRun::follow_step() {
   if (from == 0) return invalid_usage("a sink cannot follow from time 0 without a snapshot");
   TM_ASSIGN(DiffPairWalker walker,
             DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
-              TM_ASSIGN(auto listener, shard_.listen(from - 1, target));
+              TM_ASSIGN(auto listener, shard_.listen(from - 1, target, options_.read_memory));
               return std::make_unique<ListenSource>(std::move(listener));
             }));
   if (!interval_open_) {

@@ -17,8 +17,9 @@
 // resumes from the committed progress).
 //
 // Memory: the walker's (O(1) in diffs and group sizes) plus the reads'
-// (O(open parts x block)) plus the destination's own bound (a file's write
-// buffer, a Kafka producer's queue).
+// (O(open parts x block), charged to options.read_memory when it has a
+// pool) plus the destination's own bound (a file's write buffer, a Kafka
+// producer's queue).
 //
 // SinkRun is the same sink taken one step at a time, so that many sinks
 // can share a few threads: step() does the work that is ready (polls the
@@ -40,6 +41,7 @@
 
 #include "sink/destination.h"
 #include "tidemark/client.h"
+#include "tidemark/read.h"
 #include "tidemark/retry.h"
 
 namespace tidemark {
@@ -69,6 +71,8 @@ struct SinkOptions {
   std::function<void(const SinkProgress&)> on_progress;  // after each commit
   std::function<void(const SinkProgress&)> on_tick;      // every kTickPairs pairs
   std::function<bool()> stop;
+  // What its reads charge their decoded blocks to (read.h); none: nothing.
+  ReadMemory read_memory;
   // Waits between polls: sleeps the time given, or less once `stop` would
   // say true (a condition variable the stopper notifies). None: sleeps in
   // steps of 50 ms, asking `stop` after each.
