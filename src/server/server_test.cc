@@ -909,6 +909,20 @@ TEST_F(ServerTest, ASinkWhoseBufferDoesNotFitFailsNamingThePool) {
   }
 }
 
+// How many sinks in a GET /v1/sinks answer have a frontier of at least
+// `want`.
+int sinks_at_least(const std::string& list, std::uint64_t want) {
+  auto json = parse_json(list);
+  int there = 0;
+  if (json && json->is_array()) {
+    for (const JsonValue& sink : json->as_array()) {
+      const JsonValue* frontier = sink.find("frontier");
+      if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
+    }
+  }
+  return there;
+}
+
 int threads_now() {
   return proc_status().threads;
 }
@@ -932,7 +946,7 @@ int threads_named(std::string_view prefix) {
 // on the next change of its shard. Six sinks whose queues the sinks' pool
 // holds two at a time all deliver their snapshot and a later change, each
 // exactly once, and no librdkafka thread is left once they idle.
-TEST_F(ServerTest, IdleSinksCloseTheirKafkaProducers) {
+TEST_F(ServerTest, IdleSinksIntoKafkaCloseTheirProducers) {
   if (kUnderTsan) GTEST_SKIP() << kKafkaUnderTsan;
   constexpr int kSinks = 6;
   std::vector<std::string> args;
@@ -976,15 +990,7 @@ TEST_F(ServerTest, IdleSinksCloseTheirKafkaProducers) {
     for (int i = 0; i < 1200 && !reached; ++i) {
       most_rdk = std::max(most_rdk, threads_named("rdk:"));
       last = get("/v1/sinks").body;
-      auto json = parse_json(last);
-      int there = 0;
-      if (json && json->is_array()) {
-        for (const JsonValue& sink : json->as_array()) {
-          const JsonValue* frontier = sink.find("frontier");
-          if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
-        }
-      }
-      reached = there == kSinks;
+      reached = sinks_at_least(last, want) == kSinks;
       if (!reached) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     ASSERT_TRUE(reached) << "not every sink reached " << want << ": " << last;
@@ -1070,15 +1076,7 @@ TEST_F(ServerTest, ManySinksShareABoundedSetOfThreads) {
     std::string last;
     for (int i = 0; i < 1500; ++i) {
       last = get("/v1/sinks").body;
-      auto json = parse_json(last);
-      int there = 0;
-      if (json && json->is_array()) {
-        for (const JsonValue& sink : json->as_array()) {
-          const JsonValue* frontier = sink.find("frontier");
-          if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
-        }
-      }
-      if (there == kSinks) return;
+      if (sinks_at_least(last, want) == kSinks) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     FAIL() << "not every sink reached " << want << ": " << last.substr(0, 2000);
@@ -1152,14 +1150,7 @@ TEST_F(ServerTest, IdleSinksCloseAndFollowTheNextChangeExactlyOnce) {
     ASSERT_TRUE(done()) << what;
   };
   auto all_reach = [&](std::uint64_t want) {
-    auto json = parse_json(get("/v1/sinks").body);
-    if (!json || !json->is_array()) return false;
-    int there = 0;
-    for (const JsonValue& sink : json->as_array()) {
-      const JsonValue* frontier = sink.find("frontier");
-      if (frontier && frontier->as_u64() && *frontier->as_u64() >= want) ++there;
-    }
-    return there == kSinks;
+    return sinks_at_least(get("/v1/sinks").body, want) == kSinks;
   };
   auto all_idle = [&] { return metric(get("/metrics").body, "tidemark_sinks_idle") == kSinks; };
   constexpr Time kTimes = 8;

@@ -310,33 +310,53 @@ TEST_F(AppenderTest, BailPolicyFailsTokensInsteadOfRetrying) {
   EXPECT_EQ(appender->pool()->used(), 0u);
 }
 
+// Faults on blob and consensus calls, retried: each record commits once.
+// Waiting on every tenth token makes at least fifty commits, so faults land
+// whatever the timing. With inline parts (the default) a small commit
+// writes no blob, so its faults come from consensus; with blob parts only,
+// the part writes fail too.
 TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
-  FaultConfig faults;
-  faults.determinate_rate = 0.15;
-  faults.indeterminate_rate = 0.15;
-  faults.seed = 11;
-  blob_->set_config(faults);
-  faults.seed = 12;
-  consensus_->set_config(faults);
-  AppenderOptions options;
-  options.retry.max_attempts = 51;
-  auto appender = open(options);
-  AppendSender sender = appender->sender();
-  std::vector<CommitToken> tokens;
-  for (int i = 0; i < 500; ++i) {
-    tokens.push_back(*sender.enqueue_with_token(record(i)));
-    if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (bool inline_parts : {true, false}) {
+    SCOPED_TRACE(inline_parts ? "inline parts" : "blob parts only");
+    if (!inline_parts) {
+      SetUp();  // a fresh location, opened with blob parts only
+      ClientOptions options;
+      options.part_target_bytes = 64 << 10;
+      options.inline_part_max_bytes = 0;
+      client_ = *Client::open(Location{blob_, consensus_}, options);
+      shard_ = *client_->open_shard("s");
+    }
+    FaultConfig faults;
+    faults.determinate_rate = 0.15;
+    faults.indeterminate_rate = 0.15;
+    faults.seed = 11;
+    blob_->set_config(faults);
+    faults.seed = 12;
+    consensus_->set_config(faults);
+    AppenderOptions options;
+    options.retry.max_attempts = 51;
+    auto appender = open(options);
+    AppendSender sender = appender->sender();
+    std::vector<CommitToken> tokens;
+    for (int i = 0; i < 500; ++i) {
+      tokens.push_back(*sender.enqueue_with_token(record(i)));
+      if (i % 10 == 9)
+        ASSERT_TRUE(tokens.back().wait()) << tokens.back().wait().error().to_string();
+    }
+    for (const CommitToken& token : tokens)
+      ASSERT_TRUE(token.wait()) << token.wait().error().to_string();
+    blob_->set_config({});
+    consensus_->set_config({});
+    EXPECT_GT(consensus_->injected_determinate() + consensus_->injected_indeterminate(), 0u);
+    if (!inline_parts) {
+      EXPECT_GT(blob_->injected_determinate() + blob_->injected_indeterminate(), 0u);
+    }
+    auto all = contents();
+    ASSERT_EQ(all.size(), 500u);
+    for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
+    appender->close();
+    EXPECT_EQ(appender->pool()->used(), 0u);
   }
-  for (const CommitToken& token : tokens)
-    ASSERT_TRUE(token.wait()) << token.wait().error().to_string();
-  blob_->set_config({});
-  consensus_->set_config({});
-  EXPECT_GT(blob_->injected_determinate() + consensus_->injected_indeterminate(), 0u);
-  auto all = contents();
-  ASSERT_EQ(all.size(), 500u);
-  for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
-  appender->close();
-  EXPECT_EQ(appender->pool()->used(), 0u);
 }
 
 TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
