@@ -9,7 +9,10 @@
 // upper (re-building any that do not), and commits them with one
 // compare_and_append. Records keep their leases until that commit is
 // durable; then the leases are released and the tokens resolved, in that
-// order.
+// order. A small batch (kBuildHereMaxBytes) is built on the builder's own
+// thread, and the builder runs the committer there too when it is idle
+// (SerialTask::run_here): one thread hop from the request to its commit
+// instead of three.
 #include "tidemark/appender.h"
 
 #include <algorithm>
@@ -33,6 +36,12 @@ namespace {
 // concurrently, so under blob latency a batch cut while another uploads
 // does not wait for it.
 constexpr std::size_t kMaxBuiltBatches = 16;
+// A batch whose records' keys and values take at most this many bytes is
+// built on the builder's thread, not the batch builds pool: its part is
+// small enough to travel inline (ClientOptions::inline_part_max_bytes'
+// default), so its build does no I/O and costs less than the hop. (With
+// inline parts turned off it uploads one small part from there.)
+constexpr std::uint64_t kBuildHereMaxBytes = 4096;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
 // Commits in a row that met producer records another process committed
@@ -299,6 +308,8 @@ struct Appender::Impl {
   void run_builder() {
     for (;;) {
       std::vector<Record> records;
+      std::uint64_t bytes = 0;  // of the records' keys and values
+      bool alone = false;       // the batch took every queued record, none was built before
       {
         std::unique_lock lock(mu);
         if (builder_done) return;
@@ -311,7 +322,7 @@ struct Appender::Impl {
         }
         if (cut == Cut::kWait) return;
         if (cut == Cut::kLinger && arm_linger_locked()) return;
-        std::uint64_t bytes = 0;
+        bytes = 0;
         // A batch never ends inside a group (a group is queued whole).
         // Counted first, so the vector is allocated once at its exact size:
         // grown by doubling, it held up to twice the records' charged
@@ -330,21 +341,38 @@ struct Appender::Impl {
         }
         queued_bytes -= bytes;
         if (!queue.empty()) queue_since = std::chrono::steady_clock::now();
+        alone = queue.empty() && built.empty();
       }
       auto batch = std::make_shared<Built>();
       batch->last_seq = records.back().seq;
       batch->records = std::move(records);
       batch->time = take_time(0);
       Built* raw = batch.get();
-      // On the batch builds pool: a build waits for its parts' uploads
-      // (blob_io()), which an appenders-pool thread must not.
-      batch->upload =
-          submit_or_inline(WorkPool::batch_builds(), [this, raw] { return build(*raw); });
+      const bool small = bytes <= kBuildHereMaxBytes;
+      if (small) {
+        // Built here, then committed here if it is alone and the committer
+        // idle: a request on an idle appender wakes one thread, not three.
+        std::promise<Status> built_here;
+        built_here.set_value(build(*raw));
+        batch->upload = built_here.get_future();
+      } else {
+        // On the batch builds pool: a build waits for its parts' uploads
+        // (blob_io()), which an appenders-pool thread must not.
+        batch->upload =
+            submit_or_inline(WorkPool::batch_builds(), [this, raw] { return build(*raw); });
+      }
       {
         std::lock_guard lock(mu);
         built.push_back(std::move(batch));
       }
-      committer->notify();
+      if (small && alone) {
+        // Nothing else to cut or commit: committing here delays no other
+        // batch (with more queued, the builder goes on cutting while the
+        // committer's thread commits).
+        committer->run_here();
+      } else {
+        committer->notify();
+      }
     }
   }
 

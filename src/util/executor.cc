@@ -164,6 +164,16 @@ void SerialTask::notify() {
   submit(state_, pool_);
 }
 
+void SerialTask::run_here() {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->stopped || state_->queued) return;
+    state_->queued = true;
+    if (state_->running) return;  // the run in progress queues it when it ends
+  }
+  run(state_, pool_);
+}
+
 void SerialTask::submit(const std::shared_ptr<State>& state, WorkPool* pool) {
   if (!pool->submit([state, pool] { run(state, pool); })) run(state, pool);
 }

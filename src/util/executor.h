@@ -131,6 +131,10 @@ class SerialTask {
   // Queues a run (see above). When the pool has no thread and none can be
   // started, runs it on the calling thread instead: late rather than never.
   void notify();
+  // Runs the function now, on the calling thread, when no run is queued or
+  // in progress (saving the hop to a pool thread); otherwise the same as
+  // notify(). A notify() during that run queues the next run on the pool.
+  void run_here();
   // No run starts after this; waits for a run in progress unless called
   // from the function itself.
   void stop();

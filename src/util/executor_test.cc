@@ -236,6 +236,62 @@ TEST(SerialTaskTest, NotificationsAreNeverLostAndRunsNeverOverlap) {
   EXPECT_EQ(runs.load(), at_stop);
 }
 
+// run_here: an idle task runs on the caller's thread; a busy one is only
+// notified (the run in progress queues the next on the pool), and mixed
+// with notify() from other threads, runs still never overlap.
+TEST(SerialTaskTest, RunHereRunsAnIdleTaskOnTheCallersThread) {
+  WorkPool pool("test serial", 2);
+  std::mutex mu;
+  std::vector<std::thread::id> ran_on;
+  std::atomic<bool> hold{false};
+  std::atomic<int> inside{0}, overlaps{0};
+  SerialTask task(&pool, [&] {
+    if (++inside > 1) ++overlaps;
+    {
+      std::lock_guard lock(mu);
+      ran_on.push_back(std::this_thread::get_id());
+    }
+    while (hold) std::this_thread::sleep_for(1ms);
+    --inside;
+  });
+  task.run_here();
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(ran_on.size(), 1u);
+    EXPECT_EQ(ran_on[0], std::this_thread::get_id());
+  }
+  // Busy on another thread: run_here returns at once, and the next run
+  // comes on the pool after the one in progress.
+  hold = true;
+  std::thread other([&] { task.run_here(); });
+  for (int i = 0; i < 2000 && inside == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(inside.load(), 1);
+  task.run_here();  // returns: the run in progress holds
+  hold = false;
+  other.join();
+  for (int i = 0; i < 2000; ++i) {
+    {
+      std::lock_guard lock(mu);
+      if (ran_on.size() == 3) break;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  {
+    std::lock_guard lock(mu);
+    ASSERT_EQ(ran_on.size(), 3u);
+    EXPECT_NE(ran_on[2], std::this_thread::get_id());
+  }
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 300; ++i) (t % 2 == 0) ? task.run_here() : task.notify();
+    });
+  }
+  for (auto& t : callers) t.join();
+  task.stop();
+  EXPECT_EQ(overlaps.load(), 0);
+}
+
 // A task may notify itself and stop itself without deadlock.
 TEST(SerialTaskTest, ATaskMayNotifyAndStopItself) {
   WorkPool pool("test serial", 1);
