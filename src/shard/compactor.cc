@@ -22,8 +22,12 @@ constexpr int kMaxMergesPerPass = 64;
 // Who a compaction pass is to the shard: a writer (its parts are named
 // after it, so a dead compactor's parts are orphans GC recognizes) and a
 // leased reader (its seqno hold keeps GC from deleting the inputs of a
-// merge in progress). Registered for the pass, renewed between parts,
-// removed at the end.
+// merge in progress). Registered for the pass, renewed between parts; the
+// commit of each merge also renews both leases and moves the hold to the
+// version it writes (the next merge reads that version or a later one),
+// and the commit of the pass's last merge removes both: that merge's output
+// is referenced from then on, so it needs no writer. A pass of one merge
+// costs two consensus writes (register, merge), not five.
 class PassWriter {
  public:
   explicit PassWriter(ShardContext& context)
@@ -58,9 +62,24 @@ class PassWriter {
     return {};
   }
 
-  // Moves the seqno hold to the version this writes: call it before
-  // fetching the state a merge reads, once the previous merge is done.
-  Status advance_hold() { return renew(std::nullopt); }
+  // In the transition committing a merge that is not the pass's last:
+  // renews both leases and moves the hold to the version it writes.
+  Status step(ShardState& state, std::uint64_t now) const {
+    TM_TRY(heartbeat_writer(state, id_, now + lease_ms_, now));
+    return heartbeat_reader(state, reader_id_, now + lease_ms_, now);
+  }
+  // Once that transition landed, as `state`.
+  void stepped(const ShardState& state, std::uint64_t now) {
+    hold_ = state.readers.at(reader_id_).seqno;
+    renewed_ms_ = now;
+  }
+  // In the transition committing the pass's last merge: leaves the shard.
+  void leave(ShardState& state, std::uint64_t now) const {
+    remove_writer(state, id_, now);
+    remove_reader(state, reader_id_, now);
+  }
+  // Once that transition landed: nothing is left to remove.
+  void left() { registered_ = false; }
 
   // Renews both leases once a third of them has passed, keeping the hold.
   Status keep_alive() {
@@ -107,10 +126,11 @@ std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs
   return runs;
 }
 
-// One merge, if the spine needs one. False when it is in shape.
-Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionReport& report,
-                        const std::function<bool()>& stop) {
-  TM_TRY(writer.advance_hold());
+// One merge, if the spine needs one. False when it is in shape, or when
+// this merge was the pass's last (`last`, or the spine in shape after it):
+// its commit removed the pass's writer.
+Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
+                        CompactionReport& report, const std::function<bool()>& stop) {
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<MergeRequest> request = next_merge(*state, context.inline_drain_bytes());
   if (!request) return false;
@@ -126,7 +146,17 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   const Time cap = desc.upper.is_closed() ? UINT64_MAX : desc.upper.time() - 1;
   const Time advance_to = state->since.is_closed() ? cap : std::min(state->since.time(), cap);
 
-  RunWriter out(context, writer.id(), desc, [&] { return writer.keep_alive(); });
+  // Inline inputs only, while the state's inline parts are below the drain
+  // mark: a small output stays inline (no file), and the state's inline
+  // bytes do not grow (one part of the merged updates is no larger than
+  // the parts they came from). A drain writes to blob.
+  const bool all_inline = std::all_of(inputs.begin(), inputs.end(), [](const HollowBatch& b) {
+    return std::all_of(b.parts.begin(), b.parts.end(),
+                       [](const PartRef& p) { return p.is_inline(); });
+  });
+  const bool keep_inline = all_inline && inline_bytes(*state) < context.inline_drain_bytes();
+  RunWriter out(
+      context, writer.id(), desc, [&] { return writer.keep_alive(); }, keep_inline);
   if (auto merged = merge_into(context, merge_runs(inputs), advance_to, out, "a compaction", stop);
       !merged) {
     out.drop();
@@ -136,10 +166,18 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   }
   const HollowBatch output{desc, PartList(out.written()), true};
   CompactionOutcome outcome = CompactionOutcome::kInputsGone;
+  bool leaving = false;
+  const std::uint64_t now = wall_clock_millis();
   auto applied = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-    TM_ASSIGN(outcome, apply_compaction(s, writer.id(), inputs, output, wall_clock_millis()));
-    return outcome == CompactionOutcome::kApplied ? TransitionResult::kWrite
-                                                  : TransitionResult::kUnchanged;
+    TM_ASSIGN(outcome, apply_compaction(s, writer.id(), inputs, output, now));
+    if (outcome != CompactionOutcome::kApplied) return TransitionResult::kUnchanged;
+    leaving = last || !next_merge(s, context.inline_drain_bytes());
+    if (leaving) {
+      writer.leave(s, now);
+    } else {
+      TM_TRY(writer.step(s, now));
+    }
+    return TransitionResult::kWrite;
   });
   if (!applied) {
     // Maybe registered: garbage collection sorts it out once this writer
@@ -157,6 +195,12 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, CompactionRep
   report.batches_merged += inputs.size();
   report.parts_written += output.parts.size();
   report.bytes_written += out.bytes();
+  if (outcome == CompactionOutcome::kAlreadyApplied) return true;
+  if (leaving) {
+    writer.left();
+    return false;
+  }
+  writer.stepped(**applied, now);
   return true;
 }
 
@@ -200,7 +244,7 @@ Result<CompactionReport> compact_shard(ShardContext& context, const std::functio
   PassWriter writer(context);
   TM_TRY(writer.open());
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
-    TM_ASSIGN(bool merged, merge_once(context, writer, report, stop));
+    TM_ASSIGN(bool merged, merge_once(context, writer, i + 1 == kMaxMergesPerPass, report, stop));
     if (!merged) break;
   }
   return report;

@@ -30,8 +30,11 @@
 // The compactor writes as a writer of its own (registered for the pass,
 // leased, heartbeating between parts), so a compactor that dies leaves
 // parts garbage collection recognizes as orphans; and it reads as a leased
-// reader whose seqno hold (moved up before each merge) keeps GC from
-// deleting the inputs of a merge in progress.
+// reader whose seqno hold keeps GC from deleting the inputs of a merge in
+// progress. The commit of each merge moves that hold to the version it
+// writes (the next merge's inputs are referenced there or later), and the
+// commit of the pass's last merge removes the writer and the reader: a
+// pass of one merge costs two consensus writes.
 //
 // collect_garbage (gc.cc):
 //   1. drops expired leases (committed only if any expired);

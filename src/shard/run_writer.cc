@@ -8,11 +8,12 @@
 namespace tidemark {
 
 RunWriter::RunWriter(ShardContext& context, std::string writer_id, Description desc,
-                     std::function<Status()> after_part)
+                     std::function<Status()> after_part, bool keep_inline)
     : context_(context),
       writer_id_(std::move(writer_id)),
       desc_(desc),
-      after_part_(std::move(after_part)) {}
+      after_part_(std::move(after_part)),
+      keep_inline_(keep_inline) {}
 
 Status RunWriter::add(std::string_view key, std::string* value, Time time, Diff diff,
                       bool carry_goes_on) {
@@ -21,12 +22,16 @@ Status RunWriter::add(std::string_view key, std::string* value, Time time, Diff 
   }
   TM_TRY(part_->add(key, value, time, diff));
   if (!carry_goes_on && part_->encoded_bytes_so_far() >= context_.options.part_target_bytes) {
-    TM_TRY(flush());
+    TM_TRY(write_part(false));
   }
   return {};
 }
 
 Status RunWriter::flush() {
+  return write_part(true);
+}
+
+Status RunWriter::write_part(bool last) {
   if (!part_ || part_->count() == 0) return {};
   PartRef ref;
   ref.key = part_key(context_.name, writer_id_);
@@ -39,15 +44,22 @@ Status RunWriter::flush() {
   TM_ASSIGN(std::string encoded, part_->finish());
   part_.reset();
   ref.size = encoded.size();
-  TM_TRY(with_retries(context_.options.write_retry,
-                      [&] { return context_.location.blob->set(ref.key, encoded); }));
+  if (keep_inline_ && last && written_.empty() &&
+      ref.size <= context_.options.inline_part_max_bytes) {
+    ref.data = std::make_shared<const std::string>(std::move(encoded));
+  } else {
+    TM_TRY(with_retries(context_.options.write_retry,
+                        [&] { return context_.location.blob->set(ref.key, encoded); }));
+  }
   bytes_ += ref.size;
   written_.push_back(std::move(ref));
   return after_part_ ? after_part_() : Status{};
 }
 
 void RunWriter::drop() {
-  for (const PartRef& part : written_) (void)context_.location.blob->remove(part.key);
+  for (const PartRef& part : written_) {
+    if (!part.is_inline()) (void)context_.location.blob->remove(part.key);
+  }
   written_.clear();
 }
 

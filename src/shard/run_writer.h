@@ -5,7 +5,12 @@
 // RunWriter takes updates in strictly increasing (key, value, time) order
 // (a carry aside: update.h) and writes them as parts of part_target_bytes,
 // never cutting a carry between two parts, each named after the
-// writer and carrying the run's description. Memory: the part being
+// writer and carrying the run's description. With `keep_inline`, a run
+// that fits in one part of at most ClientOptions::inline_part_max_bytes
+// keeps that part inline (PartRef::data) instead of writing it to blob: the
+// compactor asks for this when it merges inline parts only, so merging a
+// shard's small appends costs a consensus write and no file until the
+// state's inline parts are drained. Memory: the part being
 // written (its encoded blocks, about part_target_bytes, or one huge update
 // compressed) and its open block's columns.
 //
@@ -33,7 +38,7 @@ class RunWriter {
   // `after_part` (when given) runs after each part is written; its error
   // ends the run (the compactor renews its leases there).
   RunWriter(ShardContext& context, std::string writer_id, Description desc,
-            std::function<Status()> after_part = {});
+            std::function<Status()> after_part = {}, bool keep_inline = false);
   RunWriter(const RunWriter&) = delete;
   RunWriter& operator=(const RunWriter&) = delete;
 
@@ -45,17 +50,23 @@ class RunWriter {
   // Writes the part in progress, if any.
   [[nodiscard]] Status flush();
 
-  // Deletes every part written (the run is not going to be registered).
+  // Deletes every part written to blob (the run is not going to be
+  // registered).
   void drop();
 
   std::vector<PartRef>& written() { return written_; }
   std::uint64_t bytes() const { return bytes_; }
 
  private:
+  // Writes the part in progress; `last`: no update follows (so a run of one
+  // small part may stay inline).
+  [[nodiscard]] Status write_part(bool last);
+
   ShardContext& context_;
   const std::string writer_id_;
   const Description desc_;
   const std::function<Status()> after_part_;
+  const bool keep_inline_;
   std::optional<PartWriter> part_;
   std::vector<PartRef> written_;
   std::uint64_t bytes_ = 0;
