@@ -212,10 +212,11 @@ class HttpWriter final : public Writer {
 
 class TidemarkHttp final : public System {
  public:
-  TidemarkHttp(std::string host, int port, pid_t pid)
-      : host_(std::move(host)), port_(port), pid_(pid) {}
+  TidemarkHttp(std::string host, int port, pid_t pid, std::string durability)
+      : host_(std::move(host)), port_(port), pid_(pid), durability_(std::move(durability)) {}
   std::string name() const override { return "tidemark-http"; }
   std::string check_durability() override {
+    if (!durability_.empty()) return durability_;
     return "tidemark serve, embedded default (a small append's part travels inline in its "
            "SQLite commit, synced before the answer; a larger one syncs its part file and "
            "directory first)";
@@ -229,6 +230,7 @@ class TidemarkHttp final : public System {
   std::string host_;
   int port_;
   pid_t pid_;
+  std::string durability_;  // what serves it, when not the embedded default
 };
 
 // --- Tidemark's Appender in this process.
@@ -857,6 +859,7 @@ void write_svg(const fs::path& file, const std::vector<Measurement>& all,
 constexpr const char* kUsage =
     "usage: tidemark-peers --dir SCRATCH [--systems a,b,...] [--clients 1,100,1000]\n"
     "       [--seconds S] [--rounds N] [--tidemark HOST:PORT --tidemark-pid PID]\n"
+    "       [--tidemark-durability TEXT (how that server makes a write durable)]\n"
     "       [--postgres CONNINFO] [--redis HOST:PORT] [--check-syncs]\n"
     "       [--markdown FILE] [--svg FILE] [--command TEXT]\n"
     "systems: tidemark-http tidemark-embedded postgres redis rocksdb sqlite\n";
@@ -893,7 +896,8 @@ int run(int argc, char** argv) {
   for (const auto& [flag, value] : flags) {
     static const std::vector<std::string> known{
         "--dir",          "--systems",  "--clients", "--seconds",  "--rounds", "--tidemark",
-        "--tidemark-pid", "--postgres", "--redis",   "--markdown", "--svg",    "--command"};
+        "--tidemark-pid", "--postgres", "--redis",   "--markdown", "--svg",    "--command",
+        "--tidemark-durability"};
     if (std::find(known.begin(), known.end(), flag) == known.end()) {
       std::fprintf(stderr, "unknown option %s\n%s", flag.c_str(), kUsage);
       return 2;
@@ -921,7 +925,8 @@ int run(int argc, char** argv) {
       auto [host, port] = host_port(flags["--tidemark"]);
       const pid_t pid = flags.contains("--tidemark-pid") ? std::stoi(flags["--tidemark-pid"]) : 0;
       if (check_syncs && pid == 0) fail("--check-syncs needs --tidemark-pid");
-      systems.push_back(std::make_unique<TidemarkHttp>(host, port, pid));
+      systems.push_back(
+          std::make_unique<TidemarkHttp>(host, port, pid, flags["--tidemark-durability"]));
     } else if (n == "tidemark-embedded") {
       systems.push_back(std::make_unique<TidemarkEmbedded>(scratch / "tidemark-embedded"));
     } else if (n == "postgres") {
