@@ -21,6 +21,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+. "$root/bench/serve_port.sh"
 clients=1,100,1000
 seconds=10
 rounds=3
@@ -97,13 +98,7 @@ redis_pid=$!
 "$root/build/tidemark" --data "$work/tidemark" serve --listen 127.0.0.1:0 \
   --max-connections $((max_clients + 20)) 2>"$work/serve.err" &
 tidemark_pid=$!
-port=
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/serve.err")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$work/serve.err" >&2; exit 1; }
+port=$(serve_port "$work/serve.err")
 curl -sf -X POST "http://127.0.0.1:$port/v1/shards" -d '{"name":"peers"}' >/dev/null
 for _ in $(seq 100); do
   redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break

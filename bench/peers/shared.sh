@@ -15,6 +15,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+. "$root/bench/serve_port.sh"
 clients=1,100
 seconds=10
 rounds=3
@@ -49,13 +50,7 @@ blob=${TIDEMARK_TEST_S3/\/test\?//bench-$$?}
 "$root/build/tidemark" --data "$work/data" --blob "$blob" --consensus "$TIDEMARK_TEST_POSTGRES" \
   serve --listen 127.0.0.1:0 --max-connections 2000 2>"$work/serve.err" &
 serve_pid=$!
-port=
-for _ in $(seq 200); do
-  port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$work/serve.err")
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { cat "$work/serve.err" >&2; exit 1; }
+port=$(serve_port "$work/serve.err")
 curl -sf -X POST "http://127.0.0.1:$port/v1/shards" -d '{"name":"peers"}' >/dev/null
 mkdir -p "$work/scratch"
 "$root/build/tidemark-peers" --dir "$work/scratch" --systems tidemark-http --clients "$clients" \

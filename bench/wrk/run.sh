@@ -16,6 +16,7 @@ mode=${1:-as-is}
 duration=${2:-30s}
 connections=${3:-1000}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../serve_port.sh"
 bin=${TIDEMARK_BIN:-$here/../../build/tidemark}
 extra=()
 case $mode in
@@ -41,13 +42,8 @@ start_server() {
   "$bin" --data "$dir" serve --listen 127.0.0.1:0 --max-connections $((connections + 16)) "$@" \
     2>"$dir/serve.err" &
   pid=$!
-  local port=
-  for _ in $(seq 100); do
-    port=$(sed -n 's/.*serving on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$dir/serve.err")
-    [ -n "$port" ] && break
-    sleep 0.05
-  done
-  [ -n "$port" ] || { cat "$dir/serve.err" >&2; exit 1; }
+  local port
+  port=$(serve_port "$dir/serve.err") || exit 1
   url=http://127.0.0.1:$port
 }
 
