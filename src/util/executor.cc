@@ -154,24 +154,19 @@ SerialTask::~SerialTask() {
   stop();
 }
 
+bool SerialTask::want_run() {
+  std::lock_guard lock(state_->mu);
+  if (state_->stopped || state_->queued) return false;
+  state_->queued = true;
+  return !state_->running;  // the run in progress queues it when it ends
+}
+
 void SerialTask::notify() {
-  {
-    std::lock_guard lock(state_->mu);
-    if (state_->stopped || state_->queued) return;
-    state_->queued = true;
-    if (state_->running) return;  // the run in progress queues it when it ends
-  }
-  submit(state_, pool_);
+  if (want_run()) submit(state_, pool_);
 }
 
 void SerialTask::run_here() {
-  {
-    std::lock_guard lock(state_->mu);
-    if (state_->stopped || state_->queued) return;
-    state_->queued = true;
-    if (state_->running) return;  // the run in progress queues it when it ends
-  }
-  run(state_, pool_);
+  if (want_run()) run(state_, pool_);
 }
 
 void SerialTask::submit(const std::shared_ptr<State>& state, WorkPool* pool) {

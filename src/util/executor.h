@@ -141,6 +141,9 @@ class SerialTask {
 
  private:
   struct State;
+  // Marks a run as wanted; true when the caller must start it (none was
+  // queued or running).
+  bool want_run();
   static void run(const std::shared_ptr<State>& state, WorkPool* pool);
   static void submit(const std::shared_ptr<State>& state, WorkPool* pool);
 
