@@ -52,12 +52,16 @@ class PassWriter {
   Status open() {
     if (lease_ms_ == 0) return invalid_usage("a writer lease must be positive");
     const std::uint64_t now = wall_clock_millis();
-    TM_TRY(context_.machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      register_writer(state, id_, now + lease_ms_, now);
-      register_reader(state, reader_id_, false, now + lease_ms_, now);
-      return TransitionResult::kWrite;
-    }));
+    TM_ASSIGN(StatePtr state,
+              context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+                register_writer(s, id_, now + lease_ms_, now);
+                register_reader(s, reader_id_, false, now + lease_ms_, now);
+                return TransitionResult::kWrite;
+              }));
     registered_ = true;
+    // The hold keep_alive keeps: at or below the version the first merge
+    // reads, never moved past it mid-merge.
+    hold_ = state->readers.at(reader_id_).seqno;
     renewed_ms_ = now;
     return {};
   }
