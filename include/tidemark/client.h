@@ -52,6 +52,13 @@ struct ClientOptions {
   // merges them once they reach half of this), so the state, which every
   // consensus read of a rollup carries, stays small.
   std::uint64_t inline_state_max_bytes = 256 << 10;
+  // Every 128 versions a shard's state starts a new chain from a full
+  // copy of itself (a rollup), so that reading it never folds more than
+  // that many diffs. A full state of at most this many bytes is written
+  // in the commit that ends the chain (one consensus write, no extra sync
+  // or object); a larger one is first written to the blob store. 0: always
+  // the blob store.
+  std::uint64_t inline_rollup_max_bytes = 1 << 20;
   // Listen orders each batch's updates by time within this buffer; a batch
   // larger than this is emitted in several passes over time ranges.
   std::uint64_t listen_buffer_bytes = 8ull << 20;

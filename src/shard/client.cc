@@ -100,8 +100,8 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->name = std::string(name);
   context->location = location_;
   context->options = options_;
-  context->machine =
-      std::make_shared<ShardMachine>(context->name, location_.consensus, location_.blob);
+  context->machine = std::make_shared<ShardMachine>(
+      context->name, location_.consensus, location_.blob, options_.inline_rollup_max_bytes);
   context->changes = changes_;
   context->machine->report_to(changes_);
   context->read_blob =

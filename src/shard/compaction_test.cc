@@ -141,12 +141,25 @@ class CompactionTest : public ::testing::Test {
   // inline. Inline parts: ShardTest.InlineParts*.
   void blob_parts_only() {
     options_.inline_part_max_bytes = 0;
+    reopen();
+  }
+  // For tests of rollups in blob: every chain starts from one (a state too
+  // large to start its chain inside a commit takes that path).
+  void blob_rollups_only() {
+    options_.inline_rollup_max_bytes = 0;
+    reopen();
+  }
+  // The client, shard and writer again, with options_.
+  void reopen() {
     writer_.reset();
     shard_.reset();
     client_ = *Client::open(Location{blob_, consensus_}, options_);
     shard_ = *client_->open_shard("s");
     writer_ = std::move(*shard_->open_writer());
   }
+
+  // Body of the RollupsAndTruncation / FullVersionsAndTruncation tests.
+  void rollups_and_truncation_follow_the_oldest_reader();
 
   // One append [t, t + 1) of `updates` (all at time t).
   void append_at(Time t, const std::vector<Update>& updates) {
@@ -476,6 +489,19 @@ TEST_F(CompactionTest, OrphansAreDeletedOnlyOnceTheirWriterIsGone) {
 }
 
 TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
+  blob_rollups_only();
+  rollups_and_truncation_follow_the_oldest_reader();
+}
+
+// The same with the default: small states start their chains inside the
+// commit (full versions), so the oldest retained version is one, and no
+// rollup object is ever written or deleted.
+TEST_F(CompactionTest, FullVersionsAndTruncationFollowTheOldestReader) {
+  rollups_and_truncation_follow_the_oldest_reader();
+}
+
+void CompactionTest::rollups_and_truncation_follow_the_oldest_reader() {
+  const bool in_blob = options_.inline_rollup_max_bytes == 0;
   ReaderOptions still;
   still.heartbeat = false;
   auto old_reader = *shard_->open_reader(still);  // holds the first versions
@@ -491,16 +517,24 @@ TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
   old_reader.reset();
   gc = *shard_->collect_garbage();
   EXPECT_GT(gc.versions_truncated, 2 * kRollupInterval - 10);
-  EXPECT_GE(gc.rollups_deleted, 1u);
   auto retained = *consensus_->scan(key, 0, 100'000);
   EXPECT_LE(retained.size(), kRollupInterval + 4);
-  // The oldest retained version starts from a rollup still in blob.
   ASSERT_GE(retained.size(), 2u);
   const RollupRef oldest_rollup = *version_rollup("s", retained[1]);
   EXPECT_EQ(oldest_rollup.seqno, retained.front().seqno);
-  EXPECT_EQ(listed(shard_rollup_prefix("s"))
-                .count(rollup_key("s", oldest_rollup.seqno, oldest_rollup.id)),
-            1u);
+  if (in_blob) {
+    // The oldest retained version starts from a rollup still in blob.
+    EXPECT_GE(gc.rollups_deleted, 1u);
+    EXPECT_EQ(listed(shard_rollup_prefix("s"))
+                  .count(rollup_key("s", oldest_rollup.seqno, oldest_rollup.id)),
+              1u);
+  } else {
+    // The oldest retained version is the full state its chain starts from.
+    EXPECT_TRUE(is_full_version(retained.front().data));
+    EXPECT_TRUE(oldest_rollup.id.empty());
+    EXPECT_EQ(gc.rollups_deleted, 0u);
+    EXPECT_TRUE(listed(shard_rollup_prefix("s")).empty());
+  }
   // GC again finds nothing to do.
   gc = *shard_->collect_garbage();
   EXPECT_EQ(gc.parts_deleted + gc.orphans_deleted + gc.rollups_deleted + gc.versions_truncated, 0u);
@@ -587,7 +621,7 @@ TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
   auto blob = std::make_shared<WriteOnceBlob>(blob_);
   std::vector<std::shared_ptr<ShardMachine>> machines;
   for (int i = 0; i < 3; ++i) {
-    machines.push_back(std::make_shared<ShardMachine>("s", consensus_, blob));
+    machines.push_back(std::make_shared<ShardMachine>("s", consensus_, blob, 0));
   }
   // Each machine moves the shard's upper on by one, many times, from its
   // own (often stale) cache: they race at every version, rollups included.
@@ -642,6 +676,7 @@ TEST_F(CompactionTest, FailedTruncateDoesNotStopLaterPasses) {
       return ForwardingConsensus::truncate(k, s);
     }
   };
+  blob_rollups_only();
   auto consensus = std::make_shared<FailTruncate>(consensus_);
   auto shard = *(*Client::open(Location{blob_, consensus}, options_))->open_shard("s");
   auto advance = [&](Time from, Time n) {

@@ -22,13 +22,30 @@ constexpr RetryPolicy kRollupUploadRetry{
 }  // namespace
 
 ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus,
-                           std::shared_ptr<Blob> blob)
+                           std::shared_ptr<Blob> blob, std::uint64_t inline_rollup_max_bytes)
     : shard_(std::move(shard)),
       key_(shard_consensus_key(shard_)),
       consensus_(std::move(consensus)),
-      blob_(std::move(blob)) {}
+      blob_(std::move(blob)),
+      inline_rollup_max_bytes_(inline_rollup_max_bytes) {}
 
 Result<ShardState> ShardMachine::load_rollup(const RollupRef& rollup) {
+  // A rollup without an id is a full version in consensus: look there
+  // first (no blob round trip), then in blob, where shards written before
+  // rollup ids existed keep theirs.
+  auto in_consensus = [&]() -> Result<std::optional<ShardState>> {
+    TM_ASSIGN(auto versions, consensus_->scan(key_, rollup.seqno, 1));
+    if (versions.empty() || versions.front().seqno != rollup.seqno ||
+        !is_full_version(versions.front().data)) {
+      return std::optional<ShardState>();
+    }
+    TM_ASSIGN(ShardState state, decode_state(shard_, versions.front()));
+    return std::optional<ShardState>(std::move(state));
+  };
+  if (rollup.id.empty()) {
+    TM_ASSIGN(auto state, in_consensus());
+    if (state) return std::move(*state);
+  }
   TM_ASSIGN(auto bytes, blob_->get(rollup_key(shard_, rollup.seqno, rollup.id)));
   if (bytes) {
     TM_ASSIGN(ShardState state,
@@ -36,10 +53,9 @@ Result<ShardState> ShardMachine::load_rollup(const RollupRef& rollup) {
     state.rollup_id = rollup.id;
     return state;
   }
-  TM_ASSIGN(auto versions, consensus_->scan(key_, rollup.seqno, 1));
-  if (!versions.empty() && versions.front().seqno == rollup.seqno &&
-      is_full_version(versions.front().data)) {
-    return decode_state(shard_, versions.front());
+  if (!rollup.id.empty()) {
+    TM_ASSIGN(auto state, in_consensus());
+    if (state) return std::move(*state);
   }
   return make_error(ErrorKind::kNotFound, "rollup of shard " + shard_ + " at seqno " +
                                               std::to_string(rollup.seqno) + " is gone");
@@ -161,22 +177,30 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
     } else {
       next->seqno = current->seqno + 1;
       RollupRef rollup{current->rollup, current->rollup_id};
-      // A diff, unless this is the shard's first version. When the chain is
-      // long, `current` becomes the new rollup: written to blob, under a key
-      // of this attempt's own, before any version names it.
-      const bool full = current->seqno == 0;
-      if (full) {
-        rollup = RollupRef{next->seqno, {}};
-      } else if (rollup.seqno == 0 || next->seqno - rollup.seqno >= kRollupInterval) {
-        rollup = RollupRef{current->seqno, random_id()};
-        const std::string key = rollup_key(shard_, rollup.seqno, rollup.id);
-        const std::string bytes = encode_state(*current);
-        auto written = with_retries(kRollupUploadRetry, [&] { return blob_->set(key, bytes); });
-        if (!written) return infrastructure_error(written.error());
+      // A diff, unless this is the shard's first version or the chain is
+      // long. A long chain ends: a small state is written whole, as this
+      // version (a full version, in this same consensus write); a larger
+      // one makes `current` the new rollup, written to blob under a key of
+      // this attempt's own before any version names it.
+      std::string encoded;
+      const bool first = current->seqno == 0;
+      if (first || rollup.seqno == 0 || next->seqno - rollup.seqno >= kRollupInterval) {
+        const bool may_inline = first || inline_rollup_max_bytes_ > 0;
+        std::string whole = may_inline ? encode_state(*next) : std::string();
+        if (first || (may_inline && whole.size() <= inline_rollup_max_bytes_)) {
+          rollup = RollupRef{next->seqno, {}};
+          encoded = std::move(whole);
+        } else {
+          rollup = RollupRef{current->seqno, random_id()};
+          const std::string key = rollup_key(shard_, rollup.seqno, rollup.id);
+          const std::string bytes = encode_state(*current);
+          auto written = with_retries(kRollupUploadRetry, [&] { return blob_->set(key, bytes); });
+          if (!written) return infrastructure_error(written.error());
+        }
       }
       next->rollup = rollup.seqno;
       next->rollup_id = rollup.id;
-      std::string encoded = full ? encode_state(*next) : encode_diff(*current, *next, rollup);
+      if (rollup.seqno != next->seqno) encoded = encode_diff(*current, *next, rollup);
       std::optional<SeqNo> expected;
       if (current->seqno > 0) expected = current->seqno;
       auto cas = consensus_->compare_and_set(key_, expected, VersionedData{next->seqno, encoded});

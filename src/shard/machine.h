@@ -1,10 +1,14 @@
 // ShardMachine: commits pure state transitions through Consensus.
 //
 // States are stored as a chain of versions (state.h): diffs in consensus,
-// each naming the rollup (a full state in blob) its chain starts from; the
-// machine writes a new rollup every kRollupInterval versions, under a key
-// no other write uses, before the diff that first names it. fetch() reads the head, then folds the
-// diffs since its rollup (or since the cached state, when that is on the same chain) onto it.
+// each naming the rollup (a full state) its chain starts from. Every
+// kRollupInterval versions the machine starts a new chain: a state of at
+// most `inline_rollup_max_bytes` is written as the version itself (a full
+// version, in the same consensus write: no blob write, no extra sync); a
+// larger one is written to blob first, under a key no other write uses,
+// and the diff after it names it. fetch() reads the head, then folds the
+// diffs since its rollup (or since the cached state, when that is on the
+// same chain) onto it.
 //
 // apply(transition) runs the transition on a copy of the latest known
 // state and commits the result with compare_and_set(expected = its seqno).
@@ -26,6 +30,7 @@
 #include <string>
 
 #include "shard/state.h"
+#include "tidemark/client.h"
 #include "tidemark/location.h"
 
 namespace tidemark {
@@ -44,7 +49,10 @@ using StatePtr = std::shared_ptr<const ShardState>;
 class ShardMachine {
  public:
   // REQUIRES: the shard exists (see Client::create_shard).
-  ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus, std::shared_ptr<Blob> blob);
+  // inline_rollup_max_bytes: see above and ClientOptions (0: rollups always
+  // go to blob).
+  ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus, std::shared_ptr<Blob> blob,
+               std::uint64_t inline_rollup_max_bytes = ClientOptions().inline_rollup_max_bytes);
   ShardMachine(const ShardMachine&) = delete;
   ShardMachine& operator=(const ShardMachine&) = delete;
 
@@ -84,6 +92,7 @@ class ShardMachine {
   const std::string key_;
   const std::shared_ptr<Consensus> consensus_;
   const std::shared_ptr<Blob> blob_;
+  const std::uint64_t inline_rollup_max_bytes_;
   std::shared_ptr<ChangeWatch> watch_;  // may be null
   std::mutex mu_;
   StatePtr cache_;  // GUARDED_BY(mu_)

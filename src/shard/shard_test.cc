@@ -74,6 +74,10 @@ class ShardTest : public ::testing::Test {
   void blob_parts_only() {
     ClientOptions options = client_->options();
     options.inline_part_max_bytes = 0;
+    reopen(options);
+  }
+  // The client, shard and writer again, with `options`.
+  void reopen(const ClientOptions& options) {
     writer_.reset();
     shard_.reset();
     client_ = *Client::open(Location{blob_, consensus_}, options);
@@ -520,8 +524,13 @@ TEST_F(ShardTest, AnExpiredLeaseStopsHoldingSince) {
   EXPECT_EQ(silent->downgrade_since(Frontier::at(8)).error().kind, ErrorKind::kNotFound);
 }
 
+// Rollups in blob: the path of a state too large to start its chain
+// inside a commit (here every state past the first few appends).
 TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
-  blob_parts_only();  // diffs of one batch of blob parts (inline: SmallAppendsTravelInline...)
+  ClientOptions options = client_->options();
+  options.inline_part_max_bytes = 0;  // diffs of one batch of blob parts (inline: SmallAppends...)
+  options.inline_rollup_max_bytes = 512;
+  reopen(options);
   // A second handle caches the state early and must catch up later.
   auto early = *client_->open_shard("orders");
   ASSERT_TRUE(early->inspect());
@@ -568,6 +577,58 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
   EXPECT_EQ(early->inspect()->seqno, info.seqno);
   EXPECT_EQ(*read_snapshot(*early, appends - 1), model_at(all, appends - 1));
   EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
+}
+
+// Issue 19: every kRollupInterval versions, a commit first wrote a rollup
+// to blob (on the embedded default a file, its sync and its directory's
+// sync, on the commit path). A small state now starts its new chain inside
+// the commit, as a full version: a stream of small appends writes nothing
+// to blob, and every reader, caching or fresh, still folds at most
+// kRollupInterval diffs onto one full state.
+TEST_F(ShardTest, SmallStatesStartTheirChainsInsideTheCommit) {
+  auto early = *client_->open_shard("orders");
+  ASSERT_TRUE(early->inspect());
+  const int appends = 2 * static_cast<int>(kRollupInterval) + 20;
+  std::vector<Update> all;
+  for (int i = 0; i < appends; ++i) {
+    Time t = static_cast<Time>(i);
+    std::vector<Update> one{Update{"k" + std::to_string(i), "1", t, 1}};
+    all.push_back(one[0]);
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(one, t, t + 1));
+    ASSERT_TRUE(append(batches, t, t + 1));
+  }
+  auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 10'000);
+  ASSERT_GT(versions.size(), static_cast<std::size_t>(appends));
+  std::vector<SeqNo> full;
+  std::size_t largest_diff = 0, smallest_full = SIZE_MAX;
+  for (const VersionedData& v : versions) {
+    if (is_full_version(v.data)) {
+      if (!full.empty()) smallest_full = std::min(smallest_full, v.data.size());
+      full.push_back(v.seqno);
+      continue;
+    }
+    largest_diff = std::max(largest_diff, v.data.size());
+    ASSERT_FALSE(full.empty());
+    // A diff names the full version its chain starts from, by seqno alone.
+    EXPECT_EQ(*version_rollup("orders", v), (RollupRef{full.back(), {}})) << v.seqno;
+  }
+  ASSERT_EQ(full.size(), 1 + (versions.size() - 1) / kRollupInterval);
+  for (std::size_t i = 0; i < full.size(); ++i) EXPECT_EQ(full[i], 1 + i * kRollupInterval);
+  EXPECT_LT(largest_diff, 400u) << "a diff grew with the shard";
+  EXPECT_GT(smallest_full, 20 * largest_diff) << "the later full versions carry the whole state";
+  std::size_t objects = 0;
+  ASSERT_TRUE(blob_->list("", [&](std::string_view, std::uint64_t) { ++objects; }));
+  EXPECT_EQ(objects, 0u) << "no rollup (and no part) in blob";
+  // A fresh client, the early handle and the writer's handle agree.
+  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
+  auto info = *fresh->inspect();
+  EXPECT_EQ(info.upper, Frontier::at(appends));
+  EXPECT_EQ(info.batches, static_cast<std::uint64_t>(appends));
+  EXPECT_EQ(early->inspect()->seqno, info.seqno);
+  EXPECT_EQ(*read_snapshot(*early, appends - 1), model_at(all, appends - 1));
+  EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
+  EXPECT_EQ(*read_snapshot(*shard_, appends - 1), model_at(all, appends - 1));
 }
 
 // Issue 19: a small append wrote a part file (a create, a sync, a rename

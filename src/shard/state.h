@@ -179,13 +179,17 @@ std::optional<RollupRef> parse_rollup_key(std::string_view key, std::string_view
 [[nodiscard]] Status validate_shard_name(std::string_view name);
 
 // How states are stored. Each consensus version is either a full state
-// (only the first version of a shard) or a diff against the version just
-// before it, which names the rollup (seqno r, id) its chain starts from.
-// The full state at r is the consensus version r itself when that is a full
-// state, else the blob object rollup_key(shard, r, id). Every consensus write is
-// a diff, so what a compare_and_set writes does not grow with the shard;
-// the machine writes a rollup to blob every kRollupInterval versions, so
-// reading a state fetches one rollup and folds at most that many diffs.
+// (the first version of a shard, and the first of each later chain when
+// the state is small) or a diff against the version just before it, which
+// names the rollup (seqno r, id) its chain starts from. The full state at
+// r is the consensus version r itself when that is a full state (its id is
+// then empty), else the blob object rollup_key(shard, r, id). Between
+// rollups a consensus write is a diff, so what a compare_and_set writes
+// does not grow with the shard; every kRollupInterval versions the machine
+// starts a new chain, so reading a state reads one full state and folds at
+// most that many diffs. A small state (ClientOptions::
+// inline_rollup_max_bytes) is written as a full version, in the commit
+// itself; a larger one goes to blob first.
 inline constexpr SeqNo kRollupInterval = 128;
 
 // A full state: binary, with a leading format version (5; 3 is read too).
