@@ -39,6 +39,7 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "random_config.h"
+#include "shard/state.h"
 #include "shard/test_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
@@ -89,7 +90,10 @@ std::vector<Collection> model_series(const std::vector<Update>& model, Time from
 // The spine's bound once compaction has run: sizes grow geometrically from
 // the newest batch back, and every append adds at most one batch.
 std::uint64_t spine_bound(int committed) {
-  return static_cast<std::uint64_t>(2 * std::log2(std::max(committed, 1)) + 4);
+  // A tail of inline batches waits for kSpineMinInlineMergeBatches, not
+  // kSpineMinMergeBatches (state.h).
+  return static_cast<std::uint64_t>(2 * std::log2(std::max(committed, 1)) + 4) +
+         (kSpineMinInlineMergeBatches - kSpineMinMergeBatches);
 }
 
 // A snapshot cursor kept open across operations under a leased reader of

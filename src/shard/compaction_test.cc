@@ -227,7 +227,8 @@ TEST_F(CompactionTest, MergesKeepEveryReadableSnapshot) {
 }
 
 // Through the engine, not a simulation: appends each followed by the
-// merges they ask for never leave more than log3(n) + 2 + 7 batches.
+// merges they ask for never leave more than log3(n) + 2 + 31 batches (the
+// appends are inline: their tail waits for kSpineMinInlineMergeBatches).
 TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
   const Time appends = 10'000;
   std::size_t most = 0;
@@ -237,7 +238,7 @@ TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
     const std::size_t batches = shard_->inspect()->batches;
     most = std::max(most, batches);
     const double bound = std::log(static_cast<double>(t + 1)) / std::log(3.0) + 2 +
-                         static_cast<double>(kSpineMinMergeBatches - 1);
+                         static_cast<double>(kSpineMinInlineMergeBatches - 1);
     ASSERT_LE(static_cast<double>(batches), bound) << "after " << t + 1 << " appends";
   }
   std::printf("%llu appends: at most %zu batches, %llu at the end\n",
@@ -247,6 +248,7 @@ TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
 }
 
 TEST_F(CompactionTest, TimesAdvanceToSinceAndConsolidate) {
+  blob_parts_only();  // ten tiny batches merge (inline ones wait for 32)
   auto reader = *shard_->open_reader(ReaderOptions{});
   // (a, 1) inserted at 1 and retracted at 3; (b, 1) inserted at each time.
   for (Time t = 0; t < 10; ++t) {
@@ -283,6 +285,7 @@ TEST_F(CompactionTest, TimesAdvanceToSinceAndConsolidate) {
 TEST_F(CompactionTest, HugeDiffsAreCarriedAndNeverMakeTheShardUnreadable) {
   constexpr Diff kMax = std::numeric_limits<Diff>::max();
   constexpr Diff kMin = std::numeric_limits<Diff>::min();
+  blob_parts_only();  // a merged run of many blob parts (and ten batches merge)
   auto reader = *shard_->open_reader(ReaderOptions{});
   // 200 keys so that the merged run's part boundaries (2 KiB parts) fall
   // inside carries unless the writer keeps each carry in one part.
@@ -663,6 +666,81 @@ TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
   EXPECT_EQ(**ShardMachine("s", consensus_, blob_).fetch(), *head);
 }
 
+// Issue 19: a compaction pass registered a writer and a reader before its
+// first merge, so merging a shard's small appends cost two consensus
+// writes (two syncs on the embedded default, beside the appends' own), one
+// merge per 7 appends. A merge of inline parts whose output fits in one
+// inline part (ShardContext::inline_merge_max_bytes) writes nothing to
+// blob, so it needs no writer: it is now one consensus write, no writer or
+// reader of the pass ever appears in the state, and such a run waits for
+// kSpineMinInlineMergeBatches batches. Inputs that may not fit still
+// register first (two writes for the pass's first merge) and write their
+// output to blob.
+TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
+  class CountWrites final : public testing::ForwardingConsensus {
+   public:
+    using ForwardingConsensus::ForwardingConsensus;
+    std::atomic<int> writes{0};
+    std::atomic<int> with_pass_members{0};
+    Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                       VersionedData next) override {
+      ++writes;
+      return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
+    }
+  };
+  auto counting = std::make_shared<CountWrites>(consensus_);
+  auto compactor = *(*Client::open(Location{blob_, counting}, options_))->open_shard("s");
+  auto pass_members = [&] {
+    auto state = *ShardMachine("s", consensus_, blob_).fetch();
+    int n = 0;
+    for (const auto& [id, writer] : state->writers) n += id.starts_with("c");
+    for (const auto& [id, reader] : state->readers) n += id.starts_with("r-c");
+    return n;
+  };
+
+  // One-update appends: each part is inline and small. The tail waits for
+  // kSpineMinInlineMergeBatches of them.
+  const Time width = kSpineMinInlineMergeBatches;
+  for (Time t = 0; t + 1 < width; ++t) append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
+  auto report = compactor->compact();
+  ASSERT_TRUE(report) << report.error().to_string();
+  EXPECT_EQ(report->merges, 0u) << "an inline tail waits for its width";
+  append_at(width - 1, {Update{"k" + std::to_string(width - 1), "v", width - 1, 1}});
+  ASSERT_TRUE(referenced().empty());
+  const auto objects_before = listed("").size();
+  report = compactor->compact();
+  ASSERT_TRUE(report) << report.error().to_string();
+  EXPECT_GE(report->merges, 1u);
+  EXPECT_EQ(counting->writes.load(), static_cast<int>(report->merges))
+      << "one consensus write per inline merge, no registration";
+  EXPECT_EQ(pass_members(), 0);
+  EXPECT_EQ(listed("").size(), objects_before) << "an inline merge writes no blob object";
+  EXPECT_TRUE(referenced().empty());
+  expect_snapshots_match(*shard_);
+
+  // Appends of 2 KB parts: inline each, but together past one inline
+  // merge output. The pass registers first, then writes its output to blob.
+  for (Time t = width; t < 2 * width; ++t) {
+    std::string value(2000, ' ');
+    std::uint32_t x = static_cast<std::uint32_t>(t) * 2654435761u + 1;
+    for (char& c : value) {  // bytes at random: incompressible
+      x = x * 1103515245u + 12345u;
+      c = static_cast<char>(x >> 24);
+    }
+    append_at(t, {Update{"big" + std::to_string(t), value, t, 1}});
+  }
+  counting->writes = 0;
+  report = compactor->compact();
+  ASSERT_TRUE(report) << report.error().to_string();
+  EXPECT_GE(report->merges, 1u);
+  EXPECT_EQ(counting->writes.load(), static_cast<int>(report->merges) + 1)
+      << "a merge that may write to blob registers first";
+  EXPECT_GT(report->parts_written, 0u);
+  EXPECT_FALSE(referenced().empty());
+  EXPECT_EQ(pass_members(), 0) << "the pass's last merge removed its writer and reader";
+  expect_snapshots_match(*shard_);
+}
+
 // A pass whose truncate fails leaves every rollup the retained versions
 // need: the next pass succeeds (before, rollups went first and GC failed
 // from then on).
@@ -709,11 +787,14 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
     ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(t), Frontier::at(t + 1)));
     model_.push_back(one[0]);
   }
-  // The last append's merge may still be running.
-  for (int i = 0; i < 500 && shard->inspect()->batches > 8; ++i) {
+  // The last append's merge may still be running. In shape: as in
+  // ManyAppendsStayLogarithmic (inline appends, so a tail of up to 31).
+  const auto bound = static_cast<std::uint64_t>(
+      std::log(500.0) / std::log(3.0) + 2 + static_cast<double>(kSpineMinInlineMergeBatches - 1));
+  for (int i = 0; i < 500 && shard->inspect()->batches > bound; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_LE(shard->inspect()->batches, 8u);
+  EXPECT_LE(shard->inspect()->batches, bound);
   expect_snapshots_match(*shard);
 }
 

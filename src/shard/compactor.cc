@@ -22,12 +22,15 @@ constexpr int kMaxMergesPerPass = 64;
 // Who a compaction pass is to the shard: a writer (its parts are named
 // after it, so a dead compactor's parts are orphans GC recognizes) and a
 // leased reader (its seqno hold keeps GC from deleting the inputs of a
-// merge in progress). Registered for the pass, renewed between parts; the
-// commit of each merge also renews both leases and moves the hold to the
-// version it writes (the next merge reads that version or a later one),
-// and the commit of the pass's last merge removes both: that merge's output
-// is referenced from then on, so it needs no writer. A pass of one merge
-// costs two consensus writes (register, merge), not five.
+// merge in progress). Registered by the pass's first merge that may write
+// to the blob store, renewed between parts; the commit of each merge also
+// renews both leases and moves the hold to the version it writes (the next
+// merge reads that version or a later one), and the commit of the pass's
+// last merge removes both: that merge's output is referenced from then on,
+// so it needs no writer. A pass of one merge costs two consensus writes
+// (register, merge), not five; a merge of inline parts into one inline
+// part needs no registration (nothing of it is in the blob store for GC to
+// miss or delete), so a pass of those costs one write per merge.
 class PassWriter {
  public:
   explicit PassWriter(ShardContext& context)
@@ -48,6 +51,7 @@ class PassWriter {
   }
 
   const std::string& id() const { return id_; }
+  bool registered() const { return registered_; }
 
   Status open() {
     if (lease_ms_ == 0) return invalid_usage("a writer lease must be positive");
@@ -87,7 +91,7 @@ class PassWriter {
 
   // Renews both leases once a third of them has passed, keeping the hold.
   Status keep_alive() {
-    if (wall_clock_millis() < renewed_ms_ + lease_ms_ / 3) return {};
+    if (!registered_ || wall_clock_millis() < renewed_ms_ + lease_ms_ / 3) return {};
     return renew(hold_);
   }
 
@@ -159,13 +163,33 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
                        [](const PartRef& p) { return p.is_inline(); });
   });
   const bool keep_inline = all_inline && inline_bytes(*state) < context.inline_drain_bytes();
+  // Inputs whose parts together fit in one inline part: try an inline
+  // output without registering (a merged part is rarely larger than the
+  // parts it came from; when it is, merge again as a registered writer).
+  std::uint64_t input_bytes = 0;
+  for (const HollowBatch& batch : inputs) {
+    for (const PartRef& part : batch.parts) input_bytes += part.size;
+  }
+  const bool unregistered =
+      keep_inline && !writer.registered() && input_bytes <= context.inline_merge_max_bytes();
+  // Registering first, then reading the state again: the hold must be at or
+  // below the version the merge reads.
+  auto register_and_retry = [&]() -> Result<bool> {
+    TM_TRY(writer.open());
+    return merge_once(context, writer, last, report, stop);
+  };
+  if (!unregistered && !writer.registered()) return register_and_retry();
+  const InlineOutput inline_output = unregistered  ? InlineOutput::kOnly
+                                     : keep_inline ? InlineOutput::kWhenSmall
+                                                   : InlineOutput::kNever;
   RunWriter out(
-      context, writer.id(), desc, [&] { return writer.keep_alive(); }, keep_inline);
+      context, writer.id(), desc, [&] { return writer.keep_alive(); }, inline_output);
   if (auto merged = merge_into(context, merge_runs(inputs), advance_to, out, "a compaction", stop);
       !merged) {
     out.drop();
     // Stopped: the inputs are untouched and the pass ends.
     if (merged.error().is(ErrorKind::kClosed) && stop && stop()) return false;
+    if (unregistered && merged.error().is(ErrorKind::kTooLarge)) return register_and_retry();
     return std::unexpected(merged.error());
   }
   const HollowBatch output{desc, PartList(out.written()), true};
@@ -173,9 +197,10 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   bool leaving = false;
   const std::uint64_t now = wall_clock_millis();
   auto applied = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-    TM_ASSIGN(outcome, apply_compaction(s, writer.id(), inputs, output, now));
+    TM_ASSIGN(outcome, apply_compaction(s, unregistered ? "" : writer.id(), inputs, output, now));
     if (outcome != CompactionOutcome::kApplied) return TransitionResult::kUnchanged;
     leaving = last || !next_merge(s, context.inline_drain_bytes());
+    if (!writer.registered()) return TransitionResult::kWrite;
     if (leaving) {
       writer.leave(s, now);
     } else {
@@ -199,7 +224,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   report.batches_merged += inputs.size();
   report.parts_written += output.parts.size();
   report.bytes_written += out.bytes();
-  if (outcome == CompactionOutcome::kAlreadyApplied) return true;
+  if (outcome == CompactionOutcome::kAlreadyApplied || !writer.registered()) return !leaving;
   if (leaving) {
     writer.left();
     return false;
@@ -245,8 +270,7 @@ Result<CompactionReport> compact_shard(ShardContext& context, const std::functio
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   if (!next_merge(*state, context.inline_drain_bytes())) return report;
-  PassWriter writer(context);
-  TM_TRY(writer.open());
+  PassWriter writer(context);  // registers when a merge may write to blob
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
     TM_ASSIGN(bool merged, merge_once(context, writer, i + 1 == kMaxMergesPerPass, report, stop));
     if (!merged) break;

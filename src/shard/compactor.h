@@ -34,7 +34,11 @@
 // progress. The commit of each merge moves that hold to the version it
 // writes (the next merge's inputs are referenced there or later), and the
 // commit of the pass's last merge removes the writer and the reader: a
-// pass of one merge costs two consensus writes.
+// pass of one merge costs two consensus writes. A merge of inline parts
+// whose output fits in one inline part registers neither (it writes no
+// blob object and reads none): one consensus write. The pass registers
+// before the first merge that may write to blob, and reads the state again
+// under its hold.
 //
 // collect_garbage (gc.cc):
 //   1. drops expired leases (committed only if any expired);

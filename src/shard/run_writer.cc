@@ -8,12 +8,12 @@
 namespace tidemark {
 
 RunWriter::RunWriter(ShardContext& context, std::string writer_id, Description desc,
-                     std::function<Status()> after_part, bool keep_inline)
+                     std::function<Status()> after_part, InlineOutput inline_output)
     : context_(context),
       writer_id_(std::move(writer_id)),
       desc_(desc),
       after_part_(std::move(after_part)),
-      keep_inline_(keep_inline) {}
+      inline_output_(inline_output) {}
 
 Status RunWriter::add(std::string_view key, std::string* value, Time time, Diff diff,
                       bool carry_goes_on) {
@@ -44,9 +44,14 @@ Status RunWriter::write_part(bool last) {
   TM_ASSIGN(std::string encoded, part_->finish());
   part_.reset();
   ref.size = encoded.size();
-  if (keep_inline_ && last && written_.empty() &&
-      ref.size <= context_.options.inline_part_max_bytes) {
+  const bool fits_inline =
+      last && written_.empty() && ref.size <= context_.inline_merge_max_bytes();
+  if (inline_output_ != InlineOutput::kNever && fits_inline) {
     ref.data = std::make_shared<const std::string>(std::move(encoded));
+  } else if (inline_output_ == InlineOutput::kOnly) {
+    return make_error(ErrorKind::kTooLarge, "the run does not fit in one inline part of " +
+                                                std::to_string(context_.inline_merge_max_bytes()) +
+                                                " bytes");
   } else {
     TM_TRY(with_retries(context_.options.write_retry,
                         [&] { return context_.location.blob->set(ref.key, encoded); }));

@@ -5,12 +5,15 @@
 // RunWriter takes updates in strictly increasing (key, value, time) order
 // (a carry aside: update.h) and writes them as parts of part_target_bytes,
 // never cutting a carry between two parts, each named after the
-// writer and carrying the run's description. With `keep_inline`, a run
-// that fits in one part of at most ClientOptions::inline_part_max_bytes
-// keeps that part inline (PartRef::data) instead of writing it to blob: the
+// writer and carrying the run's description. With InlineOutput::kWhenSmall,
+// a run that fits in one part of at most ShardContext::inline_merge_max_bytes
+// (32 KiB by default) keeps that part inline (PartRef::data) instead of
+// writing it to blob: the
 // compactor asks for this when it merges inline parts only, so merging a
 // shard's small appends costs a consensus write and no file until the
-// state's inline parts are drained. Memory: the part being
+// state's inline parts are drained. With kOnly, a run that does not fit
+// writes nothing and fails with TooLarge (the compactor then merges again
+// as a registered writer). Memory: the part being
 // written (its encoded blocks, about part_target_bytes, or one huge update
 // compressed) and its open block's columns.
 //
@@ -33,12 +36,16 @@
 
 namespace tidemark {
 
+// Whether a run may stay inline (see above).
+enum class InlineOutput : std::uint8_t { kNever, kWhenSmall, kOnly };
+
 class RunWriter {
  public:
   // `after_part` (when given) runs after each part is written; its error
   // ends the run (the compactor renews its leases there).
   RunWriter(ShardContext& context, std::string writer_id, Description desc,
-            std::function<Status()> after_part = {}, bool keep_inline = false);
+            std::function<Status()> after_part = {},
+            InlineOutput inline_output = InlineOutput::kNever);
   RunWriter(const RunWriter&) = delete;
   RunWriter& operator=(const RunWriter&) = delete;
 
@@ -66,7 +73,7 @@ class RunWriter {
   const std::string writer_id_;
   const Description desc_;
   const std::function<Status()> after_part_;
-  const bool keep_inline_;
+  const InlineOutput inline_output_;
   std::optional<PartWriter> part_;
   std::vector<PartRef> written_;
   std::uint64_t bytes_ = 0;

@@ -51,6 +51,7 @@ TEST(SharedThreadsTest, HundredsOfShardsWithWritersAndCompactionAddOnlyTheExecut
   constexpr int kAppends = 12;
   ClientOptions options;
   options.background_compaction = true;
+  options.inline_part_max_bytes = 0;                      // merges that read and write blob parts
   options.writer_lease = std::chrono::milliseconds(600);  // a heartbeat each 200 ms
   auto client = Client::open(
       Location{std::make_shared<MemBlob>(), std::make_shared<MemConsensus>()}, options);

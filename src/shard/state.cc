@@ -791,15 +791,20 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
     }
   }
   if (batches.size() < 2) return std::nullopt;
-  // suffix[i] = total size of batches[i..].
+  // suffix[i] = total size of batches[i..]; inline_from[i]: every part of
+  // batches[i..] is inline.
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
+  std::vector<bool> inline_from(batches.size() + 1, true);
   for (std::size_t i = batches.size(); i-- > 0;) {
     suffix[i] = suffix[i + 1] + spine_size(batches[i]);
+    inline_from[i] =
+        inline_from[i + 1] && std::all_of(batches[i].parts.begin(), batches[i].parts.end(),
+                                          [](const PartRef& p) { return p.is_inline(); });
   }
   for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
     const bool due = spine_size(batches[i]) <= kSpineGrowth * suffix[i + 1];
-    const bool worth_it =
-        suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
+    const std::size_t width = inline_from[i] ? kSpineMinInlineMergeBatches : kSpineMinMergeBatches;
+    const bool worth_it = suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= width;
     if (due && worth_it) return MergeRequest{i, batches.size()};
   }
   return std::nullopt;
@@ -809,7 +814,12 @@ Result<CompactionOutcome> apply_compaction(ShardState& state, std::string_view w
                                            std::span<const HollowBatch> inputs,
                                            const HollowBatch& output, std::uint64_t now_ms) {
   expire_leases(state, now_ms);
-  if (!state.writers.contains(writer_id)) {
+  if (writer_id.empty()) {
+    if (!std::all_of(output.parts.begin(), output.parts.end(),
+                     [](const PartRef& p) { return p.is_inline(); })) {
+      return invalid_usage("a compaction that writes to the blob store needs a writer");
+    }
+  } else if (!state.writers.contains(writer_id)) {
     // The pass was slower than its lease (its process paused, or its
     // backend calls slow): its output is garbage now; a new pass redoes it.
     return make_error(ErrorKind::kLeaseExpired,

@@ -345,9 +345,14 @@ std::size_t read_inputs(const ShardState& state);
 // Without this, a stream of tiny appends merged its tail on nearly every
 // append (each merge a part write, a CaS and later a delete). So the spine
 // holds at most kSpineMinMergeBatches - 1 extra small batches at its tail.
+// A run of inline parts only waits for kSpineMinInlineMergeBatches: its
+// merge costs no file, but its consensus write shares the disk's syncs
+// with the appends (a stream of small appends made one merge commit per 7
+// appends), and its batches are already in memory for every read.
 inline constexpr std::uint64_t kSpineGrowth = 2;
 inline constexpr std::uint64_t kSpineMinMergeBytes = 256 << 10;
 inline constexpr std::size_t kSpineMinMergeBatches = 8;
+inline constexpr std::size_t kSpineMinInlineMergeBatches = 32;
 
 // A run of adjacent batches [begin, end) to merge into one.
 struct MergeRequest {
@@ -374,6 +379,8 @@ enum class CompactionOutcome : std::uint8_t {
 // Replaces `inputs` (adjacent batches, exactly as the compactor read them)
 // with `output`, if they are still in the state. The writer must be live
 // (its parts would otherwise be orphans GC may delete): NotFound if not.
+// An output of inline parts only has no blob object to orphan: its
+// `writer_id` may be empty (a merge that registered no writer).
 // REQUIRES: output.desc spans the inputs' descriptions.
 [[nodiscard]] Result<CompactionOutcome> apply_compaction(ShardState& state,
                                                          std::string_view writer_id,
