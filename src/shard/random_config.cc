@@ -81,17 +81,24 @@ RandomConfig draw_random_config(std::uint64_t seed) {
 
   config.blob_faults = draw.faults();
   config.consensus_faults = draw.faults();
+
+  // Drawn last, so a seed keeps the knobs above.
+  client.inline_part_max_bytes = draw.chance(0.25) ? 0 : draw.log_uniform(6, 13);  // 64 B .. 8 KiB
+  client.inline_state_max_bytes = draw.log_uniform(12, 20);                        // 4 KiB .. 1 MiB
+  client.inline_rollup_max_bytes =
+      draw.chance(0.25) ? 0 : draw.log_uniform(10, 22);  // 1 KiB .. 4 MiB
   return config;
 }
 
 std::string RandomConfig::describe() const {
-  char line[512];
+  char line[768];
   std::snprintf(
       line, sizeof line,
       "seed=%llu: part_target_bytes=%llu block_bytes=%zu max_uploads_in_flight=%zu zstd_level=%d "
       "listen_buffer_bytes=%llu listen_poll_ms=%lld background_compaction=%s "
       "appender_queue_bytes=%llu batch_max_bytes=%llu batch_max_records=%zu batch_appends=%s "
-      "batch_linger_ms=%lld",
+      "batch_linger_ms=%lld inline_part_max_bytes=%llu inline_state_max_bytes=%llu "
+      "inline_rollup_max_bytes=%llu",
       static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(client.part_target_bytes), client.block_bytes,
       client.max_uploads_in_flight, client.zstd_level,
@@ -100,7 +107,10 @@ std::string RandomConfig::describe() const {
       client.background_compaction ? "on" : "off",
       static_cast<unsigned long long>(appender.queue_bytes),
       static_cast<unsigned long long>(appender.batch_max_bytes), appender.batch_max_records,
-      appender.batch_appends ? "on" : "off", static_cast<long long>(appender.batch_linger.count()));
+      appender.batch_appends ? "on" : "off", static_cast<long long>(appender.batch_linger.count()),
+      static_cast<unsigned long long>(client.inline_part_max_bytes),
+      static_cast<unsigned long long>(client.inline_state_max_bytes),
+      static_cast<unsigned long long>(client.inline_rollup_max_bytes));
   return line + describe_faults("blob", blob_faults) +
          describe_faults("consensus", consensus_faults);
 }

@@ -1,8 +1,8 @@
 // RandomConfig: a whole engine configuration drawn from one seed, so tests
 // and `tidemark serve` run under knobs nobody picked by hand (part and
-// block sizes, uploads in flight, compression, listen buffer, background
-// compaction, the appender's batching, injected latencies and faults) and
-// any failure reproduces from the printed seed. `tidemark serve` keeps
+// block sizes, uploads in flight, compression, listen buffer, inline parts
+// and rollups, background compaction, the appender's batching, injected
+// latencies and faults) and any failure reproduces from the printed seed. `tidemark serve` keeps
 // background compaction on whatever is drawn: a server has no other
 // compactor, and no flag turns it off.
 //
