@@ -372,7 +372,7 @@ TEST_F(CliTest, InterruptedManagedAppendsAreAllOrNothingOrResumable) {
 TEST_F(CliTest, AppendsCompactAndCompactReports) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   std::string expected;
-  const int appends = 100;
+  const int appends = 40;
   for (int t = 0; t < appends; ++t) {
     std::string line = "{\"key\":\"k" + std::to_string(t) +
                        "\",\"value\":\"v\",\"time\":" + std::to_string(t) + ",\"diff\":1}\n";
@@ -391,9 +391,7 @@ TEST_F(CliTest, AppendsCompactAndCompactReports) {
     EXPECT_NE(at, std::string::npos) << name << " in " << json;
     return std::stoull(json.substr(at + name.size() + 3));
   };
-  // log3(n) + 2, and a tail of up to 31 inline batches waiting for a merge
-  // (state.h: kSpineMinInlineMergeBatches).
-  EXPECT_LE(field(inspect.out, "batches"), 37u) << inspect.out;  // 100 appends
+  EXPECT_LE(field(inspect.out, "batches"), 6u) << inspect.out;  // 40 appends: log3(40) + 2
   EXPECT_EQ(field(inspect.out, "updates"), static_cast<unsigned long long>(appends));
   // Every part object is referenced, and every referenced part not held
   // inline in the state is an object.

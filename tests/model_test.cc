@@ -39,7 +39,6 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "random_config.h"
-#include "shard/state.h"
 #include "shard/test_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
@@ -90,10 +89,7 @@ std::vector<Collection> model_series(const std::vector<Update>& model, Time from
 // The spine's bound once compaction has run: sizes grow geometrically from
 // the newest batch back, and every append adds at most one batch.
 std::uint64_t spine_bound(int committed) {
-  // A tail of inline batches waits for kSpineMinInlineMergeBatches, not
-  // kSpineMinMergeBatches (state.h).
-  return static_cast<std::uint64_t>(2 * std::log2(std::max(committed, 1)) + 4) +
-         (kSpineMinInlineMergeBatches - kSpineMinMergeBatches);
+  return static_cast<std::uint64_t>(2 * std::log2(std::max(committed, 1)) + 4);
 }
 
 // A snapshot cursor kept open across operations under a leased reader of
@@ -153,9 +149,8 @@ void run_model(std::uint64_t seed, Backends backends, int operations,
     options.inline_rollup_max_bytes = random->client.inline_rollup_max_bytes;
   } else if ((seed >> 1) % 2 == 0) {
     // Half the seeds write blob parts only, so their merges and garbage
-    // collection move blob objects (inline tails merge only every 32
-    // batches; ModelTest sees few of those). Taken from the seed, not drawn,
-    // so a seed's workload is what it was before this knob.
+    // collection move blob objects (inline merges write none). Taken from
+    // the seed, not drawn, so a seed's workload is what it was before.
     options.inline_part_max_bytes = 0;
   }
   Location location{backends.blob, backends.consensus};

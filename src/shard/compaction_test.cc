@@ -87,6 +87,37 @@ TEST(SpineTest, TenThousandAppendsLeaveLogarithmicallyManyBatches) {
   }
 }
 
+// A busy appender commits batches of up to 16 loose parts: a few of them
+// passed the write stall's 64 read inputs while no merge was due (too few
+// batches, too small), so every commit waited out the stall's 10 s. The
+// spine now merges a tail once reads would merge more than
+// kSpineMaxReadInputs inputs, and brings them to half of it.
+TEST(SpineTest, WideLooseBatchesAreMergedBeforeTheWriteStall) {
+  ShardState state;
+  state.name = "s";
+  for (Time t = 0; t < 5; ++t) {
+    HollowBatch batch = batch_of_size(t, t + 1, 1000);
+    std::vector<PartRef> parts;
+    for (int p = 0; p < 16; ++p) {
+      PartRef part = *batch.parts.begin();
+      part.key += "-" + std::to_string(p);
+      parts.push_back(part);
+    }
+    batch.parts = PartList(std::move(parts));
+    state.batches.push_back(batch);
+    if (read_inputs(state) <= kSpineMaxReadInputs) {
+      EXPECT_FALSE(next_merge(state)) << "a spine in shape, " << read_inputs(state) << " inputs";
+    }
+  }
+  ASSERT_GT(read_inputs(state), WriteHandle::kStallReadInputs);
+  auto request = next_merge(state);
+  ASSERT_TRUE(request) << "no merge for a read of " << read_inputs(state) << " inputs";
+  EXPECT_EQ(request->end, state.batches.size());
+  std::size_t left = 0;
+  for (std::size_t i = 0; i < request->begin; ++i) left += state.batches[i].parts.size();
+  EXPECT_LE(left + 1, kSpineMaxReadInputs / 2);
+}
+
 TEST(SpineTest, IrregularSizesStayInShape) {
   std::mt19937_64 rng(7);
   std::vector<std::uint64_t> sizes;
@@ -227,8 +258,7 @@ TEST_F(CompactionTest, MergesKeepEveryReadableSnapshot) {
 }
 
 // Through the engine, not a simulation: appends each followed by the
-// merges they ask for never leave more than log3(n) + 2 + 31 batches (the
-// appends are inline: their tail waits for kSpineMinInlineMergeBatches).
+// merges they ask for never leave more than log3(n) + 2 + 7 batches.
 TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
   const Time appends = 10'000;
   std::size_t most = 0;
@@ -238,7 +268,7 @@ TEST_F(CompactionTest, ManyAppendsStayLogarithmic) {
     const std::size_t batches = shard_->inspect()->batches;
     most = std::max(most, batches);
     const double bound = std::log(static_cast<double>(t + 1)) / std::log(3.0) + 2 +
-                         static_cast<double>(kSpineMinInlineMergeBatches - 1);
+                         static_cast<double>(kSpineMinMergeBatches - 1);
     ASSERT_LE(static_cast<double>(batches), bound) << "after " << t + 1 << " appends";
   }
   std::printf("%llu appends: at most %zu batches, %llu at the end\n",
@@ -671,17 +701,15 @@ TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
 // writes (two syncs on the embedded default, beside the appends' own), one
 // merge per 7 appends. A merge of inline parts whose output fits in one
 // inline part (ShardContext::inline_merge_max_bytes) writes nothing to
-// blob, so it needs no writer: it is now one consensus write, no writer or
-// reader of the pass ever appears in the state, and such a run waits for
-// kSpineMinInlineMergeBatches batches. Inputs that may not fit still
-// register first (two writes for the pass's first merge) and write their
-// output to blob.
+// blob, so it needs no writer: it is now one consensus write, and no
+// writer or reader of the pass ever appears in the state. Inputs that may
+// not fit still register first (two writes for the pass's first merge) and
+// write their output to blob.
 TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
   class CountWrites final : public testing::ForwardingConsensus {
    public:
     using ForwardingConsensus::ForwardingConsensus;
     std::atomic<int> writes{0};
-    std::atomic<int> with_pass_members{0};
     Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                        VersionedData next) override {
       ++writes;
@@ -699,12 +727,12 @@ TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
   };
 
   // One-update appends: each part is inline and small. The tail waits for
-  // kSpineMinInlineMergeBatches of them.
-  const Time width = kSpineMinInlineMergeBatches;
+  // kSpineMinMergeBatches of them.
+  const Time width = kSpineMinMergeBatches;
   for (Time t = 0; t + 1 < width; ++t) append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
   auto report = compactor->compact();
   ASSERT_TRUE(report) << report.error().to_string();
-  EXPECT_EQ(report->merges, 0u) << "an inline tail waits for its width";
+  EXPECT_EQ(report->merges, 0u) << "a small tail waits for its width";
   append_at(width - 1, {Update{"k" + std::to_string(width - 1), "v", width - 1, 1}});
   ASSERT_TRUE(referenced().empty());
   const auto objects_before = listed("").size();
@@ -718,8 +746,8 @@ TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
   EXPECT_TRUE(referenced().empty());
   expect_snapshots_match(*shard_);
 
-  // Appends of 2 KB parts: inline each, but together past one inline
-  // merge output. The pass registers first, then writes its output to blob.
+  // Appends of 2 KB parts: inline each, but together past one inline part.
+  // The pass registers first, then writes its output to blob.
   for (Time t = width; t < 2 * width; ++t) {
     std::string value(2000, ' ');
     std::uint32_t x = static_cast<std::uint32_t>(t) * 2654435761u + 1;
@@ -788,9 +816,9 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
     model_.push_back(one[0]);
   }
   // The last append's merge may still be running. In shape: as in
-  // ManyAppendsStayLogarithmic (inline appends, so a tail of up to 31).
-  const auto bound = static_cast<std::uint64_t>(
-      std::log(500.0) / std::log(3.0) + 2 + static_cast<double>(kSpineMinInlineMergeBatches - 1));
+  // ManyAppendsStayLogarithmic.
+  const auto bound = static_cast<std::uint64_t>(std::log(500.0) / std::log(3.0) + 2 +
+                                                static_cast<double>(kSpineMinMergeBatches - 1));
   for (int i = 0; i < 500 && shard->inspect()->batches > bound; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -9,7 +9,6 @@
 // itself thread-safe, and `closing`.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -49,13 +48,12 @@ struct ShardContext {
   // When compaction moves inline parts into blob parts: once the state
   // holds half of what appends may fill it with.
   std::uint64_t inline_drain_bytes() const { return options.inline_state_max_bytes / 2; }
-  // The largest merge output of inline inputs that stays inline: larger
-  // than an append's inline part (merging moves bytes that are in the state
-  // already, it adds none); none when inline parts are off.
-  std::uint64_t inline_merge_max_bytes() const {
-    if (options.inline_part_max_bytes == 0) return 0;
-    return std::max(options.inline_part_max_bytes, options.inline_state_max_bytes / 8);
-  }
+  // The largest merge output of inline inputs that stays inline: one
+  // inline part, as an append's. (An eighth of inline_state_max_bytes was
+  // tried, with merges waiting for 32 inline batches: fewer commits at one
+  // client, but at 1,000 clients inline bytes ran to the state's bound and
+  // appends spilled to files.)
+  std::uint64_t inline_merge_max_bytes() const { return options.inline_part_max_bytes; }
 
   // The latest state, retrying failures that may pass (options.read_retry).
   [[nodiscard]] Result<StatePtr> fetch_for_read();

@@ -7,7 +7,7 @@
 // never cutting a carry between two parts, each named after the
 // writer and carrying the run's description. With InlineOutput::kWhenSmall,
 // a run that fits in one part of at most ShardContext::inline_merge_max_bytes
-// (32 KiB by default) keeps that part inline (PartRef::data) instead of
+// (ClientOptions::inline_part_max_bytes) keeps that part inline (PartRef::data) instead of
 // writing it to blob: the
 // compactor asks for this when it merges inline parts only, so merging a
 // shard's small appends costs a consensus write and no file until the

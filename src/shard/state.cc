@@ -769,13 +769,19 @@ std::uint64_t spine_size(const HollowBatch& batch) {
   return bytes;
 }
 
+// What a batch adds to read_inputs.
+std::size_t batch_inputs(const HollowBatch& batch) {
+  return batch.ordered ? std::size_t{!batch.parts.empty()} : batch.parts.size();
+}
+
 }  // namespace
+
+static_assert(kSpineMaxReadInputs < WriteHandle::kStallReadInputs,
+              "compaction must act before appends stall");
 
 std::size_t read_inputs(const ShardState& state) {
   std::size_t inputs = 0;
-  for (const HollowBatch& batch : state.batches) {
-    inputs += batch.ordered ? std::size_t{!batch.parts.empty()} : batch.parts.size();
-  }
+  for (const HollowBatch& batch : state.batches) inputs += batch_inputs(batch);
   return inputs;
 }
 
@@ -791,21 +797,24 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
     }
   }
   if (batches.size() < 2) return std::nullopt;
-  // suffix[i] = total size of batches[i..]; inline_from[i]: every part of
-  // batches[i..] is inline.
+  // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
-  std::vector<bool> inline_from(batches.size() + 1, true);
   for (std::size_t i = batches.size(); i-- > 0;) {
     suffix[i] = suffix[i + 1] + spine_size(batches[i]);
-    inline_from[i] =
-        inline_from[i + 1] && std::all_of(batches[i].parts.begin(), batches[i].parts.end(),
-                                          [](const PartRef& p) { return p.is_inline(); });
   }
   for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
     const bool due = spine_size(batches[i]) <= kSpineGrowth * suffix[i + 1];
-    const std::size_t width = inline_from[i] ? kSpineMinInlineMergeBatches : kSpineMinMergeBatches;
-    const bool worth_it = suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= width;
+    const bool worth_it =
+        suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
     if (due && worth_it) return MergeRequest{i, batches.size()};
+  }
+  // Too many inputs for reads (see kSpineMaxReadInputs): the shortest tail
+  // whose merge (one input) brings them to half the bound.
+  const std::size_t inputs = read_inputs(state);
+  if (inputs > kSpineMaxReadInputs) {
+    std::size_t i = batches.size(), tail = 0;
+    while (i > 0 && inputs - tail + 1 > kSpineMaxReadInputs / 2) tail += batch_inputs(batches[--i]);
+    if (batches.size() - i >= 2 || tail > 1) return MergeRequest{i, batches.size()};
   }
   return std::nullopt;
 }

@@ -345,14 +345,16 @@ std::size_t read_inputs(const ShardState& state);
 // Without this, a stream of tiny appends merged its tail on nearly every
 // append (each merge a part write, a CaS and later a delete). So the spine
 // holds at most kSpineMinMergeBatches - 1 extra small batches at its tail.
-// A run of inline parts only waits for kSpineMinInlineMergeBatches: its
-// merge costs no file, but its consensus write shares the disk's syncs
-// with the appends (a stream of small appends made one merge commit per 7
-// appends), and its batches are already in memory for every read.
 inline constexpr std::uint64_t kSpineGrowth = 2;
 inline constexpr std::uint64_t kSpineMinMergeBytes = 256 << 10;
 inline constexpr std::size_t kSpineMinMergeBatches = 8;
-inline constexpr std::size_t kSpineMinInlineMergeBatches = 32;
+// Whatever the sizes and widths, a spine whose whole-shard read would merge
+// more than this many inputs (read_inputs) merges its shortest tail that
+// brings them to half of it: otherwise a tail of wide loose batches (a
+// busy appender's commits) could pass the write stall's trigger
+// (WriteHandle::kStallReadInputs) with no merge due, and every commit would
+// wait out the stall's 10 s.
+inline constexpr std::size_t kSpineMaxReadInputs = 48;
 
 // A run of adjacent batches [begin, end) to merge into one.
 struct MergeRequest {
@@ -361,8 +363,9 @@ struct MergeRequest {
 };
 
 // The merge the spine needs next: the oldest batch that breaks the size
-// rule (and whose run is wide or big enough), with every batch after it.
-// nullopt when the spine is in shape. Once the state's inline parts reach
+// rule (and whose run is wide or big enough), with every batch after it,
+// or the tail kSpineMaxReadInputs asks for. nullopt when the spine is in
+// shape. Once the state's inline parts reach
 // `inline_drain_bytes`, the oldest batch holding one and every batch after
 // it instead (a merge writes its output to the blob store), even when that
 // is a single batch.
