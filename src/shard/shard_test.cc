@@ -76,6 +76,31 @@ class ShardTest : public ::testing::Test {
     options.inline_part_max_bytes = 0;
     reopen(options);
   }
+  // One append [t, t + 1) of one update per time t < `appends`, each
+  // added to *all.
+  void append_one_each(int appends, std::vector<Update>* all) {
+    for (int i = 0; i < appends; ++i) {
+      Time t = static_cast<Time>(i);
+      std::vector<Update> one{Update{"k" + std::to_string(i), "1", t, 1}};
+      all->push_back(one[0]);
+      std::vector<Batch> batches;
+      batches.push_back(make_batch(one, t, t + 1));
+      ASSERT_TRUE(append(batches, t, t + 1));
+    }
+  }
+  // After append_one_each: a fresh client, `early` (a handle opened before
+  // the appends) and the writer's handle agree.
+  void expect_handles_agree(Shard& early, const std::vector<Update>& all) {
+    const Time appends = all.size();
+    auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
+    auto info = *fresh->inspect();
+    EXPECT_EQ(info.upper, Frontier::at(appends));
+    EXPECT_EQ(info.batches, appends);
+    EXPECT_EQ(early.inspect()->seqno, info.seqno);
+    EXPECT_EQ(*read_snapshot(early, appends - 1), model_at(all, appends - 1));
+    EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
+    EXPECT_EQ(*read_snapshot(*shard_, appends - 1), model_at(all, appends - 1));
+  }
   // The client, shard and writer again, with `options`.
   void reopen(const ClientOptions& options) {
     writer_.reset();
@@ -536,14 +561,7 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
   ASSERT_TRUE(early->inspect());
   const int appends = 2 * static_cast<int>(kRollupInterval) + 20;
   std::vector<Update> all;
-  for (int i = 0; i < appends; ++i) {
-    Time t = static_cast<Time>(i);
-    std::vector<Update> one{Update{"k" + std::to_string(i), "1", t, 1}};
-    all.push_back(one[0]);
-    std::vector<Batch> batches;
-    batches.push_back(make_batch(one, t, t + 1));
-    ASSERT_TRUE(append(batches, t, t + 1));
-  }
+  ASSERT_NO_FATAL_FAILURE(append_one_each(appends, &all));
   // Every consensus version but the first is a small diff; the full states
   // (rollups), one per kRollupInterval versions, are in blob.
   auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 10'000);
@@ -569,14 +587,7 @@ TEST_F(ShardTest, StateIsStoredAsDiffsWithPeriodicRollups) {
       }));
   EXPECT_EQ(rollups, (versions.size() - 1) / kRollupInterval);
   EXPECT_GT(largest_rollup, 20 * largest_diff);
-  // A fresh client, the early handle and the writer's handle agree.
-  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
-  auto info = *fresh->inspect();
-  EXPECT_EQ(info.upper, Frontier::at(appends));
-  EXPECT_EQ(info.batches, static_cast<std::uint64_t>(appends));
-  EXPECT_EQ(early->inspect()->seqno, info.seqno);
-  EXPECT_EQ(*read_snapshot(*early, appends - 1), model_at(all, appends - 1));
-  EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
+  expect_handles_agree(*early, all);
 }
 
 // Issue 19: every kRollupInterval versions, a commit first wrote a rollup
@@ -590,14 +601,7 @@ TEST_F(ShardTest, SmallStatesStartTheirChainsInsideTheCommit) {
   ASSERT_TRUE(early->inspect());
   const int appends = 2 * static_cast<int>(kRollupInterval) + 20;
   std::vector<Update> all;
-  for (int i = 0; i < appends; ++i) {
-    Time t = static_cast<Time>(i);
-    std::vector<Update> one{Update{"k" + std::to_string(i), "1", t, 1}};
-    all.push_back(one[0]);
-    std::vector<Batch> batches;
-    batches.push_back(make_batch(one, t, t + 1));
-    ASSERT_TRUE(append(batches, t, t + 1));
-  }
+  ASSERT_NO_FATAL_FAILURE(append_one_each(appends, &all));
   auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 10'000);
   ASSERT_GT(versions.size(), static_cast<std::size_t>(appends));
   std::vector<SeqNo> full;
@@ -620,15 +624,7 @@ TEST_F(ShardTest, SmallStatesStartTheirChainsInsideTheCommit) {
   std::size_t objects = 0;
   ASSERT_TRUE(blob_->list("", [&](std::string_view, std::uint64_t) { ++objects; }));
   EXPECT_EQ(objects, 0u) << "no rollup (and no part) in blob";
-  // A fresh client, the early handle and the writer's handle agree.
-  auto fresh = *(*Client::open(client_->location(), client_->options()))->open_shard("orders");
-  auto info = *fresh->inspect();
-  EXPECT_EQ(info.upper, Frontier::at(appends));
-  EXPECT_EQ(info.batches, static_cast<std::uint64_t>(appends));
-  EXPECT_EQ(early->inspect()->seqno, info.seqno);
-  EXPECT_EQ(*read_snapshot(*early, appends - 1), model_at(all, appends - 1));
-  EXPECT_EQ(*read_snapshot(*fresh, 100), model_at(all, 100));
-  EXPECT_EQ(*read_snapshot(*shard_, appends - 1), model_at(all, appends - 1));
+  expect_handles_agree(*early, all);
 }
 
 // Issue 19: a small append wrote a part file (a create, a sync, a rename
