@@ -22,6 +22,7 @@
 #include <mutex>
 #include <thread>
 
+#include "shard/context.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/clock.h"
@@ -509,6 +510,9 @@ struct Appender::Impl {
       std::lock_guard lock(mu);
       stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
     }
+    // The records are answered before the merge this commit makes due wakes
+    // a compaction pass.
+    DeferCompactionRequests answer_first;
     Backoff failures_in_a_row(options.retry);
     // After an indeterminate attempt the batches stay as they were: a retry
     // with the same token finds them committed, or commits them.

@@ -826,6 +826,26 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
   expect_snapshots_match(*shard);
 }
 
+// The appender's committer answers its records before the merge its
+// commit made due wakes a pass: inside a DeferCompactionRequests scope no
+// pass starts; at its end one does.
+TEST_F(CompactionTest, RequestsInADeferralScopeWakeTheCompactorAtItsEnd) {
+  options_.background_compaction = true;
+  reopen();
+  constexpr Time kAppends = 24;  // several merges due
+  {
+    DeferCompactionRequests answer_first;
+    for (Time t = 0; t < kAppends; ++t) append_at(t, {Update{"k", "v", t, 1}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_EQ(shard_->inspect()->batches, kAppends) << "a pass ran inside the scope";
+  }
+  for (int i = 0; i < 500 && shard_->inspect()->batches == kAppends; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_LT(shard_->inspect()->batches, kAppends) << "no pass ran after the scope";
+  expect_snapshots_match(*shard_);
+}
+
 // A Blob whose ranged reads take 20 ms each while `slow`, counting them.
 class SlowReadsBlob final : public testing::ForwardingBlob {
  public:

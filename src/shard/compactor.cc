@@ -294,7 +294,33 @@ std::function<bool()> ShardContext::stop_reads() const {
 }
 
 void ShardContext::request_compaction(const ShardState& state) {
-  if (compactor && next_merge(state, inline_drain_bytes())) compactor->request();
+  if (!compactor || !next_merge(state, inline_drain_bytes())) return;
+  DeferCompactionRequests* scope = DeferCompactionRequests::current();
+  if (scope && scope->defer(this)) return;
+  compactor->request();
+}
+
+namespace {
+thread_local DeferCompactionRequests* innermost_deferral = nullptr;
+}  // namespace
+
+DeferCompactionRequests::DeferCompactionRequests() : outer_(innermost_deferral) {
+  innermost_deferral = this;
+}
+
+DeferCompactionRequests::~DeferCompactionRequests() {
+  innermost_deferral = outer_;
+  if (pending_) pending_->compactor->request();
+}
+
+DeferCompactionRequests* DeferCompactionRequests::current() {
+  return innermost_deferral;
+}
+
+bool DeferCompactionRequests::defer(ShardContext* context) {
+  if (pending_ && pending_ != context) return false;
+  pending_ = context;
+  return true;
 }
 
 struct BackgroundCompactor::Shared {

@@ -61,4 +61,30 @@ struct ShardContext {
   std::function<bool()> stop_reads() const;
 };
 
+// While one lives on a thread, a merge that request_compaction finds due
+// on that thread wakes the compactor only when the scope ends. The
+// appender's committer holds one around a commit and the answers to its
+// records: a pass woken by the commit could otherwise take the
+// committer's CPU before the acknowledgements leave (about 120 us at one
+// HTTP client). Scopes nest; each holds at most one pending context (a
+// second shard's request is made at once). Not movable; the contexts it
+// names must outlive it.
+class DeferCompactionRequests {
+ public:
+  DeferCompactionRequests();
+  ~DeferCompactionRequests();
+  DeferCompactionRequests(const DeferCompactionRequests&) = delete;
+  DeferCompactionRequests& operator=(const DeferCompactionRequests&) = delete;
+
+  // The innermost scope on this thread, or null.
+  static DeferCompactionRequests* current();
+  // Notes `context` for the scope's end; false when another context is
+  // pending (the caller requests at once).
+  bool defer(ShardContext* context);
+
+ private:
+  DeferCompactionRequests* outer_;
+  ShardContext* pending_ = nullptr;
+};
+
 }  // namespace tidemark
