@@ -130,11 +130,9 @@ Result<ShardInfo> Shard::inspect() {
   info.batches = state.batches.size();
   for (const HollowBatch& batch : state.batches) {
     info.parts += batch.parts.size();
-    for (const PartRef& part : batch.parts) {
-      info.inline_parts += part.is_inline() ? 1 : 0;
-      info.updates += part.count;
-      info.bytes += part.size;
-    }
+    info.updates += batch.count();
+    info.bytes += batch.bytes();
+    for (const PartRef& part : batch.parts) info.inline_parts += part.is_inline() ? 1 : 0;
   }
   return info;
 }

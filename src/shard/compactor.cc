@@ -167,9 +167,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   // output without registering (a merged part is rarely larger than the
   // parts it came from; when it is, merge again as a registered writer).
   std::uint64_t input_bytes = 0;
-  for (const HollowBatch& batch : inputs) {
-    for (const PartRef& part : batch.parts) input_bytes += part.size;
-  }
+  for (const HollowBatch& batch : inputs) input_bytes += batch.bytes();
   const bool unregistered =
       keep_inline && !writer.registered() && input_bytes <= context.inline_merge_max_bytes();
   // Registering first, then reading the state again: the hold must be at or
@@ -247,8 +245,7 @@ Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
   // data[i]: the encoded bytes of inputs [0, i), to compare windows.
   std::vector<std::uint64_t> data(inputs.size() + 1, 0);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    data[i + 1] = data[i];
-    for (const PartRef& part : inputs[i].parts) data[i + 1] += part.size;
+    data[i + 1] = data[i] + inputs[i].bytes();
   }
   // For each first input, the longest window from it that fits (two at
   // least); the longest of those, then the one with the least data.

@@ -7,15 +7,15 @@
 // never cutting a carry between two parts, each named after the
 // writer and carrying the run's description. With InlineOutput::kWhenSmall,
 // a run that fits in one part of at most ShardContext::inline_merge_max_bytes
-// (ClientOptions::inline_part_max_bytes) keeps that part inline (PartRef::data) instead of
-// writing it to blob: the
-// compactor asks for this when it merges inline parts only, so merging a
-// shard's small appends costs a consensus write and no file until the
-// state's inline parts are drained. With kOnly, a run that does not fit
-// writes nothing and fails with TooLarge (the compactor then merges again
-// as a registered writer). Memory: the part being
-// written (its encoded blocks, about part_target_bytes, or one huge update
-// compressed) and its open block's columns.
+// (ClientOptions::inline_part_max_bytes) keeps that part inline
+// (PartRef::data) instead of writing it to blob: the compactor asks for
+// this when it merges inline parts only, so merging a shard's small appends
+// costs a consensus write and no file until the state's inline parts are
+// drained. With kOnly, a run that does not fit writes nothing and fails
+// with TooLarge (the compactor then merges again as a registered writer).
+// Memory: the part being written (its encoded blocks, about
+// part_target_bytes, or one huge update compressed) and its open block's
+// columns.
 //
 // merge_into streams a MergeCursor over `runs` into a RunWriter: times below
 // `advance_to` advanced to it, equal (key, value, time) summed, zero sums

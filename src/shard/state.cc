@@ -162,6 +162,12 @@ std::uint64_t HollowBatch::count() const {
   return n;
 }
 
+std::uint64_t HollowBatch::bytes() const {
+  std::uint64_t n = 0;
+  for (const PartRef& p : parts) n += p.size;
+  return n;
+}
+
 std::string shard_consensus_key(std::string_view shard) {
   return "shard/" + std::string(shard);
 }
@@ -763,12 +769,6 @@ Result<AppendOutcome> apply_append(ShardState& state, const AppendRequest& reque
 
 namespace {
 
-std::uint64_t spine_size(const HollowBatch& batch) {
-  std::uint64_t bytes = 0;
-  for (const PartRef& part : batch.parts) bytes += part.size;
-  return bytes;
-}
-
 // What a batch adds to read_inputs.
 std::size_t batch_inputs(const HollowBatch& batch) {
   return batch.ordered ? std::size_t{!batch.parts.empty()} : batch.parts.size();
@@ -800,10 +800,10 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
   // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
   for (std::size_t i = batches.size(); i-- > 0;) {
-    suffix[i] = suffix[i + 1] + spine_size(batches[i]);
+    suffix[i] = suffix[i + 1] + batches[i].bytes();
   }
   for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
-    const bool due = spine_size(batches[i]) <= kSpineGrowth * suffix[i + 1];
+    const bool due = batches[i].bytes() <= kSpineGrowth * suffix[i + 1];
     const bool worth_it =
         suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
     if (due && worth_it) return MergeRequest{i, batches.size()};

@@ -79,7 +79,8 @@ struct HollowBatch {
   // part open at a time.
   bool ordered = false;
 
-  std::uint64_t count() const;
+  std::uint64_t count() const;  // updates, over its parts
+  std::uint64_t bytes() const;  // encoded bytes, over its parts
   bool operator==(const HollowBatch&) const = default;
 };
 
