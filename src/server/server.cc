@@ -39,7 +39,6 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-constexpr std::chrono::seconds kIdleTimeout{60};
 // An idempotent producer's managed append names it and numbers its records.
 constexpr std::string_view kProducerHeader = "Tidemark-Producer";
 constexpr std::string_view kSequenceHeader = "Tidemark-Sequence";
@@ -470,6 +469,7 @@ namespace {
 
 using Strand = net::strand<net::io_context::executor_type>;
 using StrandSocket = tcp::socket::rebind_executor<Strand>::other;
+using StrandTimer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Strand>;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
@@ -477,8 +477,12 @@ class Session : public std::enable_shared_from_this<Session> {
   // run them, and handlers still queued are destroyed with its io_context.
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
-  Session(StrandSocket socket, Server::Impl* server) : stream_(std::move(socket)), server_(server) {
+  Session(StrandSocket socket, Server::Impl* server)
+      : socket_(std::move(socket)), io_timer_(socket_.get_executor()), server_(server) {
     server_->connections.fetch_add(1);
+    // Answers are written at once where the socket takes them (respond).
+    beast::error_code ignored;
+    socket_.non_blocking(true, ignored);
   }
   ~Session() {
     end_request();
@@ -486,7 +490,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void start() {
-    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->read_header(); });
   }
 
  private:
@@ -502,18 +506,45 @@ class Session : public std::enable_shared_from_this<Session> {
     // Appends stream bodies of any size; the others are checked as read.
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     route_ = "unknown";
-    stream_.expires_after(kIdleTimeout);
-    http::async_read_header(
-        stream_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-          if (ec == http::error::header_limit) {
-            self->keep_alive_ = false;
-            return self->respond(
-                431, error_json("request header over " + std::to_string(Server::kHeaderLimitBytes) +
-                                " bytes"));
-          }
-          if (ec) return self->close();
-          self->on_header();
-        });
+    // The whole header must come within the limit, however it trickles.
+    begin_io(server_->options.idle_timeout);
+    parse_header();
+  }
+
+  // Parses the header from buffer_, reading more once the socket has some.
+  // The read waits for readiness first: after an answer the client's next
+  // request is not there yet, and a read tried at once would find the
+  // socket empty (a syscall per request for nothing).
+  void parse_header() {
+    beast::error_code ec;
+    while (buffer_.size() > 0 && !parser_->is_header_done()) {
+      const std::size_t used = parser_->put(buffer_.data(), ec);
+      buffer_.consume(used);
+      if (ec || used == 0) break;  // need_more: read on
+    }
+    if (ec == http::error::header_limit) {
+      keep_alive_ = false;
+      return respond(431, error_json("request header over " +
+                                     std::to_string(Server::kHeaderLimitBytes) + " bytes"));
+    }
+    if (ec && ec != http::error::need_more) return close();
+    if (parser_->is_header_done()) {
+      end_io();
+      return on_header();
+    }
+    continue_io();
+    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      self->end_io();
+      if (ec) return self->close();
+      // The buffer is never full here: the header limit is met first.
+      const std::size_t room = beast::read_size(self->buffer_, 65536);
+      if (room == 0) return self->close();
+      const std::size_t n = self->socket_.read_some(self->buffer_.prepare(room), ec);
+      if (ec == net::error::would_block) return self->parse_header();  // woken early
+      if (ec) return self->close();  // the client left (between requests, or mid-header)
+      self->buffer_.commit(n);
+      self->parse_header();
+    });
   }
 
   using PieceDone = std::function<void(beast::error_code, std::string_view, bool)>;
@@ -546,7 +577,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t readable_bytes(std::uint64_t at_least = UINT64_MAX) {
     if (buffer_.size() >= at_least) return buffer_.size();
     beast::error_code ec;
-    return buffer_.size() + stream_.socket().available(ec);
+    return buffer_.size() + socket_.available(ec);
   }
 
   // Runs `then` once `bytes` can be read without waiting (or the socket
@@ -560,15 +591,15 @@ class Session : public std::enable_shared_from_this<Session> {
     // while fewer bytes than wanted sit unread.
     set_low_water(bytes - buffer_.size());
     const std::uint64_t wait = begin_client_wait(/*timed=*/true);
-    stream_.socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), bytes, before,
-                                                         then, wait](beast::error_code ec) {
+    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this(), bytes, before, then,
+                                                wait](beast::error_code ec) {
       self->set_low_water(1);
       const std::uint64_t now = self->readable_bytes();
       const std::uint64_t came = now > before ? now - before : 0;
       self->counted_ahead_ += came;  // counted now, not again when read
       if (!self->end_client_wait(wait, came)) return;
       // Cancelled by the pace timer with the window's bytes there: wait on.
-      if (ec == net::error::operation_aborted && self->stream_.socket().is_open()) {
+      if (ec == net::error::operation_aborted && self->socket_.is_open()) {
         return self->when_readable(bytes, then);
       }
       if (ec) return then(ec);
@@ -584,8 +615,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool peer_finished() {
     tcp_info info{};
     socklen_t length = sizeof info;
-    if (::getsockopt(stream_.socket().native_handle(), IPPROTO_TCP, TCP_INFO, &info, &length) !=
-        0) {
+    if (::getsockopt(socket_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &length) != 0) {
       return true;
     }
     return info.tcpi_state != TCP_ESTABLISHED;
@@ -593,7 +623,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void set_low_water(std::uint64_t bytes) {
     beast::error_code ec;
-    stream_.socket().set_option(
+    socket_.set_option(
         net::socket_base::receive_low_watermark(static_cast<int>(
             std::min<std::uint64_t>(std::max<std::uint64_t>(bytes, 1), Server::kBodyChunkBytes))),
         ec);
@@ -604,21 +634,26 @@ class Session : public std::enable_shared_from_this<Session> {
       auto& body = self->parser_->get().body();
       body.data = self->chunk_.get();
       body.size = self->chunk_size_;
-      self->stream_.expires_after(kIdleTimeout);
-      // Bytes are there to read (read_piece waited for them): timed by the
-      // stream's idle expiry only, which saves a timer per read.
       const std::uint64_t wait = self->begin_client_wait(/*timed=*/false);
-      http::async_read_some(
-          self->stream_, self->buffer_, *self->parser_,
-          [self, done, wait](beast::error_code ec, std::size_t) {
-            const std::size_t got = self->chunk_size_ - self->parser_->get().body().size;
-            const std::uint64_t counted = std::min<std::uint64_t>(got, self->counted_ahead_);
-            self->counted_ahead_ -= counted;
-            if (!self->end_client_wait(wait, got - counted)) return;
-            if (ec == http::error::need_buffer) ec = {};
-            if (ec) return done(ec, {}, false);
-            done({}, std::string_view(self->chunk_.get(), got), self->parser_->is_done());
-          });
+      if (self->buffer_.size() > 0) {
+        // Bytes that came with an earlier read (a small body comes with
+        // its header) are parsed here: no read operation, and no
+        // completion queued to run later.
+        beast::error_code ec;
+        const std::size_t used = self->parser_->put(self->buffer_.data(), ec);
+        self->buffer_.consume(used);
+        if (ec != http::error::need_more && (ec || used > 0)) {
+          return self->piece_read(ec, wait, done);
+        }
+      }
+      self->begin_io(self->server_->options.idle_timeout);
+      // Bytes are there to read (read_piece waited for them): timed by the
+      // connection's idle limit only, which saves a timer per read.
+      http::async_read_some(self->socket_, self->buffer_, *self->parser_,
+                            [self, done, wait](beast::error_code ec, std::size_t) {
+                              self->end_io();
+                              self->piece_read(ec, wait, done);
+                            });
     };
     // A buffer the size of the body, between kSmallChunkBytes and
     // kBodyChunkBytes, not zeroed. Its bytes are reserved first: while the
@@ -638,6 +673,17 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // A read into chunk_ for wait `wait` ended: `done` with the piece.
+  void piece_read(beast::error_code ec, std::uint64_t wait, const PieceDone& done) {
+    const std::size_t got = chunk_size_ - parser_->get().body().size;
+    const std::uint64_t counted = std::min<std::uint64_t>(got, counted_ahead_);
+    counted_ahead_ -= counted;
+    if (!end_client_wait(wait, got - counted)) return;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) return done(ec, {}, false);
+    done({}, std::string_view(chunk_.get(), got), parser_->is_done());
+  }
+
   void drop_chunk() {
     chunk_.reset();
     chunk_size_ = 0;
@@ -649,7 +695,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // window must bring min_body_rate bytes a second; a request that falls
   // behind is answered 408 and its connection closed. Time the server makes
   // the client wait (for room in a pool or an appender queue) does not
-  // count. Without a minimum rate, a wait ends after kIdleTimeout. Only a
+  // count. Without a minimum rate, a wait ends after options.idle_timeout. Only a
   // `timed` wait (one for bytes not yet there) arms the pace timer; every
   // wait counts toward the window. Returns the wait's id for
   // end_client_wait.
@@ -658,7 +704,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::uint64_t id = ++client_wait_;
     waiting_on_client_ = true;
     client_wait_started_ = Clock::now();
-    Clock::duration deadline = kIdleTimeout;
+    Clock::duration deadline = options.idle_timeout;
     if (options.min_body_rate > 0) {
       if (window_bytes_ >= body_quota()) {  // the window is met: a new one
         window_waited_ = {};
@@ -675,7 +721,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // that holds a whole body's reservation: once others wait for the
   // requests pool it gives the reservation up (503).
   void arm_pace_timer(std::uint64_t id, Clock::time_point deadline) {
-    if (!pace_timer_) pace_timer_.emplace(stream_.get_executor());
+    if (!pace_timer_) pace_timer_.emplace(socket_.get_executor());
     const Clock::time_point at =
         reserved_ ? std::min(deadline, Clock::now() + kEvictIdleHolderAfter) : deadline;
     pace_timer_->expires_at(at);
@@ -690,7 +736,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->wait_expired_ = true;
       beast::error_code ignored;
-      self->stream_.socket().cancel(ignored);
+      self->socket_.cancel(ignored);
     });
   }
 
@@ -756,7 +802,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (auto lease = server_->requests->try_reserve(bytes)) return then(std::move(*lease));
     const std::uint64_t id = ++reservation_;
     if (!group_lease_.empty() || !carry_lease_.empty()) {
-      if (!hold_timer_) hold_timer_.emplace(stream_.get_executor());
+      if (!hold_timer_) hold_timer_.emplace(socket_.get_executor());
       hold_timer_->expires_after(kHoldingWait);
       hold_timer_->async_wait([self = shared_from_this(), id](beast::error_code ec) {
         if (ec || id != self->reservation_) return;
@@ -772,7 +818,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     server_->requests->reserve_async(bytes, [self = shared_from_this(), then = std::move(then),
                                              id](Result<Lease> lease) mutable {
-      net::post(self->stream_.get_executor(),
+      net::post(self->socket_.get_executor(),
                 [self, then, id, lease = std::make_shared<Result<Lease>>(std::move(lease))] {
                   if (id != self->reservation_) return;  // gave up: dropped
                   ++self->reservation_;
@@ -961,7 +1007,7 @@ class Session : public std::enable_shared_from_this<Session> {
     net::post(server_->workers, [self = shared_from_this(), work = std::move(work),
                                  then = std::move(then)]() mutable {
       auto result = std::make_shared<Result<T>>(work());
-      net::post(self->stream_.get_executor(),
+      net::post(self->socket_.get_executor(),
                 [self, result, then = std::move(then)] { then(std::move(*result)); });
     });
   }
@@ -1515,7 +1561,7 @@ class Session : public std::enable_shared_from_this<Session> {
       if (token.error().is(ErrorKind::kFull)) {
         // Offered again once the queue has room (the group is intact).
         return appender_->pool()->when_available([self = shared_from_this()] {
-          net::post(self->stream_.get_executor(), [self] { self->enqueue_group(); });
+          net::post(self->socket_.get_executor(), [self] { self->enqueue_group(); });
         });
       }
       if (token.error().is(ErrorKind::kTooLarge)) return atomic_too_large();
@@ -1532,7 +1578,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void wait_for_appender() {
     appender_->pool()->when_available([self = shared_from_this()] {
-      net::post(self->stream_.get_executor(), [self] { self->process_managed(); });
+      net::post(self->socket_.get_executor(), [self] { self->process_managed(); });
     });
   }
 
@@ -1561,7 +1607,7 @@ class Session : public std::enable_shared_from_this<Session> {
     last_token_->on_complete([self = shared_from_this(), answer](const Result<Time>& r) {
       std::optional<Error> e;
       if (!r) e = r.error();
-      net::post(self->stream_.get_executor(), [answer, e] { answer(e); });
+      net::post(self->socket_.get_executor(), [answer, e] { answer(e); });
     });
   }
 
@@ -1597,7 +1643,7 @@ class Session : public std::enable_shared_from_this<Session> {
     last_token_->on_complete([self = shared_from_this(), started](const Result<Time>& r) {
       self->server_->metrics.commit_latency().observe(
           std::chrono::duration<double>(Clock::now() - started).count());
-      net::post(self->stream_.get_executor(), [self, r] {
+      net::post(self->socket_.get_executor(), [self, r] {
         if (!r) {
           std::string body = "{\"error\":";
           append_json_string(&body, r.error().message);
@@ -1968,9 +2014,10 @@ class Session : public std::enable_shared_from_this<Session> {
     out_res_->body().more = true;
     out_sr_.emplace(*out_res_);
     server_->metrics.count_request(route_, 200);
-    stream_.expires_after(kIdleTimeout);
+    begin_io(server_->options.idle_timeout);
     http::async_write_header(
-        stream_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
+        socket_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
+          self->end_io();
           if (ec) return self->close();
           self->out_lease_ = self->server_->reads->force_reserve(Server::kStreamChunkBytes);
           self->watch_peer();
@@ -2003,7 +2050,7 @@ class Session : public std::enable_shared_from_this<Session> {
           if (self->out_data_.empty()) {
             if (!*more) return self->end_stream();
             auto timer =
-                std::make_shared<net::steady_timer>(self->stream_.get_executor(), kListenRetry);
+                std::make_shared<net::steady_timer>(self->socket_.get_executor(), kListenRetry);
             return timer->async_wait(
                 [self, fill, timer](beast::error_code) { self->next_chunk(fill); });
           }
@@ -2027,9 +2074,10 @@ class Session : public std::enable_shared_from_this<Session> {
     out_res_->body().data = out_data_.data();
     out_res_->body().size = out_data_.size();
     out_res_->body().more = true;
-    stream_.expires_after(kIdleTimeout);
-    http::async_write(stream_, *out_sr_,
+    begin_io(server_->options.idle_timeout);
+    http::async_write(socket_, *out_sr_,
                       [self = shared_from_this(), fill, more](beast::error_code ec, std::size_t) {
+                        self->end_io();
                         if (ec == http::error::need_buffer) ec = {};
                         if (ec) return self->close();
                         if (!more) return self->end_stream();
@@ -2040,8 +2088,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_stream() {
     out_res_->body().data = nullptr;
     out_res_->body().more = false;
-    http::async_write(stream_, *out_sr_,
+    begin_io(server_->options.idle_timeout);
+    http::async_write(socket_, *out_sr_,
                       [self = shared_from_this()](beast::error_code, std::size_t) {
+                        self->end_io();
                         self->out_lease_.release();
                         self->close();
                       });
@@ -2062,41 +2112,59 @@ class Session : public std::enable_shared_from_this<Session> {
     const bool keep = keep_alive_ && parser_ && parser_->is_done() && !server_->stopping;
     const unsigned version = parser_ ? parser_->get().version() : 11;
     const auto reason = http::obsolete_reason(static_cast<http::status>(status));
-    auto text = std::make_shared<std::string>();
-    text->reserve(128 + body.size());
-    text->append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
-    text->append(std::to_string(status));
-    text->push_back(' ');
-    text->append(reason.data(), reason.size());
-    text->append("\r\nContent-Type: ");
-    text->append(content_type);
-    text->append("\r\nContent-Length: ");
-    text->append(std::to_string(body.size()));
+    std::string text;
+    text.reserve(128 + body.size());
+    text.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+    text.append(std::to_string(status));
+    text.push_back(' ');
+    text.append(reason.data(), reason.size());
+    text.append("\r\nContent-Type: ");
+    text.append(content_type);
+    text.append("\r\nContent-Length: ");
+    text.append(std::to_string(body.size()));
     if (!keep) {
-      text->append("\r\nConnection: close");
+      text.append("\r\nConnection: close");
     } else if (version == 10) {
-      text->append("\r\nConnection: keep-alive");
+      text.append("\r\nConnection: keep-alive");
     }
-    text->append("\r\n\r\n");
-    text->append(body);
-    stream_.expires_after(kIdleTimeout);
-    net::async_write(stream_, net::buffer(*text),
-                     [self = shared_from_this(), text, keep](beast::error_code ec, std::size_t) {
-                       self->end_request();
-                       if (!ec && !keep && self->parser_ && !self->parser_->is_done()) {
-                         return self->linger();
-                       }
-                       if (ec || !keep) return self->close();
-                       self->read_header();
+    text.append("\r\n\r\n");
+    text.append(body);
+    // Written at once where the socket takes it all (a small answer, a
+    // client that reads): no write operation, no completion to run later.
+    beast::error_code ec;
+    const std::size_t sent = socket_.write_some(net::buffer(text), ec);
+    if (ec != net::error::would_block && (ec || sent == text.size())) return responded(ec, keep);
+    if (ec) ec = {};
+    auto rest = std::make_shared<std::string>(std::move(text));
+    rest->erase(0, sent);
+    begin_io(server_->options.idle_timeout);
+    net::async_write(socket_, net::buffer(*rest),
+                     [self = shared_from_this(), rest, keep](beast::error_code ec, std::size_t) {
+                       self->end_io();
+                       self->responded(ec, keep);
                      });
+  }
+
+  // The answer is written (or writing it failed: `ec`).
+  void responded(beast::error_code ec, bool keep) {
+    end_request();
+    if (!ec && !keep && parser_ && !parser_->is_done()) return linger();
+    if (ec || !keep) return close();
+    // A pipelined request already read is parsed on a fresh stack: a
+    // client sending many at once must not nest one answer in the next.
+    if (buffer_.size() > 0) {
+      return net::post(socket_.get_executor(),
+                       [self = shared_from_this()] { self->read_header(); });
+    }
+    read_header();
   }
 
   void close() {
     end_request();
     release_body();
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    stream_.socket().cancel(ec);  // the peer watch, if any
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    socket_.cancel(ec);  // the peer watch, if any
   }
 
   // After answering a request whose body was not read (a 413 for a body
@@ -2109,12 +2177,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void linger() {
     release_body();
     beast::error_code ec;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-    stream_.expires_after(kLingerTime);
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    begin_io(kLingerTime);  // for the whole drain, not each read
     drain(std::make_shared<std::array<char, kLingerBufferBytes>>());
   }
   void drain(std::shared_ptr<std::array<char, kLingerBufferBytes>> buffer) {
-    stream_.async_read_some(net::buffer(*buffer),
+    socket_.async_read_some(net::buffer(*buffer),
                             [self = shared_from_this(), buffer](beast::error_code ec, std::size_t) {
                               if (ec) return self->close();
                               self->drain(buffer);
@@ -2136,24 +2204,67 @@ class Session : public std::enable_shared_from_this<Session> {
   // writes nothing, so no write would fail. (A stream ends its connection,
   // so bytes the client sends are never read; the watch then stops.)
   void watch_peer() {
-    stream_.socket().async_wait(
-        tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-          if (ec == net::error::operation_aborted) return;
-          auto& socket = self->stream_.socket();
-          beast::error_code peek_ec;
-          socket.non_blocking(true, peek_ec);
-          char byte;
-          const std::size_t n = ec || peek_ec ? 0
-                                              : socket.receive(net::buffer(&byte, 1),
-                                                               tcp::socket::message_peek, peek_ec);
-          if (peek_ec == net::error::would_block) return self->watch_peer();
-          if (ec || peek_ec || n == 0) self->peer_gone_ = true;
-        });
+    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
+      if (ec == net::error::operation_aborted) return;
+      auto& socket = self->socket_;
+      beast::error_code peek_ec;
+      socket.non_blocking(true, peek_ec);
+      char byte;
+      const std::size_t n =
+          ec || peek_ec ? 0
+                        : socket.receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
+      if (peek_ec == net::error::would_block) return self->watch_peer();
+      if (ec || peek_ec || n == 0) self->peer_gone_ = true;
+    });
+  }
+
+  // --- the connection's time limit ------------------------------------------
+
+  // An operation on the socket that waits on the client (reading a header
+  // or body bytes, writing an answer or a stream's chunk) must end within
+  // `limit`, or the connection is closed. One timer per connection, armed
+  // lazily: starting an operation only moves io_deadline_; the timer, when
+  // it fires, closes the socket if the operation pending is past its
+  // deadline, and otherwise sleeps until the current one. (Beast's
+  // basic_stream armed and cancelled a timer per operation: two changes
+  // to the timer queue and a cancelled handler run through the strand for
+  // every read and write.) Waits on the client's pace have their own timer
+  // (begin_client_wait).
+  void begin_io(Clock::duration limit) {
+    io_deadline_ = Clock::now() + limit;
+    io_pending_ = true;
+    if (!io_timer_armed_ || io_timer_.expiry() > io_deadline_) arm_io_timer();
+  }
+  void end_io() { io_pending_ = false; }
+  // Another operation toward the same deadline.
+  void continue_io() {
+    io_pending_ = true;
+    if (!io_timer_armed_) arm_io_timer();
+  }
+
+  void arm_io_timer() {
+    io_timer_armed_ = true;
+    io_timer_.expires_at(io_deadline_);  // a wait pending ends, aborted
+    // A weak reference: an idle connection's timer must not keep it.
+    io_timer_.async_wait([weak = weak_from_this(), armed = ++io_timer_arms_](beast::error_code) {
+      auto self = weak.lock();
+      if (!self || armed != self->io_timer_arms_) return;  // gone, or armed again since
+      self->io_timer_armed_ = false;
+      if (!self->io_pending_) return;  // the next operation arms it
+      if (Clock::now() < self->io_deadline_) return self->arm_io_timer();
+      beast::error_code ignored;
+      self->socket_.close(ignored);  // the operation ends, aborted
+    });
   }
 
   // A concrete strand, not asio's type-erased executor: copying that one
   // costs an allocation or reference counts on every operation.
-  beast::basic_stream<tcp, Strand> stream_;
+  StrandSocket socket_;
+  StrandTimer io_timer_;
+  bool io_timer_armed_ = false;
+  bool io_pending_ = false;
+  std::uint64_t io_timer_arms_ = 0;
+  Clock::time_point io_deadline_;
   Server::Impl* server_;
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;

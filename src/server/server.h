@@ -85,6 +85,11 @@ struct ServerOptions {
   // for its client's bytes holds no buffer from the requests pool.
   std::uint64_t min_body_rate = 1024;
   std::chrono::milliseconds body_rate_window{10'000};
+  // A read or write that waits on the client (the next request's header,
+  // body bytes that are on their way, an answer or a stream's chunk the
+  // client does not take) closes the connection after this long. Time the
+  // server spends (a commit, a stream with nothing to send) never counts.
+  std::chrono::milliseconds idle_timeout{60'000};
   // A shard's appender, explicit-append writer and open shard handle that
   // no request has used for this long (and that hold no record) are
   // closed, so idle shards cost no threads, no lease heartbeats and no

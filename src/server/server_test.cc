@@ -1657,6 +1657,94 @@ TEST_F(ServerTest, AnIdleListenWhoseClientLeftIsForgotten) {
   EXPECT_EQ(in_flight, 1);
 }
 
+// Delays every compare_and_set by `delay` (0: none).
+class SlowConsensus final : public testing::ForwardingConsensus {
+ public:
+  using ForwardingConsensus::ForwardingConsensus;
+  std::atomic<int> delay_ms{0};
+  std::atomic<int> delayed{0};
+
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    if (const int ms = delay_ms.load(); ms > 0) {
+      ++delayed;
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
+  }
+};
+
+// idle_timeout bounds each wait on the client, and only those: a client
+// that stops mid-header, or keeps a connection open with nothing more to
+// ask, is let go; a commit slower than the limit, or a listen with nothing
+// to send for longer, keeps its connection.
+TEST_F(ServerTest, OnlyWaitsOnTheClientAreCutAfterIdleTimeout) {
+  options_.idle_timeout = std::chrono::milliseconds(300);
+  std::shared_ptr<SlowConsensus> slow;
+  wrap_consensus_ = [&](std::shared_ptr<Consensus> inner) {
+    slow = std::make_shared<SlowConsensus>(std::move(inner));
+    return slow;
+  };
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  net::io_context ioc;
+  auto closed_after = [&](tcp::socket& socket) {
+    const auto started = Clock::now();
+    auto [answer, ec] = read_until_closed(socket);
+    EXPECT_EQ(ec, net::error::eof) << "not closed by the server";
+    return std::pair{answer, Clock::now() - started};
+  };
+
+  // Half a header, then nothing.
+  tcp::socket partial = send_raw(ioc, "GET /healthz HTTP/1.1\r\nHo");
+  auto [nothing, waited] = closed_after(partial);
+  EXPECT_EQ(nothing, "");
+  EXPECT_GE(waited, std::chrono::milliseconds(250));
+  EXPECT_LT(waited, std::chrono::seconds(5));
+
+  // A header trickled a byte at a time: the limit is for the whole header.
+  tcp::socket trickle = send_raw(ioc, "GET /healthz HTTP/1.1\r\nX-Slow: ");
+  const auto trickling = Clock::now();
+  boost::system::error_code refused;
+  while (!refused && Clock::now() - trickling < std::chrono::seconds(5)) {
+    net::write(trickle, net::buffer("a", 1), refused);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(refused) << "a trickled header kept its connection for 5 s";
+  EXPECT_LT(Clock::now() - trickling, std::chrono::seconds(2));
+
+  // A keep-alive connection after its answer.
+  tcp::socket kept = send_raw(ioc, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto [answer, idle] = closed_after(kept);
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 200")) << answer;
+  EXPECT_GE(idle, std::chrono::milliseconds(250));
+  EXPECT_LT(idle, std::chrono::seconds(5));
+
+  // A listen on a quiet shard writes nothing for three limits, then the
+  // next append.
+  tcp::socket listen = send_raw(ioc, "GET /v1/shards/s/listen?from=0 HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::string stream;
+  net::read_until(listen, net::dynamic_buffer(stream), "\r\n\r\n");
+  ASSERT_TRUE(stream.starts_with("HTTP/1.1 200")) << stream;
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+
+  // A commit three times slower than the limit is answered.
+  slow->delay_ms = 900;
+  Reply appended = post("/v1/shards/s/append", "{\"key\": \"late\", \"value\": 1}\n");
+  slow->delay_ms = 0;
+  EXPECT_EQ(appended.status, 200u) << appended.body;
+  EXPECT_GT(slow->delayed.load(), 0);
+
+  const timeval limit{10, 0};
+  ::setsockopt(listen.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  boost::system::error_code ec;
+  while (stream.find("late") == std::string::npos && !ec) {
+    char buffer[4096];
+    stream.append(buffer, listen.read_some(net::buffer(buffer), ec));
+  }
+  EXPECT_NE(stream.find("\"late\""), std::string::npos) << ec.message() << "\n" << stream;
+}
+
 TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "a"})").status, 201u);
