@@ -511,10 +511,10 @@ class Session : public std::enable_shared_from_this<Session> {
     parse_header();
   }
 
-  // Parses the header from buffer_, reading more once the socket has some.
-  // The read waits for readiness first: after an answer the client's next
-  // request is not there yet, and a read tried at once would find the
-  // socket empty (a syscall per request for nothing).
+  // Parses the header from buffer_, reading more from the socket until it
+  // is whole. (A read, which asio tries at once, not a wait for
+  // readability first: a wait only notices bytes that come after it
+  // starts, so a request sent just before it would go unnoticed.)
   void parse_header() {
     beast::error_code ec;
     while (buffer_.size() > 0 && !parser_->is_header_done()) {
@@ -532,19 +532,17 @@ class Session : public std::enable_shared_from_this<Session> {
       end_io();
       return on_header();
     }
+    // The buffer is never full here: the header limit is met first.
+    const std::size_t room = beast::read_size(buffer_, 65536);
+    if (room == 0) return close();
     continue_io();
-    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
-      self->end_io();
-      if (ec) return self->close();
-      // The buffer is never full here: the header limit is met first.
-      const std::size_t room = beast::read_size(self->buffer_, 65536);
-      if (room == 0) return self->close();
-      const std::size_t n = self->socket_.read_some(self->buffer_.prepare(room), ec);
-      if (ec == net::error::would_block) return self->parse_header();  // woken early
-      if (ec) return self->close();  // the client left (between requests, or mid-header)
-      self->buffer_.commit(n);
-      self->parse_header();
-    });
+    socket_.async_read_some(
+        buffer_.prepare(room), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+          self->end_io();
+          if (ec) return self->close();  // the client left (between requests, or mid-header)
+          self->buffer_.commit(n);
+          self->parse_header();
+        });
   }
 
   using PieceDone = std::function<void(beast::error_code, std::string_view, bool)>;
@@ -609,6 +607,14 @@ class Session : public std::enable_shared_from_this<Session> {
       if (self->peer_finished()) return then(net::error::eof);
       self->when_readable(bytes, then);
     });
+    // A wait notices only bytes that come after it starts (asio tries a
+    // read at once, never a wait), so bytes that came since the look above
+    // would wait for the pace timer: look again, and end the wait if they
+    // are there (its handler, aborted, looks once more).
+    if (readable_bytes(bytes) >= bytes) {
+      beast::error_code ignored;
+      socket_.cancel(ignored);
+    }
   }
 
   // The client has closed its sending side (or the connection is gone).
@@ -2216,6 +2222,13 @@ class Session : public std::enable_shared_from_this<Session> {
       if (peek_ec == net::error::would_block) return self->watch_peer();
       if (ec || peek_ec || n == 0) self->peer_gone_ = true;
     });
+    // The wait notices only what comes after it starts: a client gone
+    // just before is seen here.
+    beast::error_code peek_ec;
+    char byte;
+    const std::size_t n =
+        socket_.receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
+    if (peek_ec != net::error::would_block && (peek_ec || n == 0)) peer_gone_ = true;
   }
 
   // --- the connection's time limit ------------------------------------------
