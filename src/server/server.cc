@@ -518,9 +518,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void parse_header() {
     beast::error_code ec;
     while (buffer_.size() > 0 && !parser_->is_header_done()) {
-      const std::size_t used = parser_->put(buffer_.data(), ec);
-      buffer_.consume(used);
-      if (ec || used == 0) break;  // need_more: read on
+      if (parse_buffered(ec) == 0 || ec) break;  // need_more: read on
     }
     if (ec == http::error::header_limit) {
       keep_alive_ = false;
@@ -543,6 +541,13 @@ class Session : public std::enable_shared_from_this<Session> {
           self->buffer_.commit(n);
           self->parse_header();
         });
+  }
+
+  // Feeds the parser what buffer_ holds; returns the bytes it took.
+  std::size_t parse_buffered(beast::error_code& ec) {
+    const std::size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    return used;
   }
 
   using PieceDone = std::function<void(beast::error_code, std::string_view, bool)>;
@@ -646,8 +651,7 @@ class Session : public std::enable_shared_from_this<Session> {
         // its header) are parsed here: no read operation, and no
         // completion queued to run later.
         beast::error_code ec;
-        const std::size_t used = self->parser_->put(self->buffer_.data(), ec);
-        self->buffer_.consume(used);
+        const std::size_t used = self->parse_buffered(ec);
         if (ec != http::error::need_more && (ec || used > 0)) {
           return self->piece_read(ec, wait, done);
         }
@@ -2212,23 +2216,24 @@ class Session : public std::enable_shared_from_this<Session> {
   void watch_peer() {
     socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](beast::error_code ec) {
       if (ec == net::error::operation_aborted) return;
-      auto& socket = self->socket_;
-      beast::error_code peek_ec;
-      socket.non_blocking(true, peek_ec);
-      char byte;
-      const std::size_t n =
-          ec || peek_ec ? 0
-                        : socket.receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
-      if (peek_ec == net::error::would_block) return self->watch_peer();
-      if (ec || peek_ec || n == 0) self->peer_gone_ = true;
+      const Peer peer = ec ? Peer::kGone : self->peek_peer();
+      if (peer == Peer::kQuiet) return self->watch_peer();
+      if (peer == Peer::kGone) self->peer_gone_ = true;
     });
     // The wait notices only what comes after it starts: a client gone
     // just before is seen here.
-    beast::error_code peek_ec;
+    if (peek_peer() == Peer::kGone) peer_gone_ = true;
+  }
+
+  // What the client's side shows without waiting (the socket is
+  // non-blocking): nothing yet, bytes it sent, or its end.
+  enum class Peer : std::uint8_t { kQuiet, kSent, kGone };
+  Peer peek_peer() {
+    beast::error_code ec;
     char byte;
-    const std::size_t n =
-        socket_.receive(net::buffer(&byte, 1), tcp::socket::message_peek, peek_ec);
-    if (peek_ec != net::error::would_block && (peek_ec || n == 0)) peer_gone_ = true;
+    const std::size_t n = socket_.receive(net::buffer(&byte, 1), tcp::socket::message_peek, ec);
+    if (ec == net::error::would_block) return Peer::kQuiet;
+    return ec || n == 0 ? Peer::kGone : Peer::kSent;
   }
 
   // --- the connection's time limit ------------------------------------------

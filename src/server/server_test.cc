@@ -1657,32 +1657,15 @@ TEST_F(ServerTest, AnIdleListenWhoseClientLeftIsForgotten) {
   EXPECT_EQ(in_flight, 1);
 }
 
-// Delays every compare_and_set by `delay` (0: none).
-class SlowConsensus final : public testing::ForwardingConsensus {
- public:
-  using ForwardingConsensus::ForwardingConsensus;
-  std::atomic<int> delay_ms{0};
-  std::atomic<int> delayed{0};
-
-  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
-                                     VersionedData next) override {
-    if (const int ms = delay_ms.load(); ms > 0) {
-      ++delayed;
-      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
-    }
-    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
-  }
-};
-
 // idle_timeout bounds each wait on the client, and only those: a client
 // that stops mid-header, or keeps a connection open with nothing more to
 // ask, is let go; a commit slower than the limit, or a listen with nothing
 // to send for longer, keeps its connection.
 TEST_F(ServerTest, OnlyWaitsOnTheClientAreCutAfterIdleTimeout) {
   options_.idle_timeout = std::chrono::milliseconds(300);
-  std::shared_ptr<SlowConsensus> slow;
+  std::shared_ptr<FaultyConsensus> slow;
   wrap_consensus_ = [&](std::shared_ptr<Consensus> inner) {
-    slow = std::make_shared<SlowConsensus>(std::move(inner));
+    slow = std::make_shared<FaultyConsensus>(std::move(inner));
     return slow;
   };
   ASSERT_NO_FATAL_FAILURE(start());
@@ -1729,11 +1712,13 @@ TEST_F(ServerTest, OnlyWaitsOnTheClientAreCutAfterIdleTimeout) {
   std::this_thread::sleep_for(std::chrono::milliseconds(900));
 
   // A commit three times slower than the limit is answered.
-  slow->delay_ms = 900;
+  slow->set_config(FaultConfig{std::chrono::milliseconds(900)});
+  const auto appending = Clock::now();
   Reply appended = post("/v1/shards/s/append", "{\"key\": \"late\", \"value\": 1}\n");
-  slow->delay_ms = 0;
+  const auto took = Clock::now() - appending;
+  slow->set_config(FaultConfig{});
   EXPECT_EQ(appended.status, 200u) << appended.body;
-  EXPECT_GT(slow->delayed.load(), 0);
+  EXPECT_GE(took, std::chrono::milliseconds(900));
 
   const timeval limit{10, 0};
   ::setsockopt(listen.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
