@@ -51,7 +51,8 @@
 //
 // Thread-safety: Appender is safe for concurrent use. An AppendSender is
 // move-only and used by one producer thread at a time; each producer takes
-// its own sender. Token callbacks run on the appenders' pool: they must
+// its own sender. Token callbacks run on the appenders' pool (or on a
+// thread committing here, AppendSender::set_commit_here): they must
 // not block for long, nor drop the last reference to the appender (its
 // destructor waits for its committer, which would be waiting for itself).
 #pragma once
@@ -132,8 +133,9 @@ class CommitToken {
   Result<Time> wait() const;
   // The outcome if there is one yet.
   std::optional<Result<Time>> poll() const;
-  // Runs `done` once with the outcome: at once if it is known, else on the
-  // appenders' pool when it is.
+  // Runs `done` once with the outcome: at once if it is known, else when it
+  // is, on the thread that resolves it (the appenders' pool, or a sender's
+  // thread committing here: AppendSender::set_commit_here).
   void on_complete(std::function<void(const Result<Time>&)> done) const;
 
  private:
@@ -172,6 +174,19 @@ class AppendSender {
   // Blocks until the queue has room (or the appender closes).
   void wait_for_capacity();
 
+  // Commit here: when this sender queues records of at most 4 KiB (keys
+  // and values) on an idle appender (nothing queued, building or
+  // committing), the calling thread builds their batch and makes the
+  // commit's first attempt itself before the enqueue returns, so the token
+  // is usually resolved on return: no thread hop to the commit and none
+  // back. The call then blocks for one consensus write (a sync on the
+  // embedded default; a round trip to PostgreSQL); a commit that must first
+  // wait for compaction, a failed attempt and anything queued meanwhile go
+  // on on the appenders' pool. Token callbacks (of these records and of
+  // others committed with them) may then run on the calling thread inside
+  // the enqueue: it must hold no lock they take. Off by default.
+  void set_commit_here(bool on) { commit_here_ = on; }
+
   // A producer's sender: the sequence number its next record gets, and how
   // many of its records were found committed already (not appended again).
   std::uint64_t next_sequence() const { return next_sequence_; }
@@ -186,6 +201,7 @@ class AppendSender {
   std::shared_ptr<Appender> appender_;
   std::shared_ptr<ProducerTag> producer_;  // null: no producer
   std::uint64_t next_sequence_ = 0;
+  bool commit_here_ = false;
 };
 
 struct AppenderStats {

@@ -161,6 +161,9 @@ class WriteHandle {
   static constexpr std::chrono::milliseconds kStallPoll{10};
   static constexpr std::chrono::milliseconds kStallMaxWait{10'000};
   std::chrono::milliseconds wait_for_compaction(const std::function<bool()>& stop = {});
+  // Whether wait_for_compaction would wait now (as far as this process
+  // knows the shard); never blocks.
+  bool compaction_behind() const;
 
  private:
   friend class Shard;

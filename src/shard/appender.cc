@@ -12,7 +12,10 @@
 // order. A small batch (kBuildHereMaxBytes) is built on the builder's own
 // thread, and the builder runs the committer there too when it is idle
 // (SerialTask::run_here): one thread hop from the request to its commit
-// instead of three.
+// instead of three. A sender set to commit here (AppendSender::
+// set_commit_here) goes further on an idle appender: its own thread builds
+// and commits the batch, no hop at all, and hands whatever cannot be done in
+// one attempt to the pool (a Handoff).
 #include "tidemark/appender.h"
 
 #include <algorithm>
@@ -45,6 +48,27 @@ constexpr std::size_t kMaxBuiltBatches = 16;
 constexpr std::uint64_t kBuildHereMaxBytes = 4096;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
+// The appender whose builder (and committer) a producer's thread is running
+// for its own records (AppendSender::set_commit_here), or null.
+thread_local const void* committing_here = nullptr;
+// The appender whose committer runs inside its builder's run on this thread
+// (the builder looks again when it returns: no need to notify it).
+thread_local const void* committer_in_builder = nullptr;
+
+// Sets a thread_local pointer for a scope, restoring the one before (an
+// appender's token callback may enqueue into another appender).
+class ScopedMark {
+ public:
+  ScopedMark(const void** mark, const void* value) : mark_(mark), before_(*mark) { *mark = value; }
+  ~ScopedMark() { *mark_ = before_; }
+  ScopedMark(const ScopedMark&) = delete;
+  ScopedMark& operator=(const ScopedMark&) = delete;
+
+ private:
+  const void** mark_;
+  const void* before_;
+};
+
 // Commits in a row that met producer records another process committed
 // meanwhile, before the appender gives up (each one drops those records,
 // so this is a livelock guard, not a retry budget).
@@ -125,6 +149,33 @@ struct Appender::Impl {
     std::optional<Batch> batch;
     std::future<Status> upload;  // the batch's first build, running
   };
+  // A failed attempt, left for the next one to look at.
+  struct Failed {
+    Error error;
+    std::string writer;  // the writer id that made the attempt
+  };
+  // A commit's progress across its attempts: what a retry must keep.
+  struct Attempts {
+    explicit Attempts(const RetryPolicy& retry) : failures_in_a_row(retry) {}
+    // The idempotency token of every attempt: a retry after an
+    // indeterminate one finds its batches committed, or commits them.
+    std::string token = random_id();
+    Backoff failures_in_a_row;
+    bool waited_for_compaction = false;
+    // After an indeterminate attempt the batches stay as they were.
+    bool maybe_committed = false;
+    // The writer that made the attempt that may have landed: only its
+    // record of its last token can tell whether it did.
+    std::string uncertain_writer;
+    bool fresh_producers = false;
+    int sequence_conflicts = 0;
+    std::optional<Failed> failed;  // the last attempt's, not yet handled
+  };
+  // A commit a producer's thread started and the pool goes on with.
+  struct Handoff {
+    std::vector<Built> group;
+    Attempts attempts;
+  };
   struct Canary {
     std::uint64_t from = 0;      // failures of records in [from, boundary)
     std::uint64_t boundary = 0;  // resolves once every seq < boundary is done
@@ -160,6 +211,7 @@ struct Appender::Impl {
   bool linger_armed = false;               // GUARDED_BY(mu): a linger timer is pending
   std::optional<Timers::Id> linger_timer;  // GUARDED_BY(mu): the latest one
   bool committing = false;                 // GUARDED_BY(mu): the committer holds batches
+  std::optional<Handoff> handoff;          // GUARDED_BY(mu): set while committing
   std::optional<Error> fatal;              // GUARDED_BY(mu)
   AppenderStats stats;                     // GUARDED_BY(mu)
   // Run on WorkPool::appenders() when there is work: an appender waiting
@@ -211,13 +263,18 @@ struct Appender::Impl {
   // Queues records already charged to `lease`; fails if closed meanwhile.
   // A producer's records are numbered from `first_sequence`; a group's end
   // only after its last record.
+  // With `commit_here`, records of at most kBuildHereMaxBytes queued on an
+  // idle appender are built and committed by this thread before it returns
+  // (one attempt; see AppendSender::set_commit_here).
   Status push(std::span<AppendRecord> records, Lease lease,
               std::shared_ptr<CommitToken::State> token,
               const std::shared_ptr<AppendSender::ProducerTag>& producer = nullptr,
-              std::uint64_t first_sequence = 0, bool group = false) {
+              std::uint64_t first_sequence = 0, bool group = false, bool commit_here = false) {
     std::vector<Record> staged;
     staged.reserve(records.size());
+    std::uint64_t bytes = 0;
     for (AppendRecord& r : records) {
+      bytes += r.key.size() + r.value.size();
       Record record;
       const bool last = &r == &records.back();
       const bool with_token = token && last;
@@ -231,7 +288,7 @@ struct Appender::Impl {
       staged.push_back(std::move(record));
     }
     if (!staged.empty()) staged.back().token = std::move(token);
-    bool wake = false;
+    bool wake = false, here = false;
     {
       std::lock_guard lock(mu);
       if (closing) {
@@ -249,8 +306,16 @@ struct Appender::Impl {
       // The builder waits for the first record, or lingers until a batch
       // is full; other arrivals need not wake it.
       wake = was_empty || queue_full();
+      here =
+          commit_here && was_empty && built.empty() && !committing && bytes <= kBuildHereMaxBytes;
     }
-    if (wake) builder->notify();
+    if (here) {
+      // (As notify() when the builder is running elsewhere after all.)
+      ScopedMark mark(&committing_here, this);
+      builder->run_here();
+    } else if (wake) {
+      builder->notify();
+    }
     return {};
   }
 
@@ -306,14 +371,22 @@ struct Appender::Impl {
 
   // The builder, run when notified: cuts every batch that should be cut
   // now and starts its upload, then returns.
+  // On a producer's thread (committing_here) it cuts one batch, then leaves
+  // the rest to the pool.
   void run_builder() {
-    for (;;) {
+    const bool here = committing_here == this;
+    for (bool cut_one = false;; cut_one = true) {
       std::vector<Record> records;
       std::uint64_t bytes = 0;  // of the records' keys and values
       bool alone = false;       // the batch took every queued record, none was built before
       {
         std::unique_lock lock(mu);
         if (builder_done) return;
+        if (here && cut_one) {
+          // Records queued meanwhile notified the builder: it runs again on
+          // the pool.
+          return;
+        }
         const Cut cut = next_cut();
         if (cut == Cut::kStop) {
           builder_done = true;
@@ -370,6 +443,7 @@ struct Appender::Impl {
         // Nothing else to cut or commit: committing here delays no other
         // batch (with more queued, the builder goes on cutting while the
         // committer's thread commits).
+        ScopedMark mark(&committer_in_builder, this);
         committer->run_here();
       } else {
         committer->notify();
@@ -404,19 +478,65 @@ struct Appender::Impl {
 
   // The committer, run when notified: commits every built batch, then
   // returns. Once the builder is done (or the appender failed) it fails
-  // what is left and is done too.
+  // what is left and is done too. On a producer's thread (committing_here)
+  // it makes one attempt at one commit and leaves the rest to the pool.
   void run_committer() {
+    const bool here = committing_here == this;
+    // Inside the builder's run on this thread: the builder looks again
+    // when this returns, so it needs no notice.
+    const bool in_builder = committer_in_builder == this;
+    for (bool committed_one = false;; committed_one = true) {
+      std::vector<Built> group;
+      std::optional<Attempts> attempts;
+      {
+        std::unique_lock lock(mu);
+        if (committer_done) return;
+        if (handoff) {
+          group = std::move(handoff->group);
+          attempts.emplace(std::move(handoff->attempts));
+          handoff.reset();
+        } else if (here && committed_one) {
+          // Anything built meanwhile notified the committer: it runs again
+          // on the pool.
+          return;
+        }
+      }
+      if (!attempts) {
+        if (!take_group(&group, in_builder)) return;
+        attempts.emplace(options.retry);
+      }
+      if (!group.empty() && !commit(group, *attempts, here)) {
+        // One attempt was all this thread makes: the pool goes on with the
+        // commit (committing stays set).
+        {
+          std::lock_guard lock(mu);
+          handoff.emplace(Handoff{std::move(group), std::move(*attempts)});
+        }
+        committer->notify();
+        return;
+      }
+      {
+        std::lock_guard lock(mu);
+        committing = false;
+      }
+      if (!in_builder) builder->notify();  // an idle appender cuts its next batch at once
+    }
+  }
+
+  // Takes the batches of the next commit into `group` (empty when each
+  // failed alone), or returns false when there is nothing to commit (after
+  // failing what is built, once the builder is done or the appender failed).
+  bool take_group(std::vector<Built>* group, bool in_builder) {
     for (;;) {
       std::vector<std::shared_ptr<Built>> taken;
       {
         std::unique_lock lock(mu);
-        if (committer_done) return;
         if (fatal || (built.empty() && builder_done)) {
           lock.unlock();
           fail_built();
-          return;
+          return false;
         }
-        if (built.empty()) return;  // the builder notifies when it pushes one
+        if (built.empty()) return false;  // the builder notifies when it pushes one
         taken.push_back(std::move(built.front()));
         built.pop_front();
         committing = true;
@@ -438,8 +558,7 @@ struct Appender::Impl {
           built.pop_front();
         }
       }
-      builder->notify();  // room for the builder
-      std::vector<Built> group;
+      if (!in_builder) builder->notify();  // room for the builder
       std::optional<Error> fatal_error;
       for (auto& batch : taken) {
         Status uploaded = batch->upload.get();
@@ -448,25 +567,17 @@ struct Appender::Impl {
           finish(*batch, std::unexpected(uploaded.error()));
         } else if (!uploaded) {
           fatal_error = uploaded.error();
-          group.push_back(std::move(*batch));
+          group->push_back(std::move(*batch));
         } else {
-          group.push_back(std::move(*batch));
+          group->push_back(std::move(*batch));
         }
       }
-      if (fatal_error) {
-        set_fatal(*fatal_error, nullptr, &group);
-        {
-          std::lock_guard lock(mu);
-          committing = false;
-        }
-        continue;  // fails what is left
-      }
-      if (!group.empty()) commit(group);
-      {
-        std::lock_guard lock(mu);
-        committing = false;
-      }
-      builder->notify();  // an idle appender cuts its next batch at once
+      if (!fatal_error) return true;
+      set_fatal(*fatal_error, nullptr, group);
+      group->clear();
+      std::lock_guard lock(mu);
+      committing = false;
+      // On to fail what is left.
     }
   }
 
@@ -500,37 +611,42 @@ struct Appender::Impl {
     return batch.batch->parts().size();
   }
 
-  void commit(std::vector<Built>& group) {
-    const std::string token = random_id();
-    const auto stalled = writer->wait_for_compaction([this] {
-      std::lock_guard lock(mu);
-      return closing;
-    });
-    if (stalled.count() > 0) {
-      std::lock_guard lock(mu);
-      stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
+  // Commits `group` with `a`'s token, retrying as options.retry allows;
+  // every record ends settled. With `one_attempt` (a producer's thread) it
+  // makes at most one attempt and does not wait: it returns false, `group`
+  // and `a` ready for the next attempt, when the commit must go on
+  // elsewhere (compaction is behind, or the attempt failed).
+  bool commit(std::vector<Built>& group, Attempts& a, bool one_attempt) {
+    if (!a.waited_for_compaction) {
+      if (one_attempt && writer->compaction_behind()) return false;
+      const auto stalled = writer->wait_for_compaction([this] {
+        std::lock_guard lock(mu);
+        return closing;
+      });
+      a.waited_for_compaction = true;
+      a.failures_in_a_row = Backoff(options.retry);  // its clock starts with the first attempt
+      if (stalled.count() > 0) {
+        std::lock_guard lock(mu);
+        stats.stall_ms += static_cast<std::uint64_t>(stalled.count());
+      }
     }
     // The records are answered before the merge this commit makes due wakes
     // a compaction pass.
     DeferCompactionRequests answer_first;
-    Backoff failures_in_a_row(options.retry);
-    // After an indeterminate attempt the batches stay as they were: a retry
-    // with the same token finds them committed, or commits them.
-    bool maybe_committed = false;
-    // The writer that made the attempt that may have landed: only its
-    // record of its last token can tell whether it did.
-    std::string uncertain_writer;
-    bool fresh_producers = false;
-    int sequence_conflicts = 0;
     for (;;) {
-      if (group.empty()) return;  // every record was settled
-      if (!maybe_committed) {
-        auto filtered = filter_producers(group, fresh_producers);
+      if (a.failed) {
+        Failed failed = std::move(*a.failed);
+        a.failed.reset();
+        if (!retry_after(failed, group, a)) return true;
+      }
+      if (group.empty()) return true;  // every record was settled
+      if (!a.maybe_committed) {
+        auto filtered = filter_producers(group, a.fresh_producers);
         if (!filtered) {
           set_fatal(filtered.error(), nullptr, &group);
-          return;
+          return true;
         }
-        if (group.empty()) return;  // every record was settled
+        if (group.empty()) return true;  // every record was settled
       }
       // Every batch must lie at or above the upper, in increasing time.
       Frontier upper = writer->upper();
@@ -538,7 +654,7 @@ struct Appender::Impl {
         set_fatal(Error{ErrorKind::kInvalidUsage, "the shard is closed to appends", std::nullopt,
                         std::nullopt},
                   nullptr, &group);
-        return;
+        return true;
       }
       Time required = upper.time();
       for (Built& batch : group) {
@@ -546,7 +662,7 @@ struct Appender::Impl {
           auto retimed = retime(batch, required);
           if (!retimed) {
             set_fatal(retimed.error(), nullptr, &group);
-            return;
+            return true;
           }
         }
         required = batch.time + 1;
@@ -556,7 +672,7 @@ struct Appender::Impl {
       for (Built& batch : group) batches.push_back(std::move(*batch.batch));
       const std::string attempt_writer = writer->writer_id();
       auto result =
-          writer->compare_and_append(batches, upper, Frontier::at(required), token, ranges);
+          writer->compare_and_append(batches, upper, Frontier::at(required), a.token, ranges);
       for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
       if (result) {
         {
@@ -565,89 +681,97 @@ struct Appender::Impl {
           ++stats.commits;
         }
         for (Built& batch : group) finish(batch, batch.time);
-        return;
+        return true;
       }
-      const Error& error = result.error();
-      // Once an attempt may have landed, it stays "maybe" through any
-      // failure that does not settle it (a determinate error of a later
-      // attempt says nothing of the earlier one): only its writer's record
-      // of its last token settles it, so a writer that lost its lease, or
-      // was replaced by a new id meanwhile, cannot.
-      if (maybe_committed &&
-          (error.is(ErrorKind::kLeaseExpired) || writer->writer_id() != uncertain_writer)) {
-        maybe_committed = false;
-        // A producer's records can still be told (the shard records them);
-        // the others cannot.
-        fail_unproduced(group, Error{ErrorKind::kIndeterminate,
-                                     "this append may have been committed before its writer "
-                                     "lost its lease (" +
-                                         error.message + ")",
-                                     std::nullopt, std::nullopt});
-        fresh_producers = true;
-        if (!failures_in_a_row.next()) {
-          set_fatal(error, nullptr, &group);
-          return;
-        }
-        continue;
-      }
-      if (error.is(ErrorKind::kIndeterminate) && !maybe_committed) {
-        maybe_committed = true;
-        uncertain_writer = attempt_writer;
-      }
-      if (error.is(ErrorKind::kLeaseExpired)) {
-        // The writer lost its lease (this process was paused, or cut off
-        // from consensus, past it): nothing was appended, and the handle
-        // registered a writer of a new id. Build every batch again under it.
-        for (Built& batch : group) {
-          batch.batch.reset();
-          if (auto rebuilt = build(batch); !rebuilt) {
-            set_fatal(rebuilt.error(), nullptr, &group);
-            return;
-          }
-        }
-        if (!failures_in_a_row.next()) {
-          set_fatal(error, nullptr, &group);
-          return;
-        }
-        continue;
-      }
-      if (error.is(ErrorKind::kSequenceMismatch)) {
-        // Another process committed some of these producers' records: look
-        // again (the state as it is now) and drop them. (Checked after the
-        // writer's last token: an earlier attempt did not land.)
-        maybe_committed = false;
-        fresh_producers = true;
-        if (++sequence_conflicts > kMaxSequenceConflicts) {
-          set_fatal(error, nullptr, &group);
-          return;
-        }
-        continue;
-      }
-      if (error.is(ErrorKind::kUpperMismatch)) {
-        // Checked after the same writer's last token: an earlier attempt
-        // did not land.
-        maybe_committed = false;
-        {
-          std::lock_guard lock(mu);
-          ++stats.mismatches;
-          if (error.current_upper) next_time = std::max(next_time, *error.current_upper);
-        }
-        if (options.on_mismatch == MismatchPolicy::kBail) {
-          Error bail{ErrorKind::kUpperMismatch,
-                     "another writer moved the shard's upper (" + error.message +
-                         "); these records were not appended (bail policy)",
-                     error.expected_upper, error.current_upper};
-          for (Built& batch : group) finish(batch, std::unexpected(bail));
-          return;
-        }
-        failures_in_a_row = Backoff(options.retry);
-        continue;  // re-timed at the top of the loop
-      }
-      if (!is_retryable(error) || !failures_in_a_row.next()) {
-        set_fatal(error, nullptr, &group);
-        return;
-      }
+      a.failed = Failed{result.error(), attempt_writer};
+      if (one_attempt) return false;
     }
+  }
+
+  // After a failed attempt: makes `group` ready for the next one (waiting
+  // out the backoff), or settles every record in it and returns false.
+  bool retry_after(const Failed& failed, std::vector<Built>& group, Attempts& a) {
+    const Error& error = failed.error;
+    // Once an attempt may have landed, it stays "maybe" through any
+    // failure that does not settle it (a determinate error of a later
+    // attempt says nothing of the earlier one): only its writer's record
+    // of its last token settles it, so a writer that lost its lease, or
+    // was replaced by a new id meanwhile, cannot.
+    if (a.maybe_committed &&
+        (error.is(ErrorKind::kLeaseExpired) || writer->writer_id() != a.uncertain_writer)) {
+      a.maybe_committed = false;
+      // A producer's records can still be told (the shard records them);
+      // the others cannot.
+      fail_unproduced(group, Error{ErrorKind::kIndeterminate,
+                                   "this append may have been committed before its writer "
+                                   "lost its lease (" +
+                                       error.message + ")",
+                                   std::nullopt, std::nullopt});
+      a.fresh_producers = true;
+      if (!a.failures_in_a_row.next()) {
+        set_fatal(error, nullptr, &group);
+        return false;
+      }
+      return true;
+    }
+    if (error.is(ErrorKind::kIndeterminate) && !a.maybe_committed) {
+      a.maybe_committed = true;
+      a.uncertain_writer = failed.writer;
+    }
+    if (error.is(ErrorKind::kLeaseExpired)) {
+      // The writer lost its lease (this process was paused, or cut off
+      // from consensus, past it): nothing was appended, and the handle
+      // registered a writer of a new id. Build every batch again under it.
+      for (Built& batch : group) {
+        batch.batch.reset();
+        if (auto rebuilt = build(batch); !rebuilt) {
+          set_fatal(rebuilt.error(), nullptr, &group);
+          return false;
+        }
+      }
+      if (!a.failures_in_a_row.next()) {
+        set_fatal(error, nullptr, &group);
+        return false;
+      }
+      return true;
+    }
+    if (error.is(ErrorKind::kSequenceMismatch)) {
+      // Another process committed some of these producers' records: look
+      // again (the state as it is now) and drop them. (Checked after the
+      // writer's last token: an earlier attempt did not land.)
+      a.maybe_committed = false;
+      a.fresh_producers = true;
+      if (++a.sequence_conflicts > kMaxSequenceConflicts) {
+        set_fatal(error, nullptr, &group);
+        return false;
+      }
+      return true;
+    }
+    if (error.is(ErrorKind::kUpperMismatch)) {
+      // Checked after the same writer's last token: an earlier attempt
+      // did not land.
+      a.maybe_committed = false;
+      {
+        std::lock_guard lock(mu);
+        ++stats.mismatches;
+        if (error.current_upper) next_time = std::max(next_time, *error.current_upper);
+      }
+      if (options.on_mismatch == MismatchPolicy::kBail) {
+        Error bail{ErrorKind::kUpperMismatch,
+                   "another writer moved the shard's upper (" + error.message +
+                       "); these records were not appended (bail policy)",
+                   error.expected_upper, error.current_upper};
+        for (Built& batch : group) finish(batch, std::unexpected(bail));
+        return false;
+      }
+      a.failures_in_a_row = Backoff(options.retry);
+      return true;  // re-timed before the next attempt
+    }
+    if (!is_retryable(error) || !a.failures_in_a_row.next()) {
+      set_fatal(error, nullptr, &group);
+      return false;
+    }
+    return true;
   }
 
   // Settles every record without a producer in `group` with `error`, and
@@ -1109,7 +1233,8 @@ Status AppendSender::enqueue_many(std::span<AppendRecord> records) {
     largest = std::max(largest, Appender::Impl::charge(r));
   }
   TM_ASSIGN(Lease lease, impl.admit(records.size(), largest, total));
-  TM_TRY(impl.push(records, std::move(lease), nullptr, producer_, next_sequence_));
+  TM_TRY(impl.push(records, std::move(lease), nullptr, producer_, next_sequence_,
+                   /*group=*/false, commit_here_));
   if (producer_) next_sequence_ += records.size();
   return {};
 }
@@ -1124,7 +1249,7 @@ Result<CommitToken> AppendSender::enqueue_group(std::span<AppendRecord> records)
   // once, so all of it waits in the queue together.
   TM_ASSIGN(Lease lease, impl.admit(records.size(), total, total));
   auto state = std::make_shared<CommitToken::State>();
-  TM_TRY(impl.push(records, std::move(lease), state, nullptr, 0, /*group=*/true));
+  TM_TRY(impl.push(records, std::move(lease), state, nullptr, 0, /*group=*/true, commit_here_));
   return CommitToken(state);
 }
 
@@ -1142,7 +1267,7 @@ Result<CommitToken> AppendSender::enqueue_with_token(AppendRecord* record) {
   TM_ASSIGN(Lease lease, impl.admit(1, size, size));
   auto state = std::make_shared<CommitToken::State>();
   TM_TRY(impl.push(std::span<AppendRecord>(record, 1), std::move(lease), state, producer_,
-                   next_sequence_));
+                   next_sequence_, /*group=*/false, commit_here_));
   if (producer_) ++next_sequence_;
   return CommitToken(state);
 }

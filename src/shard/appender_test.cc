@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -977,6 +979,206 @@ TEST_F(AppenderTest, AnExplicitRetryWhoseWriterWasReplacedStaysInDoubt) {
   ASSERT_FALSE(again) << "the first attempt landed; nothing may append it twice";
   EXPECT_TRUE(again.error().is(ErrorKind::kIndeterminate)) << again.error().to_string();
   EXPECT_EQ(contents().size(), 1u);
+}
+
+// Forwards every call and watches one thread's compare_and_set calls: it
+// counts them and can hold the next at a gate, or fail it (after making it,
+// for an indeterminate failure). Remembers which threads made the calls
+// that succeeded.
+class WatchedConsensus final : public testing::ForwardingConsensus {
+ public:
+  using ForwardingConsensus::ForwardingConsensus;
+  enum class Fault : std::uint8_t { kNone, kDeterminate, kIndeterminateApplied };
+
+  // Watches the calling thread from now on.
+  void watch_this_thread(bool hold, Fault fault = Fault::kNone) {
+    std::lock_guard lock(mu_);
+    watched_ = std::this_thread::get_id();
+    hold_ = hold;
+    fault_ = fault;
+  }
+  // Waits until the watched thread is held at the gate.
+  void wait_until_held() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return held_; });
+  }
+  void release() {
+    std::lock_guard lock(mu_);
+    hold_ = false;
+    cv_.notify_all();
+  }
+  int watched_calls() const {
+    std::lock_guard lock(mu_);
+    return watched_calls_;
+  }
+  // Calls that succeeded on `thread`.
+  int succeeded_on(std::thread::id thread) const {
+    std::lock_guard lock(mu_);
+    return static_cast<int>(std::count(succeeded_on_.begin(), succeeded_on_.end(), thread));
+  }
+  std::vector<std::thread::id> succeeded_on() const {
+    std::lock_guard lock(mu_);
+    return succeeded_on_;
+  }
+
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    Fault fault = Fault::kNone;
+    {
+      std::unique_lock lock(mu_);
+      if (std::this_thread::get_id() == watched_) {
+        ++watched_calls_;
+        held_ = hold_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !hold_; });
+        held_ = false;
+        fault = std::exchange(fault_, Fault::kNone);
+      }
+    }
+    if (fault == Fault::kDeterminate) {
+      return make_error(ErrorKind::kDeterminate, "injected: the write was refused");
+    }
+    auto outcome = ForwardingConsensus::compare_and_set(key, expected, std::move(next));
+    if (fault == Fault::kIndeterminateApplied) {
+      return make_error(ErrorKind::kIndeterminate, "injected: the write was made, the answer lost");
+    }
+    if (outcome && *outcome == CasOutcome::kCommitted) {
+      std::lock_guard lock(mu_);
+      succeeded_on_.push_back(std::this_thread::get_id());
+    }
+    return outcome;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread::id watched_;
+  bool hold_ = false;
+  bool held_ = false;
+  Fault fault_ = Fault::kNone;
+  int watched_calls_ = 0;
+  std::vector<std::thread::id> succeeded_on_;
+};
+
+class AppenderCommitHereTest : public AppenderTest {
+ protected:
+  void SetUp() override {
+    AppenderTest::SetUp();
+    watched_ = std::make_shared<WatchedConsensus>(mem_consensus_);
+    // One consensus call per commit attempt of the appender (no retries
+    // inside the write handle), so a test can tell the attempts apart.
+    ClientOptions options;
+    options.write_retry.max_attempts = 1;
+    client_ = *Client::open(Location{blob_, watched_}, options);
+    shard_ = *client_->open_shard("s");
+  }
+
+  std::shared_ptr<WatchedConsensus> watched_;
+};
+
+// An idle appender's commit is made by the sender's own thread, inside the
+// enqueue; without commit here, by a pool thread.
+TEST_F(AppenderCommitHereTest, AnIdleAppenderCommitsOnTheSendersThread) {
+  {
+    auto appender = open();
+    watched_->watch_this_thread(/*hold=*/false);
+    AppendSender plain = appender->sender();
+    ASSERT_TRUE(plain.enqueue_with_token(record(0))->wait());
+    EXPECT_EQ(watched_->watched_calls(), 0) << "committed by the pool";
+    appender->close();
+  }
+  // (A fresh appender: the first one's pool threads may still be finishing
+  // their runs, and an appender is idle only once they have.)
+  auto appender = open();
+  const auto self = std::this_thread::get_id();
+  const int before = watched_->succeeded_on(self);  // registering its writer
+  AppendSender here = appender->sender();
+  here.set_commit_here(true);
+  for (int i = 1; i <= 20; ++i) {
+    std::vector<AppendRecord> group{record(i)};
+    auto token = i % 2 == 0 ? here.enqueue_group(group) : here.enqueue_with_token(record(i));
+    ASSERT_TRUE(token);
+    auto outcome = token->poll();
+    ASSERT_TRUE(outcome) << "committed before the enqueue returned";
+    ASSERT_TRUE(*outcome) << outcome->error().to_string();
+    std::thread::id ran_on;
+    token->on_complete([&](const Result<Time>&) { ran_on = std::this_thread::get_id(); });
+    EXPECT_EQ(ran_on, std::this_thread::get_id());
+  }
+  EXPECT_EQ(watched_->succeeded_on(self) - before, 20);
+  auto all = contents();
+  ASSERT_EQ(all.size(), 21u);
+  for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
+}
+
+// While one sender's thread commits, another's enqueue only queues: it never
+// waits for that commit, and its records are committed by the pool.
+TEST_F(AppenderCommitHereTest, ABusyAppenderOnlyQueues) {
+  auto appender = open();
+  AppendSender first = appender->sender(), second = appender->sender();
+  // (Watched from the first sender's thread, which opened nothing.)
+  first.set_commit_here(true);
+  second.set_commit_here(true);
+  std::atomic<bool> first_returned{false};
+  std::optional<Result<Time>> first_outcome;
+  std::thread::id first_thread;
+  std::thread committing([&] {
+    first_thread = std::this_thread::get_id();
+    watched_->watch_this_thread(/*hold=*/true);
+    auto token = first.enqueue_with_token(record(1));
+    ASSERT_TRUE(token);
+    first_outcome = token->poll();
+    first_returned = true;
+  });
+  watched_->wait_until_held();  // the first sender's thread is committing
+  auto queued =
+      std::async(std::launch::async, [&] { return second.enqueue_with_token(record(2)); });
+  const bool returned = queued.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  EXPECT_TRUE(returned) << "the second enqueue waited for the first sender's commit";
+  EXPECT_FALSE(first_returned.load());
+  auto second_token = queued.get();
+  ASSERT_TRUE(second_token);
+  EXPECT_FALSE(second_token->poll()) << "queued behind the commit in progress, not committed";
+  watched_->release();
+  committing.join();
+  ASSERT_TRUE(first_outcome && *first_outcome);
+  ASSERT_TRUE(second_token->wait());
+  EXPECT_EQ(watched_->succeeded_on(first_thread), 1) << "the second record's commit was not its";
+  EXPECT_EQ(contents().size(), 2u);
+}
+
+// A failed first attempt is not retried on the sender's thread: the pool
+// retries it with the same token, so an attempt that landed is not doubled.
+TEST_F(AppenderCommitHereTest, AFailedAttemptIsRetriedByThePoolExactlyOnce) {
+  using Fault = WatchedConsensus::Fault;
+  int i = 0;  // records appended so far
+  for (Fault fault : {Fault::kDeterminate, Fault::kIndeterminateApplied}) {
+    SCOPED_TRACE(fault == Fault::kDeterminate ? "determinate" : "indeterminate, applied");
+    auto appender = open();
+    AppendSender here = appender->sender();
+    here.set_commit_here(true);
+    const auto before = watched_->succeeded_on().size();
+    const int calls_before = watched_->watched_calls();
+    std::thread sender([&] {
+      watched_->watch_this_thread(/*hold=*/false, fault);
+      auto token = here.enqueue_with_token(record(++i));
+      ASSERT_TRUE(token);
+      auto outcome = token->wait();
+      ASSERT_TRUE(outcome) << outcome.error().to_string();
+    });
+    const std::thread::id sender_id = sender.get_id();
+    sender.join();
+    EXPECT_EQ(watched_->watched_calls() - calls_before, 1) << "one attempt on the sender's thread";
+    const auto succeeded = watched_->succeeded_on();
+    if (fault == Fault::kDeterminate) {
+      ASSERT_EQ(succeeded.size(), before + 1);
+      EXPECT_NE(succeeded.back(), sender_id) << "the retry ran on the pool";
+    }
+    appender->close();
+    auto all = contents();
+    ASSERT_EQ(all.size(), static_cast<std::size_t>(i));
+    for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
+  }
 }
 
 }  // namespace

@@ -118,6 +118,12 @@ std::chrono::milliseconds WriteHandle::wait_for_compaction(const std::function<b
   return std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::now() - started);
 }
 
+bool WriteHandle::compaction_behind() const {
+  if (!context_->compactor) return false;
+  auto state = context_->machine->latest_known();
+  return state && read_inputs(**state) > kStallReadInputs;
+}
+
 Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expected_upper,
                                        Frontier new_upper) {
   return compare_and_append(batches, expected_upper, new_upper, random_id());
