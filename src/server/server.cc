@@ -214,6 +214,8 @@ struct Server::Impl {
   // Requests whose header was read and that are not answered yet (a
   // stream counts until it ends). stop() waits for them.
   std::atomic<int> in_flight{0};
+  // Append requests read and not answered yet (Session::enqueue_group).
+  std::atomic<int> appends_in_flight{0};
   // Sessions alive (open connections); the acceptor refuses past
   // options.max_connections.
   std::atomic<std::size_t> connections{0};
@@ -1152,6 +1154,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // --- appends ---------------------------------------------------------------
 
   void start_append() {
+    counted_append_ = true;
+    server_->appends_in_flight.fetch_add(1);
     // A keep-alive connection's previous request may have named another shard.
     appender_.reset();
     sender_.reset();
@@ -1162,6 +1166,7 @@ class Session : public std::enable_shared_from_this<Session> {
     count_ = 0;
     carry_.clear();
     last_token_.reset();
+    enqueued_at_.reset();
     max_time_.reset();
     producer_.reset();
     first_sequence_ = 0;
@@ -1237,10 +1242,7 @@ class Session : public std::enable_shared_from_this<Session> {
         server_->touch_locked(name_);
       }
     }
-    if (appender_) {
-      sender_.emplace(appender_->sender());
-      return start_atomic();
-    }
+    if (appender_) return start_atomic();
     struct Opened {
       std::shared_ptr<Appender> appender;
       std::optional<ProducerLookup> lookup;
@@ -1270,10 +1272,7 @@ class Session : public std::enable_shared_from_this<Session> {
             return self->respond_error(opened.error());
           }
           self->appender_ = std::move(opened->appender);
-          if (!self->producer_) {
-            self->sender_.emplace(self->appender_->sender());
-            return self->start_atomic();
-          }
+          if (!self->producer_) return self->start_atomic();
           const ProducerLookup& lookup = *opened->lookup;
           const std::uint64_t expected = lookup.producer ? lookup.producer->sequence + 1 : 0;
           if (self->first_sequence_ > expected) {
@@ -1473,6 +1472,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // such connection beyond the pool).
   void start_atomic() {
     atomic_ = true;
+    sender_.emplace(appender_->sender());
     const auto length = parser_->content_length();
     if (!length) return read_managed();
     if (*length > *server_->options.max_record_bytes) return atomic_too_large();
@@ -1566,6 +1566,17 @@ class Session : public std::enable_shared_from_this<Session> {
     release_body();
     count_ = group_.size();
     if (group_.empty()) return finish_managed();
+    enqueued_at_ = Clock::now();
+    // The only append in flight, on an idle appender: committed by this
+    // I/O thread itself as it is enqueued (one commit call; what more it
+    // takes goes on on the appenders' pool), which saves a hop to a pool
+    // thread and another back. Not under load: there the I/O threads'
+    // time bounds the rate, and a commit of this request alone would take
+    // the next requests' batch from them. The request counts as in flight
+    // through its commit, so one I/O thread at most is ever in such a
+    // commit, and never the only one: however slow the backend, another is
+    // free to serve.
+    sender_->set_commit_here(server_->threads.size() > 1 && server_->appends_in_flight.load() == 1);
     auto token = sender_->enqueue_group(group_);
     if (!token) {
       if (token.error().is(ErrorKind::kFull)) {
@@ -1649,25 +1660,34 @@ class Session : public std::enable_shared_from_this<Session> {
             self->respond(200, body + "}");
           });
     }
-    const auto started = Clock::now();
+    const auto started = enqueued_at_.value_or(Clock::now());
+    if (auto outcome = last_token_->poll()) {
+      // Committed by this thread as it enqueued (enqueue_group): answered
+      // here, with no hop through the strand's queue.
+      server_->metrics.commit_latency().observe(
+          std::chrono::duration<double>(Clock::now() - started).count());
+      return answer_managed(*outcome);
+    }
     last_token_->on_complete([self = shared_from_this(), started](const Result<Time>& r) {
       self->server_->metrics.commit_latency().observe(
           std::chrono::duration<double>(Clock::now() - started).count());
-      net::post(self->socket_.get_executor(), [self, r] {
-        if (!r) {
-          std::string body = "{\"error\":";
-          append_json_string(&body, r.error().message);
-          self->append_producer_fields(&body);
-          return self->respond(status_of(r.error()), body + "}");
-        }
-        // Committed at *r: the upper is past it.
-        std::string body = "{\"time\":" + std::to_string(*r) +
-                           ",\"count\":" + std::to_string(self->count_) +
-                           ",\"upper\":" + std::to_string(*r + 1);
-        self->append_producer_fields(&body);
-        self->respond(200, body + "}");
-      });
+      net::post(self->socket_.get_executor(), [self, r] { self->answer_managed(r); });
     });
+  }
+
+  // Answers a managed append whose records' commit came out as `r`.
+  void answer_managed(const Result<Time>& r) {
+    if (!r) {
+      std::string body = "{\"error\":";
+      append_json_string(&body, r.error().message);
+      append_producer_fields(&body);
+      return respond(status_of(r.error()), body + "}");
+    }
+    // Committed at *r: the upper is past it.
+    std::string body = "{\"time\":" + std::to_string(*r) + ",\"count\":" + std::to_string(count_) +
+                       ",\"upper\":" + std::to_string(*r + 1);
+    append_producer_fields(&body);
+    respond(200, body + "}");
   }
 
   // Explicit: parse and add each piece on a worker (adds may upload parts).
@@ -2205,6 +2225,10 @@ class Session : public std::enable_shared_from_this<Session> {
     server_->in_flight.fetch_add(1);
   }
   void end_request() {
+    if (counted_append_) {
+      counted_append_ = false;
+      server_->appends_in_flight.fetch_sub(1);
+    }
     if (!counted_) return;
     counted_ = false;
     server_->in_flight.fetch_sub(1);
@@ -2287,8 +2311,9 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;
   bool keep_alive_ = false;
-  bool counted_ = false;    // in server_->in_flight
-  bool peer_gone_ = false;  // the client of a stream closed its end
+  bool counted_ = false;         // in server_->in_flight
+  bool counted_append_ = false;  // in server_->appends_in_flight
+  bool peer_gone_ = false;       // the client of a stream closed its end
   std::string route_;
   std::string path_;
   std::string name_;
@@ -2325,6 +2350,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<AppendSender> sender_;
   std::optional<AppendRecord> stalled_;
   std::optional<CommitToken> last_token_;
+  // When a body without a producer was enqueued (its commit may happen in
+  // the enqueue: start_atomic).
+  std::optional<Clock::time_point> enqueued_at_;
   // A producer's request: its id, the body's first sequence number, how
   // many leading records the shard had committed already (skipped, not
   // enqueued) and when the last of them was committed.

@@ -16,6 +16,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -1729,6 +1730,88 @@ TEST_F(ServerTest, OnlyWaitsOnTheClientAreCutAfterIdleTimeout) {
   }
   EXPECT_NE(stream.find("\"late\""), std::string::npos) << ec.message() << "\n" << stream;
 }
+
+// Holds every compare_and_set once armed, until released; counts those held.
+class HeldConsensus final : public testing::ForwardingConsensus {
+ public:
+  using ForwardingConsensus::ForwardingConsensus;
+  void hold() {
+    std::lock_guard lock(mu_);
+    holding_ = true;
+  }
+  void release() {
+    std::lock_guard lock(mu_);
+    holding_ = false;
+    cv_.notify_all();
+  }
+  // Waits until `count` calls are held (false after 30 s).
+  bool wait_for_held(int count) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return held_ >= count; });
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    {
+      std::unique_lock lock(mu_);
+      if (holding_) {
+        ++held_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return !holding_; });
+      }
+    }
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool holding_ = false;
+  int held_ = 0;
+};
+
+// A lone append on an idle appender is committed by the I/O thread that
+// read it; while that commit waits on consensus, the server still serves
+// (another append is committed by the pool, and other requests are
+// answered), and with a single I/O thread it never commits there at all.
+class ServerCommitHereTest : public ServerTest, public ::testing::WithParamInterface<unsigned> {};
+
+TEST_P(ServerCommitHereTest, AStalledCommitNeverStopsTheServer) {
+  options_.io_threads = GetParam();
+  std::shared_ptr<HeldConsensus> held;
+  wrap_consensus_ = [&](std::shared_ptr<Consensus> inner) {
+    held = std::make_shared<HeldConsensus>(std::move(inner));
+    return held;
+  };
+  ASSERT_NO_FATAL_FAILURE(start());
+  for (const char* shard : {"a", "b"}) {
+    ASSERT_EQ(post("/v1/shards", std::string(R"({"name": ")") + shard + "\"}").status, 201u);
+    // Opens the shard's appender (which registers a writer, a consensus write).
+    ASSERT_EQ(
+        post(std::string("/v1/shards/") + shard + "/append", "{\"key\": 0, \"value\": 0}\n").status,
+        200u);
+  }
+  held->hold();
+  auto append = [&](const char* shard) {
+    return std::async(std::launch::async, [this, shard] {
+      return post(std::string("/v1/shards/") + shard + "/append", "{\"key\": 1, \"value\": 1}\n");
+    });
+  };
+  auto first = append("a");
+  ASSERT_TRUE(held->wait_for_held(1)) << "the first append's commit never reached consensus";
+  auto second = append("b");
+  EXPECT_TRUE(held->wait_for_held(2)) << "the second append's commit never reached consensus";
+  auto health = std::async(std::launch::async, [this] { return get("/healthz"); });
+  const bool served = health.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(served) << "no I/O thread was free to answer while the commits waited";
+  EXPECT_NE(first.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  held->release();
+  EXPECT_EQ(first.get().status, 200u);
+  EXPECT_EQ(second.get().status, 200u);
+  EXPECT_EQ(health.get().status, 200u);
+  EXPECT_NE(get("/v1/shards/a/snapshot").body.find("\"key\":1"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(IoThreads, ServerCommitHereTest, ::testing::Values(1u, 2u));
 
 TEST_F(ServerTest, KeepAliveRequestsEachNameTheirShard) {
   ASSERT_NO_FATAL_FAILURE(start());
