@@ -306,8 +306,7 @@ struct Appender::Impl {
       // The builder waits for the first record, or lingers until a batch
       // is full; other arrivals need not wake it.
       wake = was_empty || queue_full();
-      here =
-          commit_here && was_empty && built.empty() && !committing && bytes <= kBuildHereMaxBytes;
+      here = commit_here && was_empty && idle() && bytes <= kBuildHereMaxBytes;
     }
     if (here) {
       // (As notify() when the builder is running elsewhere after all.)
@@ -326,6 +325,10 @@ struct Appender::Impl {
     return queue.size() >= options.batch_max_records || queued_bytes >= options.batch_max_bytes;
   }
 
+  // Nothing built or committing: a batch cut now is committed at once.
+  // REQUIRES: mu held.
+  bool idle() const { return built.empty() && !committing; }
+
   enum class Cut : std::uint8_t { kNow, kWait, kLinger, kStop };
 
   // Whether a batch should be cut now: records are queued, fewer than
@@ -340,8 +343,7 @@ struct Appender::Impl {
     if (fatal) return Cut::kStop;
     if (queue.empty()) return closing ? Cut::kStop : Cut::kWait;
     if (built.size() >= kMaxBuiltBatches) return Cut::kWait;
-    const bool idle = built.empty() && !committing;
-    if (idle || closing || queue_full()) return Cut::kNow;
+    if (idle() || closing || queue_full()) return Cut::kNow;
     if (std::chrono::steady_clock::now() >= queue_since + options.batch_linger) return Cut::kNow;
     return Cut::kLinger;
   }
