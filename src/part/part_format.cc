@@ -426,22 +426,58 @@ Status BlockCompressor::compress(std::string_view uncompressed, std::string* out
   return compress(std::span<const std::string_view>(&uncompressed, 1), out);
 }
 
+namespace {
+
+// The calling thread's compression context (BlockCompressor), and the level
+// it is set to.
+struct CachedCompressContext {
+  std::unique_ptr<ZSTD_CCtx_s, ZstdCompressContextDeleter> context;
+  int level = 0;
+};
+thread_local CachedCompressContext cached_compress_context;
+
+// Frees the thread's context when it has grown past the bound, once a call
+// no longer needs it.
+struct CompressContextTrim {
+  ~CompressContextTrim() {
+    CachedCompressContext& cached = cached_compress_context;
+    if (cached.context &&
+        ZSTD_sizeof_CCtx(cached.context.get()) > BlockCompressor::kMaxCachedCompressContextBytes) {
+      cached.context.reset();
+    }
+  }
+};
+
+}  // namespace
+
+std::size_t BlockCompressor::thread_context_bytes() {
+  const CachedCompressContext& cached = cached_compress_context;
+  return cached.context ? ZSTD_sizeof_CCtx(cached.context.get()) : 0;
+}
+
 Status BlockCompressor::compress(std::span<const std::string_view> pieces, std::string* out) {
   const auto failed = [](std::size_t code) {
     return determinate(std::string("zstd compression failed: ") + ZSTD_getErrorName(code));
   };
-  if (!context_) {
-    context_.reset(ZSTD_createCCtx());
-    if (!context_) return determinate("zstd: cannot allocate a compression context");
-    const std::size_t set = ZSTD_CCtx_setParameter(context_.get(), ZSTD_c_compressionLevel, level_);
-    if (ZSTD_isError(set)) return failed(set);
-  }
   if (pieces.empty()) return compress(std::string_view(), out);
+  CachedCompressContext& cached = cached_compress_context;
+  const CompressContextTrim trim;
+  if (!cached.context) {
+    cached.context.reset(ZSTD_createCCtx());
+    if (!cached.context) return determinate("zstd: cannot allocate a compression context");
+    cached.level = 0;  // zstd's default, set below
+  }
+  ZSTD_CCtx_s* context = cached.context.get();
+  // Forgets any frame an earlier call left unfinished (it failed midway).
+  std::size_t result = ZSTD_CCtx_reset(context, ZSTD_reset_session_only);
+  if (!ZSTD_isError(result) && cached.level != level_) {
+    result = ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel, level_);
+    if (!ZSTD_isError(result)) cached.level = level_;
+  }
   std::size_t total = 0;
   for (std::string_view piece : pieces) total += piece.size();
   // The pledged size goes into the frame header as its content size.
-  std::size_t result = ZSTD_CCtx_reset(context_.get(), ZSTD_reset_session_only);
-  if (!ZSTD_isError(result)) result = ZSTD_CCtx_setPledgedSrcSize(context_.get(), total);
+  if (!ZSTD_isError(result)) result = ZSTD_CCtx_setPledgedSrcSize(context, total);
   if (ZSTD_isError(result)) return failed(result);
   // With room for the bound, zstd never stops for lack of output space.
   const std::size_t start = out->size();
@@ -453,8 +489,8 @@ Status BlockCompressor::compress(std::span<const std::string_view> pieces, std::
       const bool last = i + 1 == pieces.size();
       ZSTD_inBuffer input{pieces[i].data(), pieces[i].size(), 0};
       do {
-        result = ZSTD_compressStream2(context_.get(), &output, &input,
-                                      last ? ZSTD_e_end : ZSTD_e_continue);
+        result =
+            ZSTD_compressStream2(context, &output, &input, last ? ZSTD_e_end : ZSTD_e_continue);
         done = last ? result == 0 : input.pos == input.size;
       } while (!ZSTD_isError(result) && !done && output.pos < output.size);
       if (!done) break;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <string>
+#include <thread>
 
 #include "util/coding.h"
 
@@ -1000,6 +1002,64 @@ TEST(PartBlockTest, ABlockCompressedFromItsColumnsIsTheConcatenatedBlock) {
   out.clear();
   ASSERT_TRUE(compressor.compress(std::span<const std::string_view>(), &out));
   EXPECT_EQ(ZSTD_getFrameContentSize(out.data(), out.size()), 0u);
+}
+
+// Text that compresses better the harder zstd tries.
+std::string compressible_text(std::size_t bytes) {
+  std::string out;
+  std::uint64_t state = 12345;
+  while (out.size() < bytes) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    out += "word" + std::to_string((state >> 33) % 500) + (state % 7 == 0 ? "\n" : " ");
+  }
+  out.resize(bytes);
+  return out;
+}
+
+// The frame `level` makes of `text` on a thread of its own (a fresh context).
+std::string compress_on_new_thread(int level, const std::string& text) {
+  std::string out;
+  std::thread([&] {
+    BlockCompressor compressor(level);
+    EXPECT_TRUE(compressor.compress(text, &out).has_value());
+  }).join();
+  return out;
+}
+
+TEST(PartBlockTest, CompressorsShareTheThreadsContextYetEachKeepsItsLevel) {
+  const std::string text = compressible_text(64 << 10);
+  const std::string fresh_fast = compress_on_new_thread(1, text);
+  const std::string fresh_strong = compress_on_new_thread(19, text);
+  ASSERT_NE(fresh_fast, fresh_strong);  // else this test could not tell levels apart
+  BlockCompressor fast(1), strong(19);
+  for (int round = 0; round < 2; ++round) {
+    std::string out;
+    ASSERT_TRUE(fast.compress(text, &out));
+    EXPECT_EQ(out, fresh_fast) << "round " << round;
+    out.clear();
+    ASSERT_TRUE(strong.compress(text, &out));
+    EXPECT_EQ(out, fresh_strong) << "round " << round;
+  }
+}
+
+TEST(PartBlockTest, AThreadKeepsOnlyACompressionContextWithinTheBound) {
+  std::thread([] {
+    EXPECT_EQ(BlockCompressor::thread_context_bytes(), 0u);
+    const std::string text = compressible_text(64 << 10);
+    std::string out;
+    ASSERT_TRUE(BlockCompressor(1).compress(text, &out));
+    const std::size_t kept = BlockCompressor::thread_context_bytes();
+    EXPECT_GT(kept, 0u);
+    EXPECT_LE(kept, BlockCompressor::kMaxCachedCompressContextBytes);
+    // Level 9 over 4 MiB needs a context of several MiB: freed after use.
+    const std::string large = compressible_text(4 << 20);
+    out.clear();
+    ASSERT_TRUE(BlockCompressor(9).compress(large, &out));
+    EXPECT_EQ(BlockCompressor::thread_context_bytes(), 0u);
+    std::string back(large.size(), '\0');
+    EXPECT_EQ(ZSTD_decompress(back.data(), back.size(), out.data(), out.size()), large.size());
+    EXPECT_EQ(back, large);
+  }).join();
 }
 
 TEST(PartReaderTest, LargestDecodedBlockBytesComesFromTheIndex) {
