@@ -168,6 +168,12 @@ std::uint64_t HollowBatch::bytes() const {
   return n;
 }
 
+std::uint64_t HollowBatch::payload_bytes() const {
+  std::uint64_t n = 0;
+  for (const PartRef& p : parts) n += p.bytes;
+  return n;
+}
+
 std::string shard_consensus_key(std::string_view shard) {
   return "shard/" + std::string(shard);
 }
@@ -800,10 +806,10 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
   // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
   for (std::size_t i = batches.size(); i-- > 0;) {
-    suffix[i] = suffix[i + 1] + batches[i].bytes();
+    suffix[i] = suffix[i + 1] + batches[i].payload_bytes();
   }
   for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
-    const bool due = batches[i].bytes() <= kSpineGrowth * suffix[i + 1];
+    const bool due = batches[i].payload_bytes() <= kSpineGrowth * suffix[i + 1];
     const bool worth_it =
         suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
     if (due && worth_it) return MergeRequest{i, batches.size()};

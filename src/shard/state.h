@@ -79,8 +79,9 @@ struct HollowBatch {
   // part open at a time.
   bool ordered = false;
 
-  std::uint64_t count() const;  // updates, over its parts
-  std::uint64_t bytes() const;  // encoded bytes, over its parts
+  std::uint64_t count() const;          // updates, over its parts
+  std::uint64_t bytes() const;          // encoded bytes, over its parts
+  std::uint64_t payload_bytes() const;  // uncompressed payload bytes, over its parts
   bool operator==(const HollowBatch&) const = default;
 };
 
@@ -336,10 +337,17 @@ std::size_t read_inputs(const ShardState& state);
 //
 // Batches are kept in geometric size classes: a merge is due when some
 // batch b[i] is at most kSpineGrowth times the total size of the batches
-// after it (sizes are encoded bytes); it takes b[i] and every batch after
-// it. Once merged, sizes at least triple from the newest batch back, so n
-// appends of similar size leave O(log n) batches, and each byte is
-// rewritten O(log n) times.
+// after it; it takes b[i] and every batch after it. Once merged, sizes at
+// least triple from the newest batch back, so n appends of similar size
+// leave O(log n) batches, and each byte is rewritten O(log n) times.
+//
+// Sizes are uncompressed payload bytes (HollowBatch::payload_bytes), what
+// a merge decodes and encodes again. Encoded sizes misled it: a part of
+// one small update is mostly its fixed framing, while in a merged part an
+// update that compresses well costs a few bytes, so one append weighed as
+// much as dozens of merged updates and the merged batch was rewritten with
+// every few appends (about 850 updates per merge and over 100 rewrites of
+// each update, for 100-byte appends of one repeated character).
 //
 // Small merges wait for width: a due merge whose run totals less than
 // kSpineMinMergeBytes waits until it spans kSpineMinMergeBatches batches.
