@@ -865,8 +865,10 @@ TEST_F(CompactionTest, BackgroundCompactorKeepsUp) {
 // commit made due wakes a pass: inside a DeferCompactionRequests scope no
 // pass starts; at its end one does.
 TEST_F(CompactionTest, RequestsInADeferralScopeWakeTheCompactorAtItsEnd) {
+  // Blob parts: merges of small inline parts ride in the appends' own
+  // commits and never wake the compactor.
   options_.background_compaction = true;
-  reopen();
+  blob_parts_only();
   constexpr Time kAppends = 24;  // several merges due
   {
     DeferCompactionRequests answer_first;
@@ -879,6 +881,103 @@ TEST_F(CompactionTest, RequestsInADeferralScopeWakeTheCompactorAtItsEnd) {
   }
   EXPECT_LT(shard_->inspect()->batches, kAppends) << "no pass ran after the scope";
   expect_snapshots_match(*shard_);
+}
+
+// With a compactor running, the merges of small inline parts that an
+// append makes due are done in that append's own commit: a stream of tiny
+// appends costs one consensus write each, no pass ever commits, and the
+// spine stays in shape (no merge is left due).
+TEST_F(CompactionTest, SmallInlineMergesRideInTheAppendsCommits) {
+  class CountWrites final : public testing::ForwardingConsensus {
+   public:
+    using ForwardingConsensus::ForwardingConsensus;
+    std::atomic<int> writes{0};
+    Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                       VersionedData next) override {
+      ++writes;
+      return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
+    }
+  };
+  auto counting = std::make_shared<CountWrites>(consensus_);
+  ClientOptions background = options_;
+  background.background_compaction = true;
+  writer_.reset();
+  shard_.reset();
+  client_ = *Client::open(Location{blob_, counting}, background);
+  shard_ = *client_->open_shard("s");
+  writer_ = std::move(*shard_->open_writer());
+  const int before = counting->writes.load();
+
+  constexpr Time kAppends = 4 * kSpineMinMergeBatches;  // several merges due
+  for (Time t = 0; t < kAppends; ++t) {
+    append_at(t, {Update{"k" + std::to_string(t % 5), "v", t, 1}});
+    EXPECT_EQ(counting->writes.load() - before, static_cast<int>(t) + 1)
+        << "append " << t << " took more than its own commit";
+  }
+  // Nothing left for a pass to do, and none ran.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(counting->writes.load() - before, static_cast<int>(kAppends));
+  auto state = *ShardMachine("s", consensus_, blob_).fetch();
+  EXPECT_FALSE(next_merge(*state)) << "a merge was left due";
+  EXPECT_LT(state->batches.size(), kSpineMinMergeBatches + 2);
+  EXPECT_TRUE(referenced().empty()) << "an inline merge wrote to the blob store";
+  expect_snapshots_match(*shard_);
+}
+
+// merge_inline_tail merges small inline batches in the state it is given,
+// but leaves to the compactor the inputs whose few encoded bytes decode to
+// more than kInlineTailMergePayloadBytes (a value that compresses well).
+TEST_F(CompactionTest, InlineTailMergesStayWithinTheirPayloadBound) {
+  // Parts of one run are not cut below 64 KiB: a merge's output is one
+  // part, as small as its inputs.
+  options_.part_target_bytes = 64 << 10;
+  options_.block_bytes = 64 << 10;
+  reopen();
+  ShardContext context;
+  context.name = "s";
+  context.location = Location{blob_, consensus_};
+  context.options = options_;
+  context.machine = std::make_shared<ShardMachine>("s", consensus_, blob_);
+  context.read_blob = blob_;
+  // kSpineMinMergeBatches appends of `per_append` updates each.
+  const auto merges_of = [&](std::size_t value_bytes, int per_append, Time from) {
+    for (Time t = from; t < from + kSpineMinMergeBatches; ++t) {
+      std::vector<Update> updates;
+      for (int i = 0; i < per_append; ++i) {
+        updates.push_back(Update{"k" + std::to_string(t) + "-" + std::to_string(i),
+                                 std::string(value_bytes, 'x'), t, 1});
+      }
+      append_at(t, updates);
+    }
+    auto state = *context.machine->fetch();
+    ShardState merged = *state;
+    // The merge due is of inline parts whose encoded bytes fit one inline
+    // part: only the payload can stop it.
+    const auto due = next_merge(*state, context.inline_drain_bytes());
+    EXPECT_TRUE(due);
+    std::uint64_t encoded = 0;
+    for (std::size_t b = due ? due->begin : 0; due && b < due->end; ++b) {
+      encoded += state->batches[b].bytes();
+    }
+    EXPECT_LE(encoded, options_.inline_part_max_bytes);
+    const int merges = merge_inline_tail(context, merged, wall_clock_millis());
+    // What it merged reads as before.
+    auto out = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+      s = merged;
+      s.seqno = state->seqno;
+      return TransitionResult::kWrite;
+    });
+    EXPECT_TRUE(out) << out.error().to_string();
+    expect_snapshots_match(*shard_);
+    return merges;
+  };
+  EXPECT_GE(merges_of(10, 1, 0), 1);
+  // Values well below a block, so that the merged part is as small as its
+  // inputs: only the payload bound stops the merge.
+  constexpr std::size_t kValue = 60 << 10;
+  constexpr int kPerAppend = kInlineTailMergePayloadBytes / kValue / kSpineMinMergeBatches + 1;
+  EXPECT_EQ(merges_of(kValue, kPerAppend, kSpineMinMergeBatches), 0);
+  ASSERT_TRUE(referenced().empty()) << "the large values were not inline: no test";
 }
 
 // A Blob whose ranged reads take 20 ms each while `slow`, counting them.

@@ -134,6 +134,33 @@ std::vector<MergeCursor::PartRun> merge_runs(std::span<const HollowBatch> inputs
   return runs;
 }
 
+// What a merge of `inputs` (adjacent batches of `state`) writes: its
+// description, and the time every earlier time advances to (since, clamped
+// into the description), so that every read at an as_of >= since sees the
+// same collection.
+struct MergeShape {
+  Description desc;
+  Time advance_to = 0;
+};
+MergeShape merge_shape(const ShardState& state, std::span<const HollowBatch> inputs) {
+  const Description desc{inputs.front().desc.lower, inputs.back().desc.upper, state.since};
+  const Time cap = desc.upper.is_closed() ? UINT64_MAX : desc.upper.time() - 1;
+  return MergeShape{desc, state.since.is_closed() ? cap : std::min(state.since.time(), cap)};
+}
+
+bool all_inline(std::span<const HollowBatch> batches) {
+  return std::all_of(batches.begin(), batches.end(), [](const HollowBatch& b) {
+    return std::all_of(b.parts.begin(), b.parts.end(),
+                       [](const PartRef& p) { return p.is_inline(); });
+  });
+}
+
+std::uint64_t total_bytes(std::span<const HollowBatch> batches) {
+  std::uint64_t bytes = 0;
+  for (const HollowBatch& batch : batches) bytes += batch.bytes();
+  return bytes;
+}
+
 // One merge, if the spine needs one. False when it is in shape, or when
 // this merge was the pass's last (`last`, or the spine in shape after it):
 // its commit removed the pass's writer.
@@ -148,28 +175,19 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   const std::vector<HollowBatch> inputs(
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.begin),
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.end));
-  const Description desc{inputs.front().desc.lower, inputs.back().desc.upper, state->since};
-  // Advancing to since, clamped into the description: every read at an
-  // as_of >= since sees the same collection.
-  const Time cap = desc.upper.is_closed() ? UINT64_MAX : desc.upper.time() - 1;
-  const Time advance_to = state->since.is_closed() ? cap : std::min(state->since.time(), cap);
+  const auto [desc, advance_to] = merge_shape(*state, inputs);
 
   // Inline inputs only, while the state's inline parts are below the drain
   // mark: a small output stays inline (no file), and the state's inline
   // bytes do not grow (one part of the merged updates is no larger than
   // the parts they came from). A drain writes to blob.
-  const bool all_inline = std::all_of(inputs.begin(), inputs.end(), [](const HollowBatch& b) {
-    return std::all_of(b.parts.begin(), b.parts.end(),
-                       [](const PartRef& p) { return p.is_inline(); });
-  });
-  const bool keep_inline = all_inline && inline_bytes(*state) < context.inline_drain_bytes();
+  const bool keep_inline =
+      all_inline(inputs) && inline_bytes(*state) < context.inline_drain_bytes();
   // Inputs whose parts together fit in one inline part: try an inline
   // output without registering (a merged part is rarely larger than the
   // parts it came from; when it is, merge again as a registered writer).
-  std::uint64_t input_bytes = 0;
-  for (const HollowBatch& batch : inputs) input_bytes += batch.bytes();
-  const bool unregistered =
-      keep_inline && !writer.registered() && input_bytes <= context.inline_merge_max_bytes();
+  const bool unregistered = keep_inline && !writer.registered() &&
+                            total_bytes(inputs) <= context.inline_merge_max_bytes();
   // Registering first, then reading the state again: the hold must be at or
   // below the version the merge reads.
   auto register_and_retry = [&]() -> Result<bool> {
@@ -261,6 +279,36 @@ Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
     }
   }
   return best;
+}
+
+int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t now_ms) {
+  int merges = 0;
+  while (inline_bytes(state) < context.inline_drain_bytes()) {
+    const std::optional<MergeRequest> request = next_merge(state, context.inline_drain_bytes());
+    if (!request) break;
+    // Copies: apply_compaction finds them in the state it changes.
+    const std::vector<HollowBatch> inputs(
+        state.batches.begin() + static_cast<std::ptrdiff_t>(request->begin),
+        state.batches.begin() + static_cast<std::ptrdiff_t>(request->end));
+    std::uint64_t payload = 0;
+    for (const HollowBatch& batch : inputs) payload += batch.payload_bytes();
+    if (!all_inline(inputs) || total_bytes(inputs) > context.inline_merge_max_bytes() ||
+        payload > kInlineTailMergePayloadBytes) {
+      break;
+    }
+    const auto [desc, advance_to] = merge_shape(state, inputs);
+    // Named after no writer of the shard's: the part is never in the blob
+    // store, and its key only has to be unique.
+    RunWriter out(context, "m", desc, {}, InlineOutput::kOnly);
+    // TooLarge (the merged part did not fit inline) or a corrupt inline
+    // part: the compactor's merge meets the case and says so.
+    if (!merge_into(context, merge_runs(inputs), advance_to, out, "an inline merge")) break;
+    const HollowBatch output{desc, PartList(out.written()), true};
+    auto applied = apply_compaction(state, "", inputs, output, now_ms);
+    if (!applied || *applied != CompactionOutcome::kApplied) break;
+    ++merges;
+  }
+  return merges;
 }
 
 Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {

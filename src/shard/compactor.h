@@ -102,6 +102,22 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 [[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context,
                                                const std::function<bool()>& stop = {});
 
+// Does, within `state`, the merges next_merge asks for while their inputs
+// are all inline parts that together fit one inline part
+// (ShardContext::inline_merge_max_bytes) and the state's inline parts are
+// below the drain mark; stops at the first that does not qualify (or whose
+// output does not fit inline), which is left to the compactor. Reads and
+// writes nothing outside the state: an append whose commit makes such a
+// merge due carries it in that same commit, rather than the compactor
+// committing it a moment later on its own (a second sync, and a lost
+// compare-and-set for whichever append comes next). Memory: inputs of at
+// most one inline part's worth encoded and kInlineTailMergePayloadBytes
+// decoded (a few KiB can hold far more of a value that compresses well:
+// such merges are the compactor's, within its block budget), and the
+// output. Returns the number of merges done.
+inline constexpr std::uint64_t kInlineTailMergePayloadBytes = 1 << 20;
+int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t now_ms);
+
 class BackgroundCompactor {
  public:
   // REQUIRES: `context` outlives this (it is a member of it).

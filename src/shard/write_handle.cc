@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
@@ -200,6 +201,9 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
         no_room = true;
         return make_error(ErrorKind::kFull, "no room for inline parts in the shard's state");
       }
+      // Where compaction runs, the small merges this append makes due ride
+      // in its commit (compactor.h).
+      if (context_->compactor) (void)merge_inline_tail(*context_, state, wall_clock_millis());
       return TransitionResult::kWrite;
     });
     if (no_room) {
