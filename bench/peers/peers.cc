@@ -122,10 +122,30 @@ struct Record {
   std::string value;
 };
 
+// What the values hold: one repeated character (the tables' default), or
+// letters and digits drawn at random (--values random), which compress
+// about as well as text does, not to almost nothing.
+bool g_random_values = false;
+
 Record make_record(int client, std::uint64_t seq) {
   Record r;
   r.key = "c" + std::to_string(client) + "-" + std::to_string(seq);
-  r.value.assign(kRecordBytes - r.key.size(), 'v');
+  const std::size_t length = kRecordBytes - r.key.size();
+  if (!g_random_values) {
+    r.value.assign(length, 'v');
+    return r;
+  }
+  static constexpr std::string_view kAlphabet = "abcdefghijklmnopqrstuvwxyz0123456789";
+  // splitmix64 of (client, seq): the same records in every run.
+  std::uint64_t x = (static_cast<std::uint64_t>(client) << 48) ^ seq;
+  r.value.resize(length);
+  for (char& c : r.value) {
+    x += 0x9e3779b97f4a7c15ULL;
+    std::uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    c = kAlphabet[(z ^ (z >> 31)) % kAlphabet.size()];
+  }
   return r;
 }
 
@@ -747,6 +767,10 @@ void write_markdown(const fs::path& file, const std::vector<Measurement>& all,
                     const std::map<std::string, double>& syncs, const std::string& command) {
   std::ofstream out(file);
   out << "Command: `" << command << "`\n\n";
+  out << "Values: "
+      << (g_random_values ? "letters and digits drawn at random (about 5 bits per byte)"
+                          : "one repeated character (they compress to almost nothing)")
+      << ".\n\n";
   for (int c : clients) {
     out << "**" << c << (c == 1 ? " client" : " clients") << "**\n\n";
     out << "| system | records/s (median) | range over rounds | p50 ms | p99 ms | vs "
@@ -861,7 +885,7 @@ constexpr const char* kUsage =
     "       [--seconds S] [--rounds N] [--tidemark HOST:PORT --tidemark-pid PID]\n"
     "       [--tidemark-durability TEXT (how that server makes a write durable)]\n"
     "       [--postgres CONNINFO] [--redis HOST:PORT] [--check-syncs]\n"
-    "       [--markdown FILE] [--svg FILE] [--command TEXT]\n"
+    "       [--markdown FILE] [--svg FILE] [--command TEXT] [--values repeated|random]\n"
     "systems: tidemark-http tidemark-embedded postgres redis rocksdb sqlite\n";
 
 std::vector<std::string> split(const std::string& text) {
@@ -894,10 +918,20 @@ int run(int argc, char** argv) {
     }
   }
   for (const auto& [flag, value] : flags) {
-    static const std::vector<std::string> known{
-        "--dir",          "--systems",  "--clients", "--seconds",  "--rounds", "--tidemark",
-        "--tidemark-pid", "--postgres", "--redis",   "--markdown", "--svg",    "--command",
-        "--tidemark-durability"};
+    static const std::vector<std::string> known{"--dir",
+                                                "--systems",
+                                                "--clients",
+                                                "--seconds",
+                                                "--rounds",
+                                                "--tidemark",
+                                                "--tidemark-pid",
+                                                "--postgres",
+                                                "--redis",
+                                                "--markdown",
+                                                "--svg",
+                                                "--command",
+                                                "--tidemark-durability",
+                                                "--values"};
     if (std::find(known.begin(), known.end(), flag) == known.end()) {
       std::fprintf(stderr, "unknown option %s\n%s", flag.c_str(), kUsage);
       return 2;
@@ -906,6 +940,14 @@ int run(int argc, char** argv) {
   if (!flags.contains("--dir")) {
     std::fputs(kUsage, stderr);
     return 2;
+  }
+  if (flags.contains("--values")) {
+    if (flags["--values"] != "repeated" && flags["--values"] != "random") {
+      std::fprintf(stderr, "--values is repeated or random, not %s\n%s", flags["--values"].c_str(),
+                   kUsage);
+      return 2;
+    }
+    g_random_values = flags["--values"] == "random";
   }
   const fs::path scratch = flags["--dir"];
   const auto names = split(flags.contains("--systems")

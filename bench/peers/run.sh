@@ -3,7 +3,11 @@
 # instead, on this machine, in one interleaved run:
 #
 #   bench/peers/run.sh [--clients 1,100,1000] [--seconds S] [--rounds N]
-#                      [--systems a,b,...] [--out DIR] [--update-docs]
+#                      [--systems a,b,...] [--values repeated|random]
+#                      [--out DIR] [--update-docs]
+#
+# Values are one repeated character unless --values random (letters and
+# digits at random, which compress like text rather than to almost nothing).
 #
 # Installs what is missing (scripts/install-deps.sh peers), builds
 # tidemark and tidemark-peers (build/), then starts in a scratch directory
@@ -28,18 +32,21 @@ rounds=3
 systems=tidemark-http,tidemark-embedded,postgres,redis,rocksdb,sqlite
 out=$here/out
 update_docs=
+values=repeated
 while [ $# -gt 0 ]; do
   case $1 in
     --clients) clients=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --systems) systems=$2; shift 2 ;;
+    --values) values=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --update-docs) update_docs=1; shift ;;
-    *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,24p' "$0" >&2; exit 2 ;;
   esac
 done
 command_line="bench/peers/run.sh --clients $clients --seconds $seconds --rounds $rounds --systems $systems"
+[ "$values" = repeated ] || command_line="$command_line --values $values"
 
 bash "$root/scripts/install-deps.sh" peers
 [ -f "$root/build/build.ninja" ] ||
@@ -107,7 +114,7 @@ done
 
 mkdir -p "$out" "$work/scratch"
 "$root/build/tidemark-peers" --dir "$work/scratch" --systems "$systems" --clients "$clients" \
-  --seconds "$seconds" --rounds "$rounds" --check-syncs \
+  --seconds "$seconds" --rounds "$rounds" --values "$values" --check-syncs \
   --tidemark "127.0.0.1:$port" --tidemark-pid "$tidemark_pid" \
   --postgres "host=127.0.0.1 port=$pg_port user=peers dbname=postgres" \
   --redis "127.0.0.1:$redis_port" \
