@@ -1467,9 +1467,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // its turn in the requests pool holding nothing: no deadlock. It gets in
   // line only once a chunk of the body has come, and while it holds the
   // reservation it must keep sending: paused for kEvictIdleHolderAfter
-  // while others wait, it lets go (503). A chunked body's records are
-  // charged as they are parsed (forced: up to twice max_record_bytes per
-  // such connection beyond the pool).
+  // while others wait, it lets go (503). A body whose parsed records would
+  // need more than the whole pool (a record near max_record_bytes, which
+  // may be a quarter of the memory limit, as large as the pool) reserves
+  // all of it, so it waits until it is alone, and forces the rest as it is
+  // parsed: at most its length and a chunk beyond the pool, one such body
+  // at a time. A chunked body's records are charged as they are parsed
+  // (forced: up to twice max_record_bytes per such connection beyond the
+  // pool).
   void start_atomic() {
     atomic_ = true;
     sender_.emplace(appender_->sender());
@@ -1478,8 +1483,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (*length > *server_->options.max_record_bytes) return atomic_too_large();
     const std::uint64_t chunk =
         std::clamp<std::uint64_t>(*length, kSmallChunkBytes, Server::kBodyChunkBytes);
-    const std::uint64_t want = 2 * *length + chunk;
-    if (want > server_->requests->capacity()) return atomic_too_large();
+    const std::uint64_t want = std::min(2 * *length + chunk, server_->requests->capacity());
     // In line for the reservation only once a chunk's worth of the body (or
     // all of a shorter one) has come: a client that declares a body and
     // trickles it never gets there (the pace cuts it first).

@@ -2029,6 +2029,35 @@ TEST_F(ServerTest, APausedBodyGivesItsReservationUpToThoseWaiting) {
   EXPECT_NE(snapshot.body.find("\"key\":\"w0\""), std::string::npos);
 }
 
+// A record up to max_record_bytes is appended without a producer even when
+// its parsed copy and its line need more than the whole requests pool (the
+// limit may be a quarter of the memory, as large as that pool): it waits to
+// have the pool to itself and forces the rest. It was 413 "at most N bytes"
+// for a body under N.
+TEST_F(ServerTest, AnAllOrNothingRecordAtTheRecordLimitIsAppended) {
+  options_.memory_limit = 16 << 20;     // requests 4 MiB
+  options_.max_record_bytes = 4 << 20;  // the most allowed: limit / 4
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string value(3 << 20, 'v');  // 2 x 3 MiB + a chunk > 4 MiB
+  Reply appended = post("/v1/shards/s/append", "{\"key\":\"big\",\"value\":\"" + value + "\"}\n");
+  ASSERT_EQ(appended.status, 200u) << appended.body.substr(0, 300);
+  auto json = parse_json(appended.body);
+  ASSERT_TRUE(json);
+  EXPECT_EQ(*json->find("count")->as_u64(), 1u);
+  // The pool is whole again, and smaller appends go on.
+  EXPECT_EQ(pool_used(port_, "requests"), 0u);
+  EXPECT_EQ(post("/v1/shards/s/append", "{\"key\":\"small\",\"value\":1}\n").status, 200u);
+  Reply snapshot = get("/v1/shards/s/snapshot");
+  ASSERT_EQ(snapshot.status, 200u);
+  EXPECT_NE(snapshot.body.find(value), std::string::npos);
+  EXPECT_EQ(lines_of(snapshot.body).size(), 2u);
+  // Over the limit it is still 413, before it is read.
+  Reply over = post("/v1/shards/s/append",
+                    "{\"key\":\"over\",\"value\":\"" + std::string(5 << 20, 'v') + "\"}\n");
+  EXPECT_EQ(over.status, 413u) << over.body;
+}
+
 // A huge update is read within the reads pool (a snapshot or listen holds
 // its whole block): one that does not fit fails that read, naming the pool,
 // and nothing else; with more memory the same read succeeds.
