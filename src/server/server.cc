@@ -1796,11 +1796,65 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Where a stream stands, for the error line that ends it early: the query
   // that resumes it (snapshot: as_of and the last row; listen: from and
-  // the last update after the last progress). Updated once per chunk, from
-  // the last row the chunk holds.
+  // the last update after the last progress). The row's key and value are
+  // kept as JSON text and URL-encoded only for an error line: encoding
+  // every chunk's last row cost two to three times a huge row's size in
+  // memory that no pool saw (65 MiB for a 16 MiB row). A snapshot does not
+  // copy its rows at all: the chunk that holds the last row sent is kept
+  // (take_chunk) until a row of the next chunk supersedes it (drop_kept),
+  // so a huge row is held once, in its chunk.
   struct StreamPosition {
     std::mutex mu;
-    std::string query;  // guarded by mu
+    // All guarded by mu.
+    std::string base;        // as_of=T, or from=T[&until=T]
+    std::string after_time;  // a listen's row's time, or empty
+
+    // The row is a copy of this text (a listen's, a request's after_*).
+    void set_row(std::string_view key, std::string_view value) {
+      if (text_.capacity() > Server::kStreamChunkBytes &&
+          key.size() + value.size() < text_.capacity() / 2) {
+        std::string().swap(text_);  // a huge row's buffer is not kept for small ones
+      }
+      text_.assign(key).append(value);
+      row_ = Row{0, key.size(), key.size(), value.size()};
+      in_chunk_ = false;
+    }
+    void clear_row() { row_.reset(); }
+    // The row is at these offsets of the chunk being sent.
+    void set_row_in_chunk(std::size_t key_at, std::size_t key_size, std::size_t value_at,
+                          std::size_t value_size) {
+      row_ = Row{key_at, key_size, value_at, value_size};
+      in_chunk_ = true;
+    }
+    // Before the chunk's buffer is reused: keeps it if the row is in it.
+    void take_chunk(std::string* chunk) {
+      if (!row_ || !in_chunk_) return;
+      std::swap(text_, *chunk);
+      in_chunk_ = false;
+    }
+    // A row of the next chunk is about to supersede the kept one.
+    void drop_kept() {
+      if (row_ && !in_chunk_ && text_.capacity() > Server::kStreamChunkBytes) {
+        std::string().swap(text_);
+        row_.reset();
+      }
+    }
+    // `chunk`: the chunk being sent (where a row set_row_in_chunk is).
+    std::string query(std::string_view chunk) const {
+      if (!row_) return resume_query(base, after_time, std::nullopt);
+      const std::string_view text = in_chunk_ ? chunk : std::string_view(text_);
+      return resume_query(base, after_time,
+                          std::pair(text.substr(row_->key_at, row_->key_size),
+                                    text.substr(row_->value_at, row_->value_size)));
+    }
+
+   private:
+    struct Row {
+      std::size_t key_at, key_size, value_at, value_size;
+    };
+    std::optional<Row> row_;
+    bool in_chunk_ = false;
+    std::string text_;
   };
 
   // The query a stream's client sends to go on after the rows it has.
@@ -1860,23 +1914,18 @@ class Session : public std::enable_shared_from_this<Session> {
           if (!cursor) return self->respond_error(cursor.error());
           auto source = *cursor;
           auto position = std::make_shared<StreamPosition>();
-          const std::string base = "as_of=" + std::to_string(source->as_of());
-          position->query = after ? resume_query(base, {},
-                                                 std::pair<std::string_view, std::string_view>(
-                                                     after->first, after->second))
-                                  : base;
+          position->base = "as_of=" + std::to_string(source->as_of());
+          if (after) position->set_row(after->first, after->second);
           // Rows up to `after` were sent to an earlier request.
           auto skip = std::make_shared<std::optional<std::pair<std::string, std::string>>>(after);
           self->stream(
-              [source, position, skip, base](std::string* out) -> Result<bool> {
+              [source, position, skip](std::string* out) -> Result<bool> {
                 std::optional<std::pair<std::size_t, std::size_t>> key_at, value_at;
                 auto remember = [&] {
                   if (!key_at) return;
                   std::lock_guard lock(position->mu);
-                  position->query = resume_query(
-                      base, {},
-                      std::pair{std::string_view(*out).substr(key_at->first, key_at->second),
-                                std::string_view(*out).substr(value_at->first, value_at->second)});
+                  position->set_row_in_chunk(key_at->first, key_at->second, value_at->first,
+                                             value_at->second);
                 };
                 while (out->size() < Server::kStreamChunkBytes) {
                   auto row = source->next();
@@ -1895,6 +1944,11 @@ class Session : public std::enable_shared_from_this<Session> {
                       continue;
                     }
                     skip->reset();
+                  }
+                  if (!key_at) {
+                    // This row supersedes the last chunk's, kept until now.
+                    std::lock_guard lock(position->mu);
+                    position->drop_kept();
                   }
                   reserve_for_row(out, (*row)->key.size() + (*row)->value.size());
                   out->append("{\"key\":");
@@ -1961,14 +2015,15 @@ class Session : public std::enable_shared_from_this<Session> {
           auto cursor = std::make_shared<Cursor>(Cursor{from, until, after_time, after});
           auto position = std::make_shared<StreamPosition>();
           auto publish = [cursor, position] {
-            std::string q = cursor->base();
-            if (cursor->after_time && cursor->after) {
-              q = resume_query(q, std::to_string(*cursor->after_time),
-                               std::pair<std::string_view, std::string_view>(
-                                   cursor->after->first, cursor->after->second));
-            }
             std::lock_guard lock(position->mu);
-            position->query = std::move(q);
+            position->base = cursor->base();
+            if (cursor->after_time && cursor->after) {
+              position->after_time = std::to_string(*cursor->after_time);
+              position->set_row(cursor->after->first, cursor->after->second);
+            } else {
+              position->after_time.clear();
+              position->clear_row();
+            }
           };
           publish();
           // Updates up to (after_time, after_key, after_value) were sent to
@@ -2060,6 +2115,10 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void next_chunk(Fill fill) {
+    if (position_) {
+      std::lock_guard lock(position_->mu);
+      position_->take_chunk(&out_data_);
+    }
     if (peer_gone_) return close();
     if (server_->stopping) {
       // Said in the stream, so a cut snapshot never looks whole.
@@ -2098,7 +2157,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (position_) {
       std::lock_guard lock(position_->mu);
       line += ",\"resume\":";
-      append_json_string(&line, position_->query);
+      append_json_string(&line, position_->query(out_data_));
     }
     return line + "}\n";
   }
