@@ -419,6 +419,14 @@ TEST_F(CliTest, UsageErrors) {
   EXPECT_EQ(tidemark("snapshot s --as-of -1").status, 2);
   EXPECT_EQ(tidemark("snapshot s --bogus").status, 2);
   EXPECT_EQ(tidemark("append missing --lower 0 --upper 1", "").status, 1);
+  // A count is the whole text: trailing junk and signs are errors, not
+  // 12 and a wrapped 2^64 - 1 (the server never starts).
+  for (const char* queue : {"records:12x", "records:-1", "records:0", "records:", "records"}) {
+    const auto serve =
+        tidemark(std::string("serve --listen 127.0.0.1:0 --appender-queue ") + queue);
+    EXPECT_EQ(serve.status, 2) << queue;
+    EXPECT_NE(serve.err.find("--appender-queue"), std::string::npos) << serve.err;
+  }
 }
 
 TEST_F(CliTest, SinkDestinationErrors) {

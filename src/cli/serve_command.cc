@@ -163,11 +163,15 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   }
   if (auto queue = args->get("--appender-queue")) {
     if (queue->starts_with("records:")) {
-      try {
-        options.appender_queue_records = std::stoul(queue->substr(8));
-      } catch (...) {
-        return usage_error("--appender-queue takes bytes or records:N");
+      // The whole rest, a count from 1: not "12x" as 12, nor "-1" wrapped.
+      const std::string_view count = std::string_view(*queue).substr(8);
+      std::uint64_t n = 0;
+      auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+      if (ec != std::errc{} || end != count.data() + count.size() || n == 0 || n > 1'000'000'000) {
+        return usage_error("--appender-queue records:N takes N from 1 to 1000000000, got " +
+                           *queue);
       }
+      options.appender_queue_records = static_cast<std::size_t>(n);
     } else if (*queue != "bytes") {
       return usage_error("--appender-queue takes bytes or records:N");
     }
