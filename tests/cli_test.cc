@@ -411,6 +411,36 @@ TEST_F(CliTest, AppendsCompactAndCompactReports) {
   EXPECT_NE(missing.err.find("no shard named nope"), std::string::npos) << missing.err;
 }
 
+// --flag=value means --flag value, for the global flags too; a switch
+// given a value, an unknown flag or an empty value is still exit 2.
+TEST_F(CliTest, FlagsTakeTheirValueAfterAnEqualsSign) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  Outcome append = tidemark("append s --lower=0 --upper=2",
+                            "{\"key\": \"a\", \"value\": 1, \"time\": 0}\n"
+                            "{\"key\": \"b\", \"value\": 2, \"time\": 1}\n");
+  ASSERT_EQ(append.status, 0) << append.err;
+  EXPECT_EQ(append.out, "{\"count\":2,\"lower\":0,\"upper\":2}\n");
+  Outcome at0 = tidemark("snapshot s --as-of=0");
+  EXPECT_EQ(at0.status, 0) << at0.err;
+  EXPECT_EQ(at0.out, "{\"key\":\"a\",\"value\":1,\"diff\":1}\n");
+  Outcome listen = tidemark("listen s --from=0 --until=2");
+  EXPECT_EQ(listen.status, 0) << listen.err;
+  EXPECT_EQ(listen.out, "{\"key\":\"b\",\"value\":2,\"time\":1,\"diff\":1}\n{\"progress\":2}\n");
+  const std::string other = shell_quote((dir_ / "other").string());
+  ASSERT_EQ(tidemark("--data=" + other + " shard create t").status, 0);
+  Outcome list = tidemark("shard list --data=" + other);
+  EXPECT_EQ(list.out, "t\n") << list.err;
+
+  EXPECT_EQ(tidemark("snapshot s --as-of=").status, 2);
+  Outcome unknown = tidemark("snapshot s --bogus=1");
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_NE(unknown.err.find("unknown option --bogus"), std::string::npos) << unknown.err;
+  Outcome valued_switch = tidemark("shard inspect s --json=yes");
+  EXPECT_EQ(valued_switch.status, 2);
+  EXPECT_NE(valued_switch.err.find("--json takes no value"), std::string::npos)
+      << valued_switch.err;
+}
+
 TEST_F(CliTest, UsageErrors) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   EXPECT_EQ(tidemark("append s --lower 3").status, 2);

@@ -37,7 +37,13 @@ Result<Args> Args::parse(const std::vector<std::string>& argv,
   for (std::size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a.size() > 2 && a.starts_with("--")) {
-      if (known(switches, a)) {
+      // --flag=value, as most tools take it, is --flag value.
+      if (const auto eq = a.find('='); eq != std::string::npos) {
+        const std::string flag = a.substr(0, eq);
+        if (known(switches, flag)) return invalid_usage(flag + " takes no value");
+        if (!known(flags_with_values, flag)) return invalid_usage("unknown option " + flag);
+        args.values_[flag] = a.substr(eq + 1);
+      } else if (known(switches, a)) {
         args.values_[a] = "";
       } else if (known(flags_with_values, a)) {
         if (i + 1 >= argv.size()) return invalid_usage(a + " needs a value");

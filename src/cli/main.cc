@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/cli.h"
@@ -68,12 +69,26 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("TIDEMARK_BLOB")) globals.blob_url = env;
   if (const char* env = std::getenv("TIDEMARK_CONSENSUS")) globals.consensus_url = env;
 
-  std::vector<std::string> rest;
+  // The global flags also come as --flag=value.
+  std::vector<std::string> words;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
+    const std::string_view arg = argv[i];
+    bool split = false;
+    for (std::string_view flag : {"--data=", "--blob=", "--consensus="}) {
+      if (arg.starts_with(flag)) {
+        words.emplace_back(flag.substr(0, flag.size() - 1));
+        words.emplace_back(arg.substr(flag.size()));
+        split = true;
+      }
+    }
+    if (!split) words.emplace_back(arg);
+  }
+  std::vector<std::string> rest;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    std::string arg = words[i];
     auto take = [&](std::string* into) {
-      if (i + 1 >= argc) return false;
-      *into = argv[++i];
+      if (i + 1 >= words.size()) return false;
+      *into = words[++i];
       return true;
     };
     std::string value;
