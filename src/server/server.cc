@@ -2519,8 +2519,26 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     return std::unexpected(thread_start_error("the server's workers", error));
   }
   beast::error_code ec;
-  const auto address = net::ip::make_address(impl->options.host, ec);
-  if (ec) return invalid_usage("cannot listen on host " + impl->options.host + ": " + ec.message());
+  auto address = net::ip::make_address(impl->options.host, ec);
+  if (ec) {
+    // A host name (localhost, the machine's name): its first IPv4 address,
+    // else its first address, as a client resolving it would most likely
+    // try first.
+    net::io_context resolving;
+    tcp::resolver resolver(resolving);
+    const auto found = resolver.resolve(impl->options.host, "", ec);
+    if (ec || found.empty()) {
+      return invalid_usage("cannot listen on host " + impl->options.host + ": " +
+                           (ec ? ec.message() : "it has no address"));
+    }
+    address = found.begin()->endpoint().address();
+    for (const auto& entry : found) {
+      if (entry.endpoint().address().is_v4()) {
+        address = entry.endpoint().address();
+        break;
+      }
+    }
+  }
   const tcp::endpoint endpoint(address, impl->options.port);
   impl->acceptor.open(endpoint.protocol(), ec);
   if (!ec) impl->acceptor.set_option(net::socket_base::reuse_address(true), ec);

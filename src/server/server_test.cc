@@ -2029,6 +2029,20 @@ TEST_F(ServerTest, APausedBodyGivesItsReservationUpToThoseWaiting) {
   EXPECT_NE(snapshot.body.find("\"key\":\"w0\""), std::string::npos);
 }
 
+// --listen takes a host name as well as an address: localhost listens on
+// its IPv4 address; a name that does not resolve is a usage error.
+TEST_F(ServerTest, ListensOnAHostName) {
+  options_.host = "localhost";
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/healthz").status, 200u);  // on 127.0.0.1
+  ServerOptions unknown = options_;
+  unknown.host = "no-such-host.invalid";
+  auto refused = Server::start(client_, unknown);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(ErrorKind::kInvalidUsage)) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("no-such-host.invalid"), std::string::npos);
+}
+
 // A record up to max_record_bytes is appended without a producer even when
 // its parsed copy and its line need more than the whole requests pool (the
 // limit may be a quarter of the memory, as large as that pool): it waits to
