@@ -441,6 +441,23 @@ TEST_F(CliTest, FlagsTakeTheirValueAfterAnEqualsSign) {
       << valued_switch.err;
 }
 
+// Commands that only read never create a data directory: they fail
+// naming it. Creating a shard makes it.
+TEST_F(CliTest, ReadingCommandsNeverCreateTheDataDirectory) {
+  const fs::path missing = dir_ / "missing";
+  const std::string data = "--data " + shell_quote(missing.string()) + " ";
+  for (const char* command :
+       {"shard list", "shard inspect s", "snapshot s", "listen s --from 0 --until 1"}) {
+    Outcome read = tidemark(data + command);
+    EXPECT_EQ(read.status, 1) << command;
+    EXPECT_NE(read.err.find("does not exist"), std::string::npos) << command << ": " << read.err;
+    EXPECT_FALSE(fs::exists(missing)) << command << " created it";
+  }
+  ASSERT_EQ(tidemark(data + "shard create s").status, 0);
+  EXPECT_TRUE(fs::is_directory(missing));
+  EXPECT_EQ(tidemark(data + "shard list").out, "s\n");
+}
+
 TEST_F(CliTest, UsageErrors) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   EXPECT_EQ(tidemark("append s --lower 3").status, 2);

@@ -48,9 +48,17 @@ struct Globals {
   std::optional<std::string> consensus_url;
 };
 
-Result<std::shared_ptr<Client>> open_client(const Globals& globals);
-// The blob and consensus URLs the globals name (creating the data directory).
-Result<std::pair<std::string, std::string>> location_urls(const Globals& globals);
+// Whether a command may create the data directory: commands that only
+// read (shard list and inspect, snapshot, listen) never do, and fail
+// naming a data directory that does not exist.
+enum class DataDir { kCreate, kMustExist };
+
+Result<std::shared_ptr<Client>> open_client(const Globals& globals,
+                                            DataDir data_dir = DataDir::kCreate);
+// The blob and consensus URLs the globals name (creating the data directory
+// if asked to).
+Result<std::pair<std::string, std::string>> location_urls(const Globals& globals,
+                                                          DataDir data_dir = DataDir::kCreate);
 
 // Prints the error and returns its exit code.
 int report(const Error& error);

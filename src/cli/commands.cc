@@ -95,10 +95,16 @@ int usage_error(const std::string& message) {
   return kExitUsage;
 }
 
-Result<std::pair<std::string, std::string>> location_urls(const Globals& globals) {
+Result<std::pair<std::string, std::string>> location_urls(const Globals& globals,
+                                                          DataDir data_dir) {
   std::string blob_url, consensus_url;
   if (!globals.blob_url || !globals.consensus_url) {
     std::error_code ec;
+    if (data_dir == DataDir::kMustExist && !std::filesystem::is_directory(globals.data_dir, ec)) {
+      return make_error(ErrorKind::kNotFound,
+                        "data directory " + globals.data_dir +
+                            " does not exist (tidemark shard create makes it)");
+    }
     std::filesystem::create_directories(globals.data_dir, ec);
     if (ec) {
       return determinate("cannot create data directory " + globals.data_dir + ": " + ec.message());
@@ -113,8 +119,8 @@ Result<std::pair<std::string, std::string>> location_urls(const Globals& globals
   return std::pair{blob_url, consensus_url};
 }
 
-Result<std::shared_ptr<Client>> open_client(const Globals& globals) {
-  TM_ASSIGN(auto urls, location_urls(globals));
+Result<std::shared_ptr<Client>> open_client(const Globals& globals, DataDir data_dir) {
+  TM_ASSIGN(auto urls, location_urls(globals, data_dir));
   // A command is a short-lived process: it compacts in the foreground
   // (after an append, or as `compact`) instead of leaving a merge half
   // done when it exits.
@@ -143,8 +149,9 @@ class Output {
   std::string buffer_;
 };
 
-Result<std::shared_ptr<Shard>> open_named_shard(const Globals& globals, const std::string& name) {
-  TM_ASSIGN(auto client, open_client(globals));
+Result<std::shared_ptr<Shard>> open_named_shard(const Globals& globals, const std::string& name,
+                                                DataDir data_dir = DataDir::kCreate) {
+  TM_ASSIGN(auto client, open_client(globals, data_dir));
   return client->open_shard(name);
 }
 
@@ -166,7 +173,7 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
   } else {
     return usage_error("unknown shard command \"" + sub + "\"");
   }
-  auto client = open_client(globals);
+  auto client = open_client(globals, sub == "create" ? DataDir::kCreate : DataDir::kMustExist);
   if (!client) return report(client.error());
   if (sub == "create") {
     auto created = (*client)->create_shard(pos[1]);
@@ -580,7 +587,7 @@ int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
   if (args->positionals().size() != 1) return usage_error("snapshot takes one NAME");
   auto as_of_flag = args->frontier("--as-of", false);
   if (!as_of_flag) return usage_error(as_of_flag.error().message);
-  auto shard = open_named_shard(globals, args->positionals()[0]);
+  auto shard = open_named_shard(globals, args->positionals()[0], DataDir::kMustExist);
   if (!shard) return report(shard.error());
   Time as_of;
   if (*as_of_flag) {
@@ -630,7 +637,7 @@ int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
   if (!*from) return usage_error("listen needs --from T");
   auto until = args->frontier("--until", false);
   if (!until) return usage_error(until.error().message);
-  auto shard = open_named_shard(globals, args->positionals()[0]);
+  auto shard = open_named_shard(globals, args->positionals()[0], DataDir::kMustExist);
   if (!shard) return report(shard.error());
   std::optional<Time> until_time;
   if (*until) until_time = (*until)->time();
