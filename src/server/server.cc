@@ -887,6 +887,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (path_ == "/healthz") {
       route_ = "healthz";
+      if (rejects_query({})) return;
       return read_small_body([self = shared_from_this()] { self->respond(200, "{\"ok\":true}"); });
     }
     if (server_->options.token) {
@@ -902,6 +903,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     if (path_ == "/metrics" && method == http::verb::get) {
       route_ = "metrics";
+      if (rejects_query({})) return;
       return read_small_body([self = shared_from_this()] {
         self->blocking<std::string>(
             [server = self->server_]() -> Result<std::string> { return server->render_metrics(); },
@@ -914,10 +916,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path_ == kSinks) {
       if (method == http::verb::post) {
         route_ = "create_sink";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->create_sink(); });
       }
       if (method == http::verb::get) {
         route_ = "list_sinks";
+        if (rejects_query({})) return;
         return read_small_body(
             [self = shared_from_this()] { self->respond(200, self->server_->sinks->list_json()); });
       }
@@ -927,6 +931,7 @@ class Session : public std::enable_shared_from_this<Session> {
       name_ = path_.substr(kSinks.size() + 1);
       if (method == http::verb::get) {
         route_ = "sink_status";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] {
           auto status = self->server_->sinks->status_json(self->name_);
           if (!status) return self->respond_error(status.error());
@@ -935,6 +940,7 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (method == http::verb::delete_) {
         route_ = "delete_sink";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] {
           self->blocking<std::string>(
               [server = self->server_, n = self->name_]() -> Result<std::string> {
@@ -955,10 +961,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path_ == kShards) {
       if (method == http::verb::post) {
         route_ = "create_shard";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->create_shard(); });
       }
       if (method == http::verb::get) {
         route_ = "list_shards";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->list_shards(); });
       }
       return method_not_allowed();
@@ -977,23 +985,28 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (action.empty() && method == http::verb::get) {
         route_ = "inspect_shard";
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->inspect_shard(); });
       }
       if (action == "append" && method == http::verb::post) {
         route_ = "append";
+        if (rejects_query({"lower", "upper"})) return;
         return start_append();
       }
       if (action == "snapshot" && method == http::verb::get) {
         route_ = "snapshot";
+        if (rejects_query({"as_of", "after_key", "after_value"})) return;
         return read_small_body([self = shared_from_this()] { self->snapshot(); });
       }
       if (action == "listen" && method == http::verb::get) {
         route_ = "listen";
+        if (rejects_query({"from", "until", "after_time", "after_key", "after_value"})) return;
         return read_small_body([self = shared_from_this()] { self->listen(); });
       }
       if (action.starts_with("producers/") && method == http::verb::get) {
         route_ = "producer";
         producer_ = std::string(action.substr(std::string_view("producers/").size()));
+        if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->inspect_producer(); });
       }
       if (action.empty() || action == "append" || action == "snapshot" || action == "listen") {
@@ -1003,6 +1016,29 @@ class Session : public std::enable_shared_from_this<Session> {
     route_ = "not_found";
     read_small_body(
         [self = shared_from_this()] { self->respond(404, error_json("no route " + self->path_)); });
+  }
+
+  // Answers 400 naming the first query parameter the route does not take,
+  // and returns true: a typo (snapshot?asof=0) must not read as no
+  // parameter at all. The body is not read; the connection closes after
+  // the answer.
+  bool rejects_query(std::initializer_list<std::string_view> known) {
+    for (const auto& entry : query_) {
+      const std::string& name = entry.first;
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      std::string takes;
+      for (std::string_view k : known) {
+        if (!takes.empty()) takes += ", ";
+        takes += k;
+      }
+      keep_alive_ = false;
+      respond(400, error_json("unknown query parameter \"" + name + "\" (" +
+                              (takes.empty() ? std::string("this route takes none")
+                                             : "this route takes " + takes) +
+                              ")"));
+      return true;
+    }
+    return false;
   }
 
   void method_not_allowed() {

@@ -2029,6 +2029,34 @@ TEST_F(ServerTest, APausedBodyGivesItsReservationUpToThoseWaiting) {
   EXPECT_NE(snapshot.body.find("\"key\":\"w0\""), std::string::npos);
 }
 
+// A query parameter a route does not take is 400 naming it, everywhere:
+// a typo must not read as no parameter (snapshot?asof=0 answered the
+// latest snapshot).
+TEST_F(ServerTest, UnknownQueryParametersAreRefusedByName) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  for (const char* target :
+       {"/v1/shards/s/snapshot?asof=0", "/v1/shards/s/listen?from=0&untill=1", "/v1/shards?limit=1",
+        "/v1/shards/s?verbose=1", "/v1/sinks?all=1", "/healthz?x=1", "/metrics?format=json"}) {
+    Reply reply = get(target);
+    EXPECT_EQ(reply.status, 400u) << target << ": " << reply.body;
+    EXPECT_NE(reply.body.find("unknown query parameter"), std::string::npos) << reply.body;
+  }
+  Reply typo = get("/v1/shards/s/snapshot?asof=0");
+  EXPECT_NE(typo.body.find("asof"), std::string::npos) << typo.body;
+  EXPECT_NE(typo.body.find("as_of"), std::string::npos) << typo.body;  // what it takes
+  Reply refused = post("/v1/shards/s/append?lowr=0", "{\"key\":\"refused\",\"value\":1}\n");
+  EXPECT_EQ(refused.status, 400u) << refused.body;
+  // The known ones still work, and the refused request appended nothing.
+  ASSERT_EQ(
+      post("/v1/shards/s/append?lower=0&upper=1", "{\"key\":\"kept\",\"value\":1,\"time\":0}\n")
+          .status,
+      200u);
+  Reply snapshot = get("/v1/shards/s/snapshot?as_of=0");
+  EXPECT_EQ(snapshot.status, 200u);
+  EXPECT_EQ(snapshot.body, "{\"key\":\"kept\",\"value\":1,\"diff\":1}\n");
+}
+
 // --listen takes a host name as well as an address: localhost listens on
 // its IPv4 address; a name that does not resolve is a usage error.
 TEST_F(ServerTest, ListensOnAHostName) {
