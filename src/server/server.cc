@@ -1070,6 +1070,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (!json || name == nullptr || !name->is_string()) {
       return respond(400, error_json("expected {\"name\": S}"));
     }
+    for (const auto& [field, value] : json->as_object()) {
+      if (field != "name") {
+        return respond(400, error_json("unknown field \"" + field + "\" (a shard takes name)"));
+      }
+    }
     blocking<std::string>(
         [server = server_, n = name->as_string()]() -> Result<std::string> {
           TM_TRY(server->client->create_shard(n));

@@ -2057,6 +2057,25 @@ TEST_F(ServerTest, UnknownQueryParametersAreRefusedByName) {
   EXPECT_EQ(snapshot.body, "{\"key\":\"kept\",\"value\":1,\"diff\":1}\n");
 }
 
+// A JSON field a resource does not take is 400 naming it, never dropped:
+// a sink created with "as_of" ran from the start without a word.
+TEST_F(ServerTest, UnknownJsonFieldsAreRefusedByName) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  Reply shard = post("/v1/shards", R"({"name": "s", "replicas": 3})");
+  EXPECT_EQ(shard.status, 400u) << shard.body;
+  EXPECT_NE(shard.body.find("replicas"), std::string::npos) << shard.body;
+  EXPECT_EQ(get("/v1/shards").body, "[]\n");
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const std::string to = "\"to\": \"file://" + (dir_ / "out").string() + "\"";
+  Reply as_of = post("/v1/sinks", R"({"name": "k", "shard": "s", "as_of": 5, )" + to + "}");
+  EXPECT_EQ(as_of.status, 400u) << as_of.body;
+  EXPECT_NE(as_of.body.find("as_of"), std::string::npos) << as_of.body;
+  Reply typed = post("/v1/sinks", R"({"name": "k", "shard": "s", "envelope": 1, )" + to + "}");
+  EXPECT_EQ(typed.status, 400u) << typed.body;
+  EXPECT_NE(typed.body.find("envelope"), std::string::npos) << typed.body;
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+}
+
 // --listen takes a host name as well as an address: localhost listens on
 // its IPv4 address; a name that does not resolve is a usage error.
 TEST_F(ServerTest, ListensOnAHostName) {

@@ -1,5 +1,8 @@
 #include "sink/sink_spec.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "shard/state.h"
 #include "util/json.h"
 
@@ -26,9 +29,20 @@ Result<SinkSpec> SinkSpec::parse(std::string_view json) {
   if (!value || !value->is_object()) {
     return invalid_usage("expected {\"name\", \"shard\", \"to\", \"envelope\", \"format\"}");
   }
+  // Every field is known and a string: a misspelt or unsupported one (an
+  // "as_of", say) is an error, never silently dropped.
+  static constexpr std::string_view kFields[] = {"name",     "shard",  "to",
+                                                 "envelope", "format", "owner"};
+  for (const auto& [field, v] : value->as_object()) {
+    if (std::find(std::begin(kFields), std::end(kFields), field) == std::end(kFields)) {
+      return invalid_usage("unknown field \"" + field +
+                           "\" (a sink takes name, shard, to, envelope and format)");
+    }
+    if (!v.is_string()) return invalid_usage("field \"" + field + "\" must be a string");
+  }
   auto text = [&](const char* field) -> std::optional<std::string> {
     const JsonValue* v = value->find(field);
-    if (v == nullptr || !v->is_string()) return std::nullopt;
+    if (v == nullptr) return std::nullopt;
     return v->as_string();
   };
   SinkSpec spec;
