@@ -458,6 +458,30 @@ TEST_F(CliTest, ReadingCommandsNeverCreateTheDataDirectory) {
   EXPECT_EQ(tidemark(data + "shard list").out, "s\n");
 }
 
+// help, --help on every command and --version answer on stdout with exit
+// 0, run nothing and create nothing; an unknown command's help is exit 2.
+TEST_F(CliTest, EveryCommandExplainsItself) {
+  Outcome version = tidemark("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_TRUE(version.out.starts_with("tidemark ")) << version.out;
+  Outcome help = tidemark("help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.out.find("help [COMMAND]"), std::string::npos) << help.out;
+  EXPECT_EQ(tidemark("--help").out, help.out);
+  for (const std::string command :
+       {"shard", "append", "snapshot", "listen", "compact", "sink", "serve", "bench"}) {
+    Outcome own = tidemark(command + " --help");
+    EXPECT_EQ(own.status, 0) << command << ": " << own.err;
+    EXPECT_TRUE(own.out.starts_with("usage: tidemark " + command)) << own.out;
+    EXPECT_NE(own.out.find("Example:"), std::string::npos) << command;
+    EXPECT_EQ(tidemark("help " + command).out, own.out) << command;
+  }
+  // Not run: serve --help starts no server, snapshot --help opens nothing.
+  EXPECT_EQ(tidemark("snapshot missing --help").status, 0);
+  EXPECT_FALSE(fs::exists(dir_ / "data"));
+  EXPECT_EQ(tidemark("help nonsense").status, 2);
+}
+
 TEST_F(CliTest, UsageErrors) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
   EXPECT_EQ(tidemark("append s --lower 3").status, 2);

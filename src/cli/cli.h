@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tidemark/client.h"
@@ -63,6 +64,10 @@ Result<std::pair<std::string, std::string>> location_urls(const Globals& globals
 // Prints the error and returns its exit code.
 int report(const Error& error);
 int usage_error(const std::string& message);
+
+// A command's help (`tidemark help COMMAND`, `COMMAND --help`): its
+// options, their defaults and an example; nullopt for an unknown command.
+std::optional<std::string_view> command_help(std::string_view command);
 
 int run_shard(const Globals& globals, const std::vector<std::string>& args);
 int run_append(const Globals& globals, const std::vector<std::string>& args);

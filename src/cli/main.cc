@@ -18,21 +18,20 @@ constexpr const char* kUsage =
   snapshot NAME [--as-of T]
   listen NAME --from T [--until T]
   compact NAME
-  serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] [--lease MS]
-        [--retry-deadline MS] [--producer-expiry MS] [--max-producers N]
-        [--max-connections N] [--min-body-rate BYTES] [--allow-s3-endpoints http[s]://HOST[:PORT],...]
+  serve [--listen HOST:PORT] [--memory-limit SIZE] [--max-record-bytes SIZE]
+        [--token-file FILE] [--lease MS] [--retry-deadline MS] [--producer-expiry MS]
+        [--max-producers N] [--max-connections N] [--min-body-rate BYTES]
+        [--shutdown-grace S] [--allow-s3-endpoints http[s]://HOST[:PORT],...]
         [--allow-kafka-brokers HOST[:PORT],...]
   sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
       [--sink-name S] [--as-of T] [--until T]
       URL: file:///DIR | s3://BUCKET/PREFIX?endpoint=http://HOST:PORT[&region=R]
            | kafka://HOST:PORT[,HOST:PORT]/TOPIC
-  bench engine [--json] [--updates N] [--appends N]
-  bench appender [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
-      [--batch-appends on|off] [--blob-latency-ms L] [--consensus-latency-ms L]
-      [--duration S] [--json]
-  bench compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json]
-  bench sink [--diff N] [--envelope upsert|debezium] [--to file|kafka] [--dir DIR] [--json]
+  bench engine|appender|compaction|sink|shards [options]
+  help [COMMAND]      this, or a command's options, defaults and an example
+  --version
 
+Every COMMAND takes --help. A flag's value may follow '=' (--as-of=0).
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
 --consensus (env TIDEMARK_BLOB, TIDEMARK_CONSENSUS) override them.
@@ -92,7 +91,7 @@ int main(int argc, char** argv) {
       return true;
     };
     std::string value;
-    if (arg == "--help" || arg == "-h") {
+    if ((arg == "--help" || arg == "-h") && rest.empty()) {  // after a command: its own
       std::fputs(kUsage, stdout);
       return kExitOk;
     } else if (arg == "--data") {
@@ -113,6 +112,32 @@ int main(int argc, char** argv) {
   }
   std::string command = rest.front();
   rest.erase(rest.begin());
+  if (command == "--version" || command == "version") {
+    std::printf("tidemark %s\n", TIDEMARK_VERSION);
+    return kExitOk;
+  }
+  if (command == "help") {
+    if (rest.empty()) {
+      std::fputs(kUsage, stdout);
+      return kExitOk;
+    }
+    auto text = command_help(rest.front());
+    if (!text || rest.size() > 1) {
+      return usage_error(
+          "help takes one COMMAND of: shard append snapshot listen compact sink "
+          "serve bench");
+    }
+    std::fwrite(text->data(), 1, text->size(), stdout);
+    return kExitOk;
+  }
+  // COMMAND --help (or -h) anywhere after the command: its help, nothing run.
+  for (const std::string& word : rest) {
+    if (word != "--help" && word != "-h") continue;
+    if (auto text = command_help(command)) {
+      std::fwrite(text->data(), 1, text->size(), stdout);
+      return kExitOk;
+    }
+  }
   if (command == "shard") return run_shard(globals, rest);
   if (command == "append") return run_append(globals, rest);
   if (command == "snapshot") return run_snapshot(globals, rest);

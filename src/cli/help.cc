@@ -1,0 +1,182 @@
+// `tidemark help COMMAND` and `COMMAND --help`: each command's options,
+// their defaults and an example. Kept beside the global usage (main.cc)
+// and the README's command list; CliTest.EveryCommandExplainsItself runs
+// each one.
+#include <array>
+#include <string_view>
+#include <utility>
+
+#include "cli/cli.h"
+
+namespace tidemark::cli {
+namespace {
+
+constexpr std::string_view kShard = R"(usage: tidemark shard create NAME
+       tidemark shard list
+       tidemark shard inspect NAME [--json]
+
+Shards are named collections of updates ((key, value), time, diff).
+  create   makes an empty shard (upper 0, since 0). NAME: letters, digits,
+           '.', '_', '-', at most 128 characters. Exit 1 if it exists.
+  list     prints every shard's name, one a line.
+  inspect  prints upper (times below it are final), since (times at or
+           above it read exactly), batches, parts, updates and bytes;
+           --json prints them as one JSON object.
+
+Example:
+  tidemark shard create orders && tidemark shard inspect orders --json
+)";
+
+constexpr std::string_view kAppend = R"(usage: tidemark append NAME [--input FILE|-]
+                       [--lower T --upper T | --producer ID] [--max-record-bytes SIZE]
+
+Appends NDJSON lines {"key": K, "value": V[, "time": T][, "diff": D]} from
+--input (default: stdin). D defaults to 1; K and V are any JSON.
+  (neither)          managed: the records get the time of the commit (wall
+                     clock milliseconds); all or nothing. Prints
+                     {"time","count","upper"}.
+  --lower T --upper T  explicit: every record's time is in [T_lower, T_upper),
+                     committed only if the shard's upper is still T_lower
+                     (else exit 3 naming the current upper). Prints
+                     {"count","lower","upper"}.
+  --producer ID      managed and idempotent: records are numbered after the
+                     producer's last committed one, so re-running the same
+                     input after a failure appends nothing twice.
+  --max-record-bytes SIZE  longest line taken (default 32MiB); a longer one
+                     fails by line number and nothing is appended.
+A malformed line fails with its line number; nothing is appended.
+
+Example:
+  echo '{"key":"order-1","value":{"qty":2},"time":0}' |
+    tidemark append orders --lower 0 --upper 1
+)";
+
+constexpr std::string_view kSnapshot = R"(usage: tidemark snapshot NAME [--as-of T]
+
+Prints the consolidated contents at time T as NDJSON {"key","value","diff"},
+sorted by key and value: every update at a time <= T, diffs summed, rows
+whose diffs sum to 0 left out.
+  --as-of T  default: the latest final time (upper - 1). T must be at or
+             above the shard's since and below its upper (exit 1 otherwise).
+Never creates the data directory.
+
+Example:
+  tidemark snapshot orders --as-of 0
+)";
+
+constexpr std::string_view kListen = R"(usage: tidemark listen NAME --from T [--until T]
+
+Prints every update at a time after T (T itself excluded), in time order,
+as NDJSON {"key","value","time","diff"}, with {"progress": P} lines: all
+times below P have been printed. Waits for new appends.
+  --from T   required; T must be at or above the shard's since.
+  --until T  stop once progress reaches T (default: run until interrupted).
+Never creates the data directory.
+
+Example:
+  tidemark listen orders --from 0 --until 5
+)";
+
+constexpr std::string_view kCompact = R"(usage: tidemark compact NAME
+
+Merges the shard's batches now, in the foreground, as far as the shard's
+holds allow, and prints what it did. Servers and appenders compact in the
+background by themselves; this is for shards written only by commands.
+
+Example:
+  tidemark compact orders
+)";
+
+constexpr std::string_view kSink =
+    R"(usage: tidemark sink run NAME --to URL [--envelope upsert|debezium]
+                         [--format json|csv] [--sink-name S] [--as-of T] [--until T]
+
+Writes the shard's contents, then every change, to a destination, exactly
+once across restarts: progress is committed with the output, and a rerun
+resumes where the last commit left off.
+  --to URL        file:///DIR, s3://BUCKET/PREFIX?endpoint=http://HOST:PORT
+                  [&region=R], or kafka://HOST:PORT[,HOST:PORT]/TOPIC
+  --envelope E    upsert (default: key and new value, null for a delete) or
+                  debezium ({"before","after"})
+  --format F      json (default) or csv (file and s3 only)
+  --sink-name S   the name its progress is kept under (default: NAME)
+  --as-of T       the snapshot's time (default: the latest final time,
+                  upper - 1, when it first starts)
+  --until T       stop once the output is complete up to T (default: run
+                  until interrupted)
+s3:// takes credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+
+Example:
+  tidemark sink run orders --to file:///tmp/orders-out --until 5
+)";
+
+constexpr std::string_view kServe = R"(usage: tidemark serve [options]
+
+Serves the HTTP API (README, "The server") on the data directory; one
+server per directory (the second exits naming the first).
+  --listen HOST:PORT          default 127.0.0.1:6875; HOST may be a name;
+                              PORT 0 picks a free one (printed on stderr)
+  --memory-limit SIZE         one budget for requests, appender queues,
+                              reads and sinks (default 256MiB)
+  --max-record-bytes SIZE     longest record line (default min(32MiB,
+                              limit / 8); at most limit / 4)
+  --token-file FILE           require "Authorization: Bearer <token>"
+  --lease MS                  writers' and readers' lease (default 60000)
+  --retry-deadline MS         how long reads retry a failing backend
+                              (default 30000)
+  --producer-expiry MS        how long a shard remembers an idle producer
+                              (default 7 days)
+  --max-producers N           producers remembered per shard (default 1000)
+  --max-connections N         default 1000; 0: no limit
+  --min-body-rate BYTES       a body's slowest pace (default 1024 a second)
+  --shutdown-grace S          on SIGTERM/SIGINT, time to finish (default 10)
+  --allow-s3-endpoints URLS   S3 endpoints sinks may name (comma-separated)
+  --allow-kafka-brokers HOSTS Kafka brokers sinks may name (comma-separated)
+Benchmarks only: --inject-blob-latency-ms L, --appender-queue bytes|records:N.
+
+Example:
+  tidemark --data ./tidemark-data serve --listen localhost:6875
+)";
+
+constexpr std::string_view kBench = R"(usage: tidemark bench MODE [options]
+
+Benchmarks that print figures (docs/benchmarks.md has them, with the
+command beside each row); --json prints them as JSON. Each works in a
+fresh temporary directory, removed after; engine, compaction, sink and
+shards take --dir DIR to work in DIR and keep it.
+  engine      [--updates N] [--appends N]: ingest, snapshot, listen, sizes
+  appender    [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
+              [--batch-appends on|off] [--blob-latency-ms L]
+              [--consensus-latency-ms L] [--duration S]: concurrent producers
+  compaction  [--appends N] [--background-compaction on|off]: batches, parts
+              and bytes rewritten
+  sink        [--diff N] [--envelope upsert|debezium] [--to file|kafka]:
+              messages a second, memory
+  shards      [--shards N] [--sinks M] [--idle-close S]: threads and CPU of
+              many open, idle shards and sinks
+
+Example:
+  tidemark bench engine --updates 1000000
+)";
+
+constexpr std::array<std::pair<std::string_view, std::string_view>, 8> kHelp = {{
+    {"shard", kShard},
+    {"append", kAppend},
+    {"snapshot", kSnapshot},
+    {"listen", kListen},
+    {"compact", kCompact},
+    {"sink", kSink},
+    {"serve", kServe},
+    {"bench", kBench},
+}};
+
+}  // namespace
+
+std::optional<std::string_view> command_help(std::string_view command) {
+  for (const auto& [name, text] : kHelp) {
+    if (name == command) return text;
+  }
+  return std::nullopt;
+}
+
+}  // namespace tidemark::cli
