@@ -42,7 +42,10 @@ class Run {
   }
   // A figure or fact worth printing with the result.
   void note(const std::string& what);
-  bool failed() const { return !failures_.empty(); }
+  bool failed() const {
+    std::lock_guard lock(mutex_);
+    return !failures_.empty();
+  }
   const std::vector<std::string>& failures() const { return failures_; }
   const std::vector<std::string>& notes() const { return notes_; }
   // Prints a progress line (stderr) prefixed with the time and scenario.

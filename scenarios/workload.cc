@@ -149,6 +149,13 @@ void Ingest::client_loop() {
     if (reply.status == 200) {
       run_.fail("append of " + std::to_string(to - from) + " records answered " + reply.body);
     }
+    // A refusal of the request itself (400, 413) is the scenario's mistake,
+    // never an outage: fail now instead of retrying until the timeout.
+    if (reply.status == 400 || reply.status == 413) {
+      run_.fail("append of " + std::to_string(to - from) + " records refused: " +
+                std::to_string(reply.status) + " " + reply.body.substr(0, 300));
+      stop_ = true;
+    }
     ++errors_;
     {
       std::lock_guard lock(mutex_);
