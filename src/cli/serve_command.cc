@@ -22,14 +22,6 @@
 namespace tidemark::cli {
 namespace {
 
-constexpr const char* kServeUsage =
-    "serve [--listen HOST:PORT] [--memory-limit BYTES] [--token-file FILE] "
-    "[--max-record-bytes BYTES] [--lease MS] [--retry-deadline MS] [--producer-expiry MS] "
-    "[--max-producers N] [--max-connections N] [--min-body-rate BYTES] [--shutdown-grace S] "
-    "[--allow-s3-endpoints http[s]://HOST[:PORT],...] [--allow-kafka-brokers HOST[:PORT],...] "
-    "(benchmarks: "
-    "[--inject-blob-latency-ms L] [--appender-queue bytes|records:N])";
-
 // The data directory is one server's: <data>/server.lock, flocked for the
 // server's life (the kernel releases it when the process dies, however it
 // dies), and naming it for a second server, which exits at once. Taken
@@ -106,7 +98,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
                    "--allow-kafka-brokers", "--inject-blob-latency-ms", "--appender-queue"},
                   {});
   if (!args) return usage_error(args.error().message);
-  if (!args->positionals().empty()) return usage_error(kServeUsage);
+  if (!args->positionals().empty())
+    return usage_error("serve takes no arguments but its options (tidemark serve --help)");
   ServerOptions options;
   if (auto listen = args->get("--listen")) {
     const auto colon = listen->rfind(':');

@@ -113,19 +113,18 @@ class ProgressReporter {
   std::uint64_t printed_commits_ = 0;
 };
 
-constexpr const char* kSinkUsage =
-    "sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv] [--sink-name S] "
-    "[--as-of T] [--until T]";
-
 }  // namespace
 
 int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
-  if (argv.empty() || argv[0] != "run") return usage_error(kSinkUsage);
+  if (argv.empty() || argv[0] != "run") {
+    return usage_error("sink run NAME --to URL [options] (tidemark sink --help)");
+  }
   std::vector<std::string> rest(argv.begin() + 1, argv.end());
   auto args = Args::parse(
       rest, {"--to", "--envelope", "--format", "--sink-name", "--as-of", "--until"}, {});
   if (!args) return usage_error(args.error().message);
-  if (args->positionals().size() != 1) return usage_error(kSinkUsage);
+  if (args->positionals().size() != 1)
+    return usage_error("sink run takes one NAME (tidemark sink --help)");
   const std::string shard_name = args->positionals()[0];
   auto to = args->get("--to");
   if (!to) return usage_error("sink run needs --to URL");
