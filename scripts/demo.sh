@@ -46,8 +46,8 @@ step snapshot orders --as-of 2
 tm snapshot orders --as-of 2
 step 'snapshot orders   (latest complete time: upper - 1)'
 tm snapshot orders
-step listen orders --from 0 --until 5
-tm listen orders --from 0 --until 5
+step "listen orders --resume-progress 0 --until 5   (every change from time 0, then progress)"
+tm listen orders --resume-progress 0 --until 5
 step 'compact orders   (appends already compact as they go; this runs a pass and GC by hand)'
 tm compact orders
 step shard inspect orders --json

@@ -15,7 +15,7 @@ Tidemark server on $url, data in $data. Try, from another terminal:
   printf '{"key": "o1", "value": {"qty": 2}}\n{"key": "o2", "value": {"qty": 5}}\n' |
     curl -X POST $url/v1/shards/orders/append --data-binary @-
   curl "$url/v1/shards/orders/snapshot"                 # the latest complete time
-  curl -N "$url/v1/shards/orders/listen?from=0"         # follows new appends
+  curl -N "$url/v1/shards/orders/listen?resume_progress=0"  # all of it, then follows new appends
   curl -X POST $url/v1/sinks -d '{"name": "files", "shard": "orders", "to": "file://$(realpath -m "$data")/sinks/files", "envelope": "upsert", "format": "json"}'
   curl $url/v1/sinks/files
   curl $url/metrics

@@ -132,6 +132,23 @@ TEST_F(CliTest, AppendSnapshotListen) {
             "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":-1}\n"
             "{\"progress\":3}\n");
   EXPECT_EQ(tidemark("listen s").status, 2);
+
+  // --resume-progress P: times from P on, so 0 is the whole history and
+  // the last progress a stream printed goes on with nothing skipped.
+  Outcome all = tidemark("listen s --resume-progress 0 --until 3");
+  EXPECT_EQ(all.status, 0) << all.err;
+  EXPECT_EQ(all.out,
+            "{\"key\":\"b\",\"value\":{\"x\":[1,2]},\"time\":0,\"diff\":1}\n"
+            "{\"key\":\"a\",\"value\":1,\"time\":1,\"diff\":2}\n"
+            "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":-1}\n"
+            "{\"progress\":3}\n");
+  Outcome rest = tidemark("listen s --resume-progress 2 --until 3");
+  EXPECT_EQ(rest.out, "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":-1}\n{\"progress\":3}\n");
+  Outcome none = tidemark("listen s --resume-progress=3 --until 3");
+  EXPECT_EQ(none.status, 0) << none.err;
+  EXPECT_EQ(none.out, "");
+  EXPECT_EQ(tidemark("listen s --from 0 --resume-progress 1").status, 2);
+  EXPECT_EQ(tidemark("listen s --resume-progress x").status, 2);
 }
 
 // The poison update: two diffs of i64::MAX for one (key, value) in

@@ -215,10 +215,14 @@ class Shard {
   // `memory`: what the read's decoded blocks are charged to (read.h).
   [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of, const ReadMemory& memory = {});
 
-  // Updates at times > from, in time order, with progress as the upper
-  // advances; stops at `until` when given (updates at times < until only).
-  // Both open a leased reader of their own for their duration, so garbage
-  // collection never deletes a part they may still fetch.
+  // Updates after `start` (read.h), in time order, with progress as the
+  // upper advances; stops at `until` when given (updates at times < until
+  // only). Both open a leased reader of their own for their duration, so
+  // garbage collection never deletes a part they may still fetch.
+  [[nodiscard]] Result<std::unique_ptr<Listener>> listen(ListenStart start,
+                                                         std::optional<Time> until = std::nullopt,
+                                                         const ReadMemory& memory = {});
+  // listen(ListenStart::after(from), ...): updates at times > from.
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt,
                                                          const ReadMemory& memory = {});

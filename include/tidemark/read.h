@@ -5,7 +5,7 @@
 // over the parts, each read one block at a time: memory is
 // O(open parts x block size), never O(data).
 //
-// Listener streams the updates with times > from in time order, and a
+// Listener streams the updates after a ListenStart in time order, and a
 // progress event each time the upper advances; it waits for new appends.
 //
 // ReadHandle holds a reader's lease and since hold: the shard's since (below
@@ -61,6 +61,44 @@ struct ListenEvent {
   Time time = 0;
   Diff diff = 0;
   Frontier progress;  // for kProgress: every update at a time < progress has been emitted
+};
+
+// Where a listen starts. Two spellings, for two callers:
+//
+//  - after(T): the updates at times > T. What `listen --from T` means.
+//  - at_progress(P): the updates at times >= P, where P is a progress
+//    value a listener reported ("every time < P has been emitted"). A
+//    consumer that stops after seeing progress P and listens again at P
+//    misses nothing and sees nothing twice. at_progress(0) is the whole
+//    history; at_progress(closed) is an empty listen that ends at once.
+//
+// Either way, times at or after the start read exactly only while the
+// shard's since has not passed the time just before it (SinceViolation
+// otherwise); at_progress(0) needs a since of 0.
+class ListenStart {
+ public:
+  static constexpr ListenStart after(Time from) {
+    return ListenStart(from == UINT64_MAX ? Frontier::closed() : Frontier::at(from + 1),
+                       Frontier::at(from));
+  }
+  static constexpr ListenStart at_progress(Frontier progress) {
+    return ListenStart(progress, progress);
+  }
+  // The first time the listen may emit (closed: none).
+  constexpr Frontier lower() const { return lower_; }
+  // The progress the listener starts from: the first progress event it
+  // reports is past it.
+  constexpr Frontier claimed() const { return claimed_; }
+  // "from 7" or "at progress 8", for messages.
+  std::string to_string() const {
+    if (lower_ == claimed_) return "at progress " + lower_.to_string();
+    return "from " + claimed_.to_string();
+  }
+
+ private:
+  constexpr ListenStart(Frontier lower, Frontier claimed) : lower_(lower), claimed_(claimed) {}
+  Frontier lower_;
+  Frontier claimed_;
 };
 
 class Listener {
@@ -126,6 +164,10 @@ class ReadHandle {
   // they may fetch while the lease lives. A critical handle has no lease
   // and reads through a leased reader of its own.
   [[nodiscard]] Result<SnapshotCursor> snapshot(Time as_of, const ReadMemory& memory = {});
+  [[nodiscard]] Result<std::unique_ptr<Listener>> listen(ListenStart start,
+                                                         std::optional<Time> until = std::nullopt,
+                                                         const ReadMemory& memory = {});
+  // listen(ListenStart::after(from), ...).
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt,
                                                          const ReadMemory& memory = {});
@@ -135,7 +177,8 @@ class ReadHandle {
   // Reads that own `self` (this handle) and drop its hold when done.
   [[nodiscard]] Result<SnapshotCursor> snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
                                                       const ReadMemory& memory);
-  [[nodiscard]] Result<std::unique_ptr<Listener>> listen_owned(Time from, std::optional<Time> until,
+  [[nodiscard]] Result<std::unique_ptr<Listener>> listen_owned(ListenStart start,
+                                                               std::optional<Time> until,
                                                                std::unique_ptr<ReadHandle> self,
                                                                const ReadMemory& memory);
 

@@ -629,19 +629,29 @@ int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
 // --- listen -----------------------------------------------------------------
 
 int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--from", "--until"}, {});
+  auto args = Args::parse(argv, {"--from", "--resume-progress", "--until"}, {});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1) return usage_error("listen takes one NAME");
   auto from = args->frontier("--from", false);
   if (!from) return usage_error(from.error().message);
-  if (!*from) return usage_error("listen needs --from T");
+  // The progress value a stream printed last, "null" included.
+  auto resume = args->get("--resume-progress") == "null"
+                    ? Result<std::optional<Frontier>>(std::optional<Frontier>{Frontier::closed()})
+                    : args->frontier("--resume-progress", false);
+  if (!resume) return usage_error(resume.error().message);
+  if (from->has_value() == resume->has_value()) {
+    return usage_error(
+        "listen needs one of --from T (times after T) and --resume-progress P (times from P on)");
+  }
+  const ListenStart start =
+      *from ? ListenStart::after((*from)->time()) : ListenStart::at_progress(**resume);
   auto until = args->frontier("--until", false);
   if (!until) return usage_error(until.error().message);
   auto shard = open_named_shard(globals, args->positionals()[0], DataDir::kMustExist);
   if (!shard) return report(shard.error());
   std::optional<Time> until_time;
   if (*until) until_time = (*until)->time();
-  auto listener = (*shard)->listen((*from)->time(), until_time);
+  auto listener = (*shard)->listen(start, until_time);
   if (!listener) return report(listener.error());
   Output out;
   for (;;) {

@@ -64,17 +64,25 @@ Example:
   tidemark snapshot orders --as-of 0
 )";
 
-constexpr std::string_view kListen = R"(usage: tidemark listen NAME --from T [--until T]
+constexpr std::string_view kListen =
+    R"(usage: tidemark listen NAME (--from T | --resume-progress P) [--until T]
 
-Prints every update at a time after T (T itself excluded), in time order,
-as NDJSON {"key","value","time","diff"}, with {"progress": P} lines: all
-times below P have been printed. Waits for new appends.
-  --from T   required; T must be at or above the shard's since.
-  --until T  stop once progress reaches T (default: run until interrupted).
-Never creates the data directory.
+Prints updates in time order as NDJSON {"key","value","time","diff"}, with
+{"progress": P} lines: every time below P has been printed. Waits for new
+appends.
+  --from T             the updates at times after T (T itself excluded).
+  --resume-progress P  the updates at times P and later: pass the last
+                       {"progress": P} a listen printed (null included)
+                       to go on with nothing skipped and nothing twice;
+                       0 is the whole history.
+  --until T            stop once progress reaches T (default: run until
+                       interrupted).
+The times read must be exact: T, or P - 1, at or above the shard's since
+(exit 1 otherwise). Never creates the data directory.
 
 Example:
-  tidemark listen orders --from 0 --until 5
+  tidemark listen orders --resume-progress 0 --until 5
+  tidemark listen orders --resume-progress 5   # after the line {"progress":5}
 )";
 
 constexpr std::string_view kCompact = R"(usage: tidemark compact NAME

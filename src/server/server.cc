@@ -1000,7 +1000,10 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       if (action == "listen" && method == http::verb::get) {
         route_ = "listen";
-        if (rejects_query({"from", "until", "after_time", "after_key", "after_value"})) return;
+        if (rejects_query(
+                {"from", "resume_progress", "until", "after_time", "after_key", "after_value"})) {
+          return;
+        }
         return read_small_body([self = shared_from_this()] { self->listen(); });
       }
       if (action.starts_with("producers/") && method == http::verb::get) {
@@ -1847,7 +1850,7 @@ class Session : public std::enable_shared_from_this<Session> {
   struct StreamPosition {
     std::mutex mu;
     // All guarded by mu.
-    std::string base;        // as_of=T, or from=T[&until=T]
+    std::string base;        // as_of=T, or from=T / resume_progress=P [&until=T]
     std::string after_time;  // a listen's row's time, or empty
 
     // The row is a copy of this text (a listen's, a request's after_*).
@@ -2009,8 +2012,24 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void listen() {
-    auto from = query_.contains("from") ? parse_time(query_["from"]) : std::nullopt;
-    if (!from) return respond(400, error_json("listen needs from=T"));
+    // Where the stream starts: after `from`, or at the progress value a
+    // stream printed last (null included) for `resume_progress`.
+    std::optional<ListenStart> start;
+    if (query_.contains("from") == query_.contains("resume_progress")) {
+      return respond(400, error_json("listen needs one of from=T (times after T) and "
+                                     "resume_progress=P (times from P on)"));
+    }
+    if (query_.contains("from")) {
+      auto from = parse_time(query_["from"]);
+      if (!from) return respond(400, error_json("from must be a time"));
+      start = ListenStart::after(*from);
+    } else if (query_["resume_progress"] == "null") {
+      start = ListenStart::at_progress(Frontier::closed());
+    } else {
+      auto progress = parse_time(query_["resume_progress"]);
+      if (!progress) return respond(400, error_json("resume_progress must be a time or null"));
+      start = ListenStart::at_progress(Frontier::at(*progress));
+    }
     std::optional<Time> until;
     if (query_.contains("until")) {
       until = parse_time(query_["until"]);
@@ -2021,39 +2040,44 @@ class Session : public std::enable_shared_from_this<Session> {
     std::optional<Time> after_time;
     if (query_.contains("after_time")) {
       after_time = parse_time(query_["after_time"]);
-      if (!after_time || *after_time <= *from) {
-        return respond(400, error_json("after_time must be a time after from"));
+      if (!after_time || !start->lower().includes(*after_time)) {
+        return respond(400, error_json("after_time must be a time the stream may emit"));
       }
     }
     if (after.has_value() != after_time.has_value() && problem.empty()) {
       problem = "after_time, after_key and after_value go together";
     }
     if (!problem.empty()) return respond(400, error_json(problem));
+    // The query that started the stream, until a progress line gives a
+    // later place to resume from.
+    std::string base = query_.contains("from") ? "from=" + query_["from"]
+                                               : "resume_progress=" + query_["resume_progress"];
     blocking<std::shared_ptr<Listener>>(
-        [server = server_, n = name_, from, until]() -> Result<std::shared_ptr<Listener>> {
+        [server = server_, n = name_, start = *start,
+         until]() -> Result<std::shared_ptr<Listener>> {
           TM_ASSIGN(auto s, server->shard(n));
-          auto listener = s->listen(*from, until, ReadMemory{server->reads});
+          auto listener = s->listen(start, until, ReadMemory{server->reads});
           if (!listener) return std::unexpected(read_failure(std::move(listener).error()));
           return std::shared_ptr<Listener>(std::move(*listener));
         },
-        [self = shared_from_this(), from = *from, until, after,
+        [self = shared_from_this(), base = std::move(base), until, after,
          after_time](Result<std::shared_ptr<Listener>> listener) {
           if (!listener) return self->respond_error(listener.error());
           auto source = *listener;
-          // The query that resumes the stream: from the last progress (less
-          // one: `from` is exclusive), after the last update since it.
+          // The query that resumes the stream: at the last progress, after
+          // the last update since it.
           struct Cursor {
-            Time from;
+            std::string start;  // from=T or resume_progress=P
             std::optional<Time> until;
             std::optional<Time> after_time;
             std::optional<std::pair<std::string, std::string>> after;
             std::string base() const {
-              std::string q = "from=" + std::to_string(from);
+              std::string q = start;
               if (until) q += "&until=" + std::to_string(*until);
               return q;
             }
           };
-          auto cursor = std::make_shared<Cursor>(Cursor{from, until, after_time, after});
+          auto cursor = std::make_shared<Cursor>(Cursor{base, until, after_time, after});
           auto position = std::make_shared<StreamPosition>();
           auto publish = [cursor, position] {
             std::lock_guard lock(position->mu);
@@ -2087,14 +2111,12 @@ class Session : public std::enable_shared_from_this<Session> {
                   if ((*event)->kind == ListenEvent::Kind::kProgress) {
                     const Frontier progress = (*event)->progress;
                     out->append("{\"progress\":").append(progress.to_json()).append("}\n");
-                    if (!progress.is_closed() && progress.time() > 0 &&
-                        progress.time() - 1 > cursor->from) {
-                      cursor->from = progress.time() - 1;
-                      cursor->after_time.reset();
-                      cursor->after.reset();
-                      skip->reset();
-                      moved = true;
-                    }
+                    // Progress lines only move forward: resume here.
+                    cursor->start = "resume_progress=" + progress.to_json();
+                    cursor->after_time.reset();
+                    cursor->after.reset();
+                    skip->reset();
+                    moved = true;
                     return finish(Result<bool>(true));  // a reader waiting on progress sees it now
                   }
                   const ListenEvent& e = **event;

@@ -1576,6 +1576,94 @@ TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {
   }
 }
 
+// A client that stops after any progress line and listens again with
+// resume_progress set to it gets exactly the rest of the stream: nothing
+// skipped (the time equal to the progress included), nothing twice.
+TEST_F(ServerTest, AListenResumedAtAnyProgressGoesOnExactly) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  const Time until = 24;
+  PendingCall live(
+      [&] { return get("/v1/shards/s/listen?resume_progress=0&until=" + std::to_string(until)); });
+  Time lower = 0;
+  for (Time width : {1, 2, 1, 4, 3, 1, 5, 7}) {
+    std::string body;
+    for (Time t = lower; t < lower + width; ++t) {
+      if (t % 5 == 3) continue;  // times with nothing at them
+      for (int i = 0; i < 3; ++i) {
+        body += "{\"key\":\"k" + std::to_string((t + i) % 4) + "\",\"value\":" + std::to_string(i) +
+                ",\"time\":" + std::to_string(t) + "}\n";
+      }
+    }
+    Reply r = post("/v1/shards/s/append?lower=" + std::to_string(lower) +
+                       "&upper=" + std::to_string(lower + width),
+                   body);
+    ASSERT_EQ(r.status, 200u) << r.body;
+    lower += width;
+    // Longer than the listener's poll: the stream shows most appends'
+    // progress on a line of its own.
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  ASSERT_EQ(lower, until);
+  const std::optional<Reply> reply = live.wait(std::chrono::seconds(30));
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->status, 200u);
+  const std::vector<std::string> stream = lines_of(reply->body);
+  ASSERT_FALSE(stream.empty());
+  EXPECT_NE(stream.front().find("\"time\":0,"), std::string::npos) << stream.front();
+  EXPECT_EQ(stream.back(), "{\"progress\":" + std::to_string(until) + "}");
+
+  auto updates_of = [](const std::vector<std::string>& lines, std::size_t from) {
+    std::vector<std::string> out;
+    for (std::size_t i = from; i < lines.size(); ++i) {
+      if (lines[i].starts_with("{\"key\"")) out.push_back(lines[i]);
+    }
+    return out;
+  };
+  int progress_lines = 0;
+  for (std::size_t i = 0; i < stream.size(); ++i) {
+    if (!stream[i].starts_with("{\"progress\"")) continue;
+    ++progress_lines;
+    auto line = parse_json(stream[i]);
+    ASSERT_TRUE(line);
+    const std::string progress = line->find("progress")->to_json();
+    Reply again =
+        get("/v1/shards/s/listen?resume_progress=" + progress + "&until=" + std::to_string(until));
+    ASSERT_EQ(again.status, 200u) << again.body;
+    const std::vector<std::string> rest = lines_of(again.body);
+    EXPECT_EQ(updates_of(rest, 0), updates_of(stream, i + 1)) << "resumed at " << progress;
+    // No progress line twice: a resumed stream's progress is past P.
+    if (progress != std::to_string(until)) {
+      ASSERT_FALSE(rest.empty());
+      EXPECT_EQ(rest.back(), stream.back());
+    } else {
+      EXPECT_TRUE(rest.empty()) << again.body;
+    }
+  }
+  EXPECT_GE(progress_lines, 2) << reply->body;
+  // Every time is a progress some stream may show: each resumes exactly.
+  for (Time p = 0; p <= until; ++p) {
+    std::vector<std::string> expected;
+    for (const std::string& line : updates_of(stream, 0)) {
+      if (*parse_json(line)->find("time")->as_u64() >= p) expected.push_back(line);
+    }
+    Reply again = get("/v1/shards/s/listen?resume_progress=" + std::to_string(p) +
+                      "&until=" + std::to_string(until));
+    EXPECT_EQ(updates_of(lines_of(again.body), 0), expected) << "resumed at " << p;
+  }
+  // A closed shard's last progress is null: nothing more, and the end.
+  Reply closed = get("/v1/shards/s/listen?resume_progress=null");
+  EXPECT_EQ(closed.status, 200u);
+  EXPECT_EQ(closed.body, "");
+  for (const char* bad :
+       {"/v1/shards/s/listen?from=0&resume_progress=0", "/v1/shards/s/listen?resume_progress=x",
+        "/v1/shards/s/listen?resume_progress=3&after_time=2&after_key=1&"
+        "after_value=1"}) {
+    Reply refused = get(bad);
+    EXPECT_EQ(refused.status, 400u) << bad << ": " << refused.body;
+  }
+}
+
 TEST_F(ServerTest, StopAnswersEveryRequestInFlight) {
   // Every blob call takes 100 ms, so appends are in flight when stop() is
   // called. Each request gets its answer or was never read: after a

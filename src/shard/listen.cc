@@ -1,4 +1,4 @@
-// Shard::listen: updates after `from` in time order, with progress.
+// Shard::listen: updates after a ListenStart in time order, with progress.
 //
 // The listener walks the shard's batches in order. For each batch it emits
 // the updates in the part of the batch it has not emitted yet, in time
@@ -23,17 +23,19 @@ namespace {
 
 class ShardListener final : public Listener {
  public:
-  ShardListener(std::shared_ptr<ShardContext> context, Time from, std::optional<Time> until,
+  ShardListener(std::shared_ptr<ShardContext> context, ListenStart start, std::optional<Time> until,
                 ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, ReadMemory memory)
       : context_(std::move(context)),
         memory_(std::move(memory)),
-        from_(from),
+        start_(start),
         until_(until),
-        reported_(Frontier::at(from)),
-        pending_progress_(Frontier::at(from)),
+        reported_(start.claimed()),
+        pending_progress_(start.claimed()),
         pin_(std::move(pin)),
         owner_(std::move(owner)) {
-    if (until_ && *until_ <= from_) done_ = true;
+    if (start_.lower().is_closed() || (until_ && !(reported_ < Frontier::at(*until_)))) {
+      done_ = true;
+    }
   }
 
   ~ShardListener() override {
@@ -89,11 +91,16 @@ class ShardListener final : public Listener {
   }
 
   [[nodiscard]] Status check_since() {
+    if (start_.lower().is_closed()) return {};
     TM_ASSIGN(StatePtr state, context_->fetch_for_read());
-    if (state->since.is_past(from_)) {
-      return make_error(ErrorKind::kSinceViolation,
-                        "cannot listen to shard " + state->name + " from " + std::to_string(from_) +
-                            ": below its since " + state->since.to_string());
+    // The times from lower on read exactly while the time just before
+    // lower is not past the since (compaction moves what is below the
+    // since up to it). From 0, nothing may have moved.
+    const Time first = start_.lower().time();
+    if (state->since.is_past(first == 0 ? 0 : first - 1)) {
+      return make_error(ErrorKind::kSinceViolation, "cannot listen to shard " + state->name + " " +
+                                                        start_.to_string() + ": below its since " +
+                                                        state->since.to_string());
     }
     return {};
   }
@@ -109,9 +116,10 @@ class ShardListener final : public Listener {
     Frontier target = state->upper;
     if (until_ && Frontier::at(*until_) < target) target = Frontier::at(*until_);
     if (!(reported_ < target)) return false;
-    // Times already covered: everything <= from_, and everything < reported_.
-    Time lo = std::max(from_ == UINT64_MAX ? UINT64_MAX : from_ + 1,
-                       reported_.is_closed() ? UINT64_MAX : reported_.time());
+    // Times already covered: everything below the start's lower, and
+    // everything < reported_.
+    Time lo =
+        std::max(start_.lower().time(), reported_.is_closed() ? UINT64_MAX : reported_.time());
     Time hi = target.is_closed() ? UINT64_MAX : target.time() - 1;  // target > reported_ >= 0
     for (const HollowBatch& batch : state->batches) {
       Time batch_min = batch.desc.lower.time();
@@ -199,11 +207,12 @@ class ShardListener final : public Listener {
 
   std::shared_ptr<ShardContext> context_;
   const ReadMemory memory_;
-  const Time from_;
+  const ListenStart start_;  // lower is never closed past the constructor
   const std::optional<Time> until_;
   bool done_ = false;
-  // Progress reported so far: every update at a time < reported_ (and
-  // > from_) has been emitted. Starts at from_: nothing is claimed yet.
+  // Progress reported so far: every update at a time < reported_ (and at
+  // or after the start's lower) has been emitted. Starts at the start's
+  // claim: nothing new is claimed yet.
   Frontier reported_;
   Frontier pending_progress_;
   std::deque<Window> windows_;
@@ -218,11 +227,11 @@ class ShardListener final : public Listener {
 }  // namespace
 
 Result<std::unique_ptr<Listener>> open_listener(const std::shared_ptr<ShardContext>& context,
-                                                Time from, std::optional<Time> until,
+                                                ListenStart start, std::optional<Time> until,
                                                 ReaderPins::Pin pin,
                                                 std::unique_ptr<ReadHandle> owner,
                                                 const ReadMemory& memory) {
-  auto listener = std::make_unique<ShardListener>(context, from, until, std::move(pin),
+  auto listener = std::make_unique<ShardListener>(context, start, until, std::move(pin),
                                                   std::move(owner), memory);
   TM_TRY(listener->check_since());
   return std::unique_ptr<Listener>(std::move(listener));

@@ -112,10 +112,15 @@ Result<SnapshotCursor> ReadHandle::snapshot(Time as_of, const ReadMemory& memory
   return open_snapshot(impl_->context, as_of, impl_->pins->pin(), nullptr, memory);
 }
 
+Result<std::unique_ptr<Listener>> ReadHandle::listen(ListenStart start, std::optional<Time> until,
+                                                     const ReadMemory& memory) {
+  if (impl_->critical) return Shard(impl_->context).listen(start, until, memory);
+  return open_listener(impl_->context, start, until, impl_->pins->pin(), nullptr, memory);
+}
+
 Result<std::unique_ptr<Listener>> ReadHandle::listen(Time from, std::optional<Time> until,
                                                      const ReadMemory& memory) {
-  if (impl_->critical) return Shard(impl_->context).listen(from, until, memory);
-  return open_listener(impl_->context, from, until, impl_->pins->pin(), nullptr, memory);
+  return listen(ListenStart::after(from), until, memory);
 }
 
 Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
@@ -124,11 +129,12 @@ Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<Re
   return open_snapshot(impl_->context, as_of, std::move(pin), std::move(self), memory);
 }
 
-Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(Time from, std::optional<Time> until,
+Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(ListenStart start,
+                                                           std::optional<Time> until,
                                                            std::unique_ptr<ReadHandle> self,
                                                            const ReadMemory& memory) {
   ReaderPins::Pin pin = impl_->pins->pin();
-  return open_listener(impl_->context, from, until, std::move(pin), std::move(self), memory);
+  return open_listener(impl_->context, start, until, std::move(pin), std::move(self), memory);
 }
 
 namespace {
@@ -194,11 +200,16 @@ Result<SnapshotCursor> Shard::snapshot(Time as_of, const ReadMemory& memory) {
   return raw->snapshot_owned(as_of, std::move(handle), memory);
 }
 
-Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until,
+Result<std::unique_ptr<Listener>> Shard::listen(ListenStart start, std::optional<Time> until,
                                                 const ReadMemory& memory) {
   TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
   ReadHandle* raw = handle.get();
-  return raw->listen_owned(from, until, std::move(handle), memory);
+  return raw->listen_owned(start, until, std::move(handle), memory);
+}
+
+Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until,
+                                                const ReadMemory& memory) {
+  return listen(ListenStart::after(from), until, memory);
 }
 
 }  // namespace tidemark

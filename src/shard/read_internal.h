@@ -21,7 +21,7 @@ namespace tidemark {
 // An owner's since hold stays where it was registered: a transient read
 // never moves the shard's since for others.
 [[nodiscard]] Result<std::unique_ptr<Listener>> open_listener(
-    const std::shared_ptr<ShardContext>& context, Time from, std::optional<Time> until,
+    const std::shared_ptr<ShardContext>& context, ListenStart start, std::optional<Time> until,
     ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, const ReadMemory& memory);
 
 }  // namespace tidemark

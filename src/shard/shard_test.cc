@@ -1098,6 +1098,109 @@ TEST_F(ShardTest, ListenWaitsForNewAppends) {
   EXPECT_TRUE(std::is_sorted(out->progress.begin(), out->progress.end()));
 }
 
+// A consumer that stops after any progress line P and listens again at
+// ListenStart::at_progress(P) gets exactly the rest of the stream: nothing
+// skipped (time P included, and time 0 from progress 0), nothing twice.
+TEST_F(ShardTest, AListenResumedAtAnyProgressGoesOnExactly) {
+  struct Line {
+    std::optional<Update> update;
+    Frontier progress;
+  };
+  auto listener = *shard_->listen(ListenStart::at_progress(Frontier::at(0)), 40);
+  std::vector<Line> stream;
+  auto drain_until = [&](Frontier upper) {
+    for (;;) {
+      auto event = listener->next();
+      ASSERT_TRUE(event) << event.error().to_string();
+      ASSERT_TRUE(event->has_value());
+      if ((*event)->kind == ListenEvent::Kind::kProgress) {
+        stream.push_back(Line{std::nullopt, (*event)->progress});
+        if (!((*event)->progress < upper)) return;
+      } else {
+        const ListenEvent& e = **event;
+        stream.push_back(
+            Line{Update{std::string(e.key), std::string(e.value), e.time, e.diff}, Frontier()});
+      }
+    }
+  };
+  // Batches over one time, several times, none (an empty batch), and
+  // updates that cancel within a batch, each seen to its progress before
+  // the next is appended, so the stream has a progress line per append.
+  Time lower = 0;
+  for (Time width : {1, 3, 1, 5, 2, 1, 4, 6, 1, 2, 3, 11}) {
+    std::vector<Update> updates;
+    for (Time t = lower; t < lower + width; ++t) {
+      if (t % 7 == 3) continue;  // times with nothing at them
+      for (int i = 0; i < 3; ++i) {
+        updates.push_back(Update{"k" + std::to_string((t + i) % 4), std::to_string(i), t, 1});
+      }
+      if (t % 5 == 2) updates.push_back(Update{"k0", "0", t, -1});
+    }
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(updates, lower, lower + width));
+    ASSERT_TRUE(append(batches, lower, lower + width));
+    lower += width;
+    drain_until(Frontier::at(lower));
+  }
+  ASSERT_EQ(lower, 40u);
+  auto end = listener->next();
+  ASSERT_TRUE(end);
+  EXPECT_FALSE(end->has_value());
+  ASSERT_TRUE(stream.front().update);
+  EXPECT_EQ(stream.front().update->time, 0u);  // progress 0 starts at time 0
+
+  std::size_t resumed = 0;
+  for (std::size_t i = 0; i < stream.size(); ++i) {
+    if (stream[i].update) continue;
+    std::vector<Update> expected;
+    for (std::size_t j = i + 1; j < stream.size(); ++j) {
+      if (stream[j].update) expected.push_back(*stream[j].update);
+    }
+    auto again = shard_->listen(ListenStart::at_progress(stream[i].progress), 40);
+    ASSERT_TRUE(again) << again.error().to_string();
+    auto out = read_listen(**again);
+    ASSERT_TRUE(out) << out.error().to_string();
+    EXPECT_EQ(out->updates, expected) << "resumed at progress " << stream[i].progress.to_string();
+    if (stream[i].progress < Frontier::at(40)) {
+      ASSERT_FALSE(out->progress.empty());
+      EXPECT_LT(stream[i].progress, out->progress.front());  // no progress line twice
+      EXPECT_EQ(out->progress.back(), Frontier::at(40));
+    } else {
+      EXPECT_TRUE(out->progress.empty());
+    }
+    ++resumed;
+  }
+  EXPECT_EQ(resumed, 12u);
+
+  // The stream's last progress of a closed shard: an empty listen.
+  auto closed = shard_->listen(ListenStart::at_progress(Frontier::closed()));
+  ASSERT_TRUE(closed);
+  auto none = (*closed)->next();
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_value());
+}
+
+// Resuming at P reads times >= P, exact only while the since has not
+// passed P - 1: compaction moves what is below the since up to it.
+TEST_F(ShardTest, AListenResumedBelowTheSinceIsRefused) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 3), 0, 10));
+  ASSERT_TRUE(append(batches, 0, 10));
+  auto sink = *shard_->open_critical_reader("sink-a");
+  ASSERT_TRUE(sink->downgrade_since(Frontier::at(6)));
+  for (Time refused : {0, 5, 6}) {
+    auto listener = shard_->listen(ListenStart::at_progress(Frontier::at(refused)), 10);
+    ASSERT_FALSE(listener) << refused;
+    EXPECT_EQ(listener.error().kind, ErrorKind::kSinceViolation);
+    EXPECT_NE(listener.error().message.find("progress " + std::to_string(refused)),
+              std::string::npos)
+        << listener.error().message;
+  }
+  EXPECT_EQ(shard_->listen(5, 10).error().kind, ErrorKind::kSinceViolation);
+  EXPECT_TRUE(shard_->listen(ListenStart::at_progress(Frontier::at(7)), 10));
+  EXPECT_TRUE(shard_->listen(6, 10));  // the same start, spelled `from`
+}
+
 // --- Reads ride out faults ---------------------------------------------------
 
 class FaultyReadsTest : public ShardTest {
