@@ -98,10 +98,48 @@ TEST_F(CliTest, ShardCreateListInspect) {
   EXPECT_EQ(inspect.out,
             "{\"name\":\"orders\",\"upper\":0,\"since\":0,\"seqno\":0,\"batches\":0,\"parts\":0,"
             "\"inline_parts\":0,"
-            "\"updates\":0,\"bytes\":0}\n");
+            "\"updates\":0,\"bytes\":0,\"readers\":[],\"writers\":[]}\n");
   EXPECT_EQ(tidemark("shard inspect missing").status, 1);
   EXPECT_EQ(tidemark("shard frobnicate").status, 2);
   EXPECT_EQ(tidemark("nonsense").status, 2);
+}
+
+// shard inspect names the holds on the since; shard release drops one.
+TEST_F(CliTest, HoldsAreListedAndReleased) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  ASSERT_EQ(tidemark("append s --lower 0 --upper 3",
+                     "{\"key\":\"a\",\"value\":1,\"time\":0}\n{\"key\":\"a\",\"value\":1,"
+                     "\"time\":2,\"diff\":-1}\n")
+                .status,
+            0);
+  Outcome sink =
+      tidemark("sink run s --to file://" + (dir_ / "out").string() + " --as-of 0 --until 3");
+  ASSERT_EQ(sink.status, 0) << sink.err;
+  Outcome inspect = tidemark("shard inspect s");
+  EXPECT_EQ(inspect.status, 0);
+  EXPECT_NE(inspect.out.find("since:   2\n"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("reader:  c-sink-s since 2, critical (held until released)\n"),
+            std::string::npos)
+      << inspect.out;
+  Outcome json = tidemark("shard inspect s --json");
+  EXPECT_NE(
+      json.out.find(R"("readers":[{"id":"c-sink-s","since":2,"critical":true,"expires_ms":null}])"),
+      std::string::npos)
+      << json.out;
+  Outcome released = tidemark("shard release s c-sink-s");
+  EXPECT_EQ(released.status, 0) << released.err;
+  EXPECT_EQ(released.out, "released reader c-sink-s of shard s\n");
+  EXPECT_EQ(tidemark("shard inspect s").out.find("reader:"), std::string::npos);
+  Outcome again = tidemark("shard release s c-sink-s");
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.err.find("no reader c-sink-s"), std::string::npos) << again.err;
+  EXPECT_EQ(tidemark("shard release s").status, 2);
+  // Run again, the sink holds the since anew: it resumes, since nothing
+  // moved the since past its progress meanwhile.
+  ASSERT_EQ(tidemark("append s --lower 3 --upper 4", "").status, 0);
+  Outcome resumed = tidemark("sink run s --to file://" + (dir_ / "out").string() + " --until 4");
+  EXPECT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(tidemark("shard inspect s").out.find("reader:  c-sink-s since 3,"), std::string::npos);
 }
 
 TEST_F(CliTest, AppendSnapshotListen) {

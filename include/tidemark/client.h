@@ -121,6 +121,24 @@ struct GcReport {
 };
 
 // What `tidemark shard inspect` prints.
+// A hold on the shard's since (read.h): the since never passes it while
+// the reader lives.
+struct ReaderInfo {
+  std::string id;
+  Frontier since;
+  // Critical: held across restarts until released (id "c-" and the name
+  // it was opened by: a sink's is "c-sink-<sink name>"); leased ("r-..."):
+  // gone once its lease runs out.
+  bool critical = false;
+  std::uint64_t lease_expires_ms = 0;  // leased: wall-clock ms; critical: 0
+};
+
+// A registered writer and its lease.
+struct WriterInfo {
+  std::string id;
+  std::uint64_t lease_expires_ms = 0;  // wall-clock ms
+};
+
 struct ShardInfo {
   std::string name;
   Frontier upper;
@@ -131,11 +149,15 @@ struct ShardInfo {
   // Of those, parts held inline in the state (PartRef::data), with no blob
   // object: parts - inline_parts objects are in the blob store.
   std::uint64_t inline_parts = 0;
-  std::uint64_t updates = 0;  // stored updates, before consolidation
-  std::uint64_t bytes = 0;    // encoded bytes of all parts
+  std::uint64_t updates = 0;        // stored updates, before consolidation
+  std::uint64_t bytes = 0;          // encoded bytes of all parts
+  std::vector<ReaderInfo> readers;  // by id; what holds the since
+  std::vector<WriterInfo> writers;  // by id
 
   // {"name", "upper", "since", "seqno", "batches", "parts", "inline_parts",
-  //  "updates", "bytes"}
+  //  "updates", "bytes", "readers": [{"id", "since", "critical",
+  //  "expires_ms"}], "writers": [{"id", "expires_ms"}]} (expires_ms null
+  //  for a critical reader)
   std::string to_json() const;
 };
 
@@ -209,6 +231,13 @@ class Shard {
   // finds its hold where it was left.
   [[nodiscard]] Result<std::unique_ptr<ReadHandle>> open_critical_reader(
       std::string_view reader_id);
+  // Drops the hold of reader `reader_id` (ShardInfo::readers), leased or
+  // critical, so the since may move past it. For a hold nothing uses any
+  // more, such as that of a sink that will not run again (run again, it
+  // resumes only if the since has not passed its progress meanwhile).
+  // The since then follows the remaining holds; it never moves back.
+  // NotFound when there is no such reader.
+  [[nodiscard]] Status release_reader(std::string_view reader_id);
 
   // Consolidated contents at `as_of`. NotReady when as_of >= upper (not yet
   // final); SinceViolation when as_of < since.

@@ -163,11 +163,16 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
   auto args = Args::parse(argv, {}, {"--json"});
   if (!args) return usage_error(args.error().message);
   const auto& pos = args->positionals();
-  if (pos.empty())
-    return usage_error("shard create NAME | shard list | shard inspect NAME [--json]");
+  if (pos.empty()) {
+    return usage_error(
+        "shard create NAME | shard list | shard inspect NAME [--json] | shard release NAME "
+        "READER");
+  }
   const std::string& sub = pos[0];
   if (sub == "create" || sub == "inspect") {
     if (pos.size() != 2) return usage_error("shard " + sub + " takes one NAME");
+  } else if (sub == "release") {
+    if (pos.size() != 3) return usage_error("shard release takes NAME and READER");
   } else if (sub == "list") {
     if (pos.size() != 1) return usage_error("shard list takes no arguments");
   } else {
@@ -192,6 +197,12 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
   }
   auto shard = (*client)->open_shard(pos[1]);
   if (!shard) return report(shard.error());
+  if (sub == "release") {
+    auto released = (*shard)->release_reader(pos[2]);
+    if (!released) return report(released.error());
+    std::printf("released reader %s of shard %s\n", pos[2].c_str(), pos[1].c_str());
+    return kExitOk;
+  }
   auto info = (*shard)->inspect();
   if (!info) return report(info.error());
   if (args->has("--json")) {
@@ -206,6 +217,20 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
         static_cast<unsigned long long>(info->parts),
         static_cast<unsigned long long>(info->updates),
         static_cast<unsigned long long>(info->bytes));
+    // Who holds the since, and who writes: one line each.
+    const std::uint64_t now = wall_clock_millis();
+    auto expires = [now](std::uint64_t at) {
+      return at > now ? "lease ends in " + std::to_string((at - now + 999) / 1000) + " s"
+                      : std::string("lease ended");
+    };
+    for (const ReaderInfo& r : info->readers) {
+      std::printf(
+          "reader:  %s since %s, %s\n", r.id.c_str(), r.since.to_string().c_str(),
+          r.critical ? "critical (held until released)" : expires(r.lease_expires_ms).c_str());
+    }
+    for (const WriterInfo& w : info->writers) {
+      std::printf("writer:  %s, %s\n", w.id.c_str(), expires(w.lease_expires_ms).c_str());
+    }
   }
   return kExitOk;
 }

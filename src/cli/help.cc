@@ -14,14 +14,21 @@ namespace {
 constexpr std::string_view kShard = R"(usage: tidemark shard create NAME
        tidemark shard list
        tidemark shard inspect NAME [--json]
+       tidemark shard release NAME READER
 
 Shards are named collections of updates ((key, value), time, diff).
   create   makes an empty shard (upper 0, since 0). NAME: letters, digits,
            '.', '_', '-', at most 128 characters. Exit 1 if it exists.
   list     prints every shard's name, one a line.
   inspect  prints upper (times below it are final), since (times at or
-           above it read exactly), batches, parts, updates and bytes;
+           above it read exactly), batches, parts, updates and bytes, then
+           a line per reader (its hold on the since) and per writer;
            --json prints them as one JSON object.
+  release  drops READER's hold on the since (an id inspect lists), so the
+           since follows the other holds: for the hold of a sink that will
+           not run again ("c-sink-<sink name>"). Run again, such a sink
+           resumes only if the since has not passed its progress. Exit 1
+           if there is no such reader.
 
 Example:
   tidemark shard create orders && tidemark shard inspect orders --json

@@ -1012,7 +1012,14 @@ class Session : public std::enable_shared_from_this<Session> {
         if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->inspect_producer(); });
       }
-      if (action.empty() || action == "append" || action == "snapshot" || action == "listen") {
+      if (action.starts_with("readers/") && method == http::verb::delete_) {
+        route_ = "release_reader";
+        reader_ = std::string(action.substr(std::string_view("readers/").size()));
+        if (rejects_query({})) return;
+        return read_small_body([self = shared_from_this()] { self->release_reader(); });
+      }
+      if (action.empty() || action == "append" || action == "snapshot" || action == "listen" ||
+          action.starts_with("readers/")) {
         return method_not_allowed();
       }
     }
@@ -1174,6 +1181,26 @@ class Session : public std::enable_shared_from_this<Session> {
           } else {
             out += ",\"sequence\":null,\"time\":null,\"expires_ms\":null";
           }
+          return out + "}";
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(200, std::move(*r));
+        });
+  }
+
+  // Drops a reader's hold on the since (Shard::release_reader).
+  void release_reader() {
+    if (reader_.empty() || reader_.find('/') != std::string::npos) {
+      return respond(400, error_json("a reader id is one path segment (GET /v1/shards/" + name_ +
+                                     " lists the readers)"));
+    }
+    blocking<std::string>(
+        [server = server_, n = name_, id = reader_]() -> Result<std::string> {
+          TM_ASSIGN(auto s, server->shard(n));
+          TM_TRY(s->release_reader(id));
+          std::string out = "{\"released\":";
+          append_json_string(&out, id);
           return out + "}";
         },
         [self = shared_from_this()](Result<std::string> r) {
@@ -2483,6 +2510,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // many leading records the shard had committed already (skipped, not
   // enqueued) and when the last of them was committed.
   std::optional<std::string> producer_;
+  std::string reader_;  // DELETE /v1/shards/{name}/readers/{id}: the id
   std::uint64_t first_sequence_ = 0;
   std::uint64_t skip_ = 0;
   std::uint64_t skipped_ = 0;

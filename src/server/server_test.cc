@@ -141,7 +141,7 @@ TEST_F(ServerTest, ShardsAreCreatedListedAndInspected) {
   EXPECT_EQ(created.body,
             "{\"name\":\"orders\",\"upper\":0,\"since\":0,\"seqno\":0,\"batches\":0,\"parts\":0,"
             "\"inline_parts\":0,"
-            "\"updates\":0,\"bytes\":0}\n");
+            "\"updates\":0,\"bytes\":0,\"readers\":[],\"writers\":[]}\n");
   EXPECT_EQ(post("/v1/shards", R"({"name": "orders"})").status, 409u);
   EXPECT_EQ(post("/v1/shards", R"({"name": "bad/name"})").status, 400u);
   EXPECT_EQ(post("/v1/shards", R"({"nom": "x"})").status, 400u);
@@ -160,6 +160,33 @@ TEST_F(ServerTest, ShardsAreCreatedListedAndInspected) {
   EXPECT_EQ(get("/v1/nothing").status, 404u);
   EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/orders").status, 405u);
   EXPECT_EQ(call(port_, http::verb::put, "/v1/shards").status, 405u);
+}
+
+// GET /v1/shards/NAME lists the readers holding the since and the
+// writers; DELETE /v1/shards/NAME/readers/ID releases a hold.
+TEST_F(ServerTest, HoldsAreListedAndReleased) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=5", "").status, 200u);
+  auto shard = *client_->open_shard("s");
+  auto stale = *shard->open_critical_reader("sink-stale");
+  ASSERT_TRUE(stale->downgrade_since(Frontier::at(2)));
+  Reply inspect = get("/v1/shards/s");
+  EXPECT_NE(inspect.body.find(
+                R"("readers":[{"id":"c-sink-stale","since":2,"critical":true,"expires_ms":null}])"),
+            std::string::npos)
+      << inspect.body;
+  Reply released = call(port_, http::verb::delete_, "/v1/shards/s/readers/c-sink-stale");
+  EXPECT_EQ(released.status, 200u) << released.body;
+  EXPECT_EQ(released.body, "{\"released\":\"c-sink-stale\"}\n");
+  EXPECT_NE(get("/v1/shards/s").body.find(R"("readers":[])"), std::string::npos);
+  Reply again = call(port_, http::verb::delete_, "/v1/shards/s/readers/c-sink-stale");
+  EXPECT_EQ(again.status, 404u) << again.body;
+  EXPECT_NE(again.body.find("no reader c-sink-stale"), std::string::npos) << again.body;
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s/readers/").status, 400u);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s/readers/a/b").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/readers/c-sink-stale").status, 405u);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/missing/readers/x").status, 404u);
 }
 
 TEST_F(ServerTest, ExplicitAppendsAreAllOrNothing) {

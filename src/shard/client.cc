@@ -12,6 +12,7 @@
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/ids.h"
+#include "util/json.h"
 
 namespace tidemark {
 
@@ -20,7 +21,22 @@ std::string ShardInfo::to_json() const {
       "{\"name\":\"" + name + "\",\"upper\":" + upper.to_json() + ",\"since\":" + since.to_json() +
       ",\"seqno\":" + std::to_string(seqno) + ",\"batches\":" + std::to_string(batches) +
       ",\"parts\":" + std::to_string(parts) + ",\"inline_parts\":" + std::to_string(inline_parts) +
-      ",\"updates\":" + std::to_string(updates) + ",\"bytes\":" + std::to_string(bytes) + "}";
+      ",\"updates\":" + std::to_string(updates) + ",\"bytes\":" + std::to_string(bytes);
+  out += ",\"readers\":[";
+  for (std::size_t i = 0; i < readers.size(); ++i) {
+    const ReaderInfo& r = readers[i];
+    out += i == 0 ? "{\"id\":" : ",{\"id\":";
+    append_json_string(&out, r.id);
+    out += ",\"since\":" + r.since.to_json() + ",\"critical\":" + (r.critical ? "true" : "false") +
+           ",\"expires_ms\":" + (r.critical ? "null" : std::to_string(r.lease_expires_ms)) + "}";
+  }
+  out += "],\"writers\":[";
+  for (std::size_t i = 0; i < writers.size(); ++i) {
+    out += i == 0 ? "{\"id\":" : ",{\"id\":";
+    append_json_string(&out, writers[i].id);
+    out += ",\"expires_ms\":" + std::to_string(writers[i].lease_expires_ms) + "}";
+  }
+  out += "]}";
   return out;
 }
 
@@ -133,6 +149,13 @@ Result<ShardInfo> Shard::inspect() {
     info.updates += batch.count();
     info.bytes += batch.bytes();
     for (const PartRef& part : batch.parts) info.inline_parts += part.is_inline() ? 1 : 0;
+  }
+  for (const auto& [id, reader] : state.readers) {
+    info.readers.push_back(
+        ReaderInfo{id, reader.since, reader.critical(), reader.lease_expires_ms});
+  }
+  for (const auto& [id, writer] : state.writers) {
+    info.writers.push_back(WriterInfo{id, writer.lease_expires_ms});
   }
   return info;
 }

@@ -183,6 +183,22 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
 
 }  // namespace
 
+Status Shard::release_reader(std::string_view reader_id) {
+  bool found = false;
+  TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+    found = state.readers.contains(reader_id);
+    if (!found) return TransitionResult::kUnchanged;
+    remove_reader(state, reader_id, wall_clock_millis());
+    return TransitionResult::kWrite;
+  }));
+  if (!found) {
+    return make_error(ErrorKind::kNotFound, "shard " + context_->name + " has no reader " +
+                                                std::string(reader_id) +
+                                                " (shard inspect lists its readers)");
+  }
+  return {};
+}
+
 Result<std::unique_ptr<ReadHandle>> Shard::open_reader(const ReaderOptions& options) {
   return open_handle(context_, "r-" + random_id(), false, options);
 }

@@ -532,6 +532,55 @@ TEST_F(ShardTest, ReadHandlesHoldSinceAndCriticalOnesSurviveRestarts) {
   EXPECT_EQ(again->since().error().kind, ErrorKind::kNotFound);
 }
 
+// inspect shows who holds the since; release_reader drops a hold that
+// nothing uses any more (a sink that will not run again), and the since
+// then follows the holds that remain.
+TEST_F(ShardTest, HoldsAreListedAndReleased) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 3), 0, 10));
+  ASSERT_TRUE(append(batches, 0, 10));
+  auto gone = *shard_->open_critical_reader("sink-gone");
+  auto live = *shard_->open_critical_reader("sink-live");
+  ASSERT_TRUE(gone->downgrade_since(Frontier::at(3)));
+  ASSERT_TRUE(live->downgrade_since(Frontier::at(7)));
+  auto leased = *shard_->open_reader(ReaderOptions{});
+  ShardInfo info = *shard_->inspect();
+  EXPECT_EQ(info.since, Frontier::at(3));  // the stale sink's hold
+  leased.reset();
+  info = *shard_->inspect();
+  ASSERT_EQ(info.readers.size(), 2u);
+  EXPECT_EQ(info.readers[0].id, "c-sink-gone");
+  EXPECT_EQ(info.readers[0].since, Frontier::at(3));
+  EXPECT_TRUE(info.readers[0].critical);
+  EXPECT_EQ(info.readers[1].id, "c-sink-live");
+  ASSERT_EQ(info.writers.size(), 1u);  // the fixture's writer
+  EXPECT_GT(info.writers[0].lease_expires_ms, 0u);
+  EXPECT_NE(info.to_json().find(
+                R"("readers":[{"id":"c-sink-gone","since":3,"critical":true,"expires_ms":null},)"),
+            std::string::npos)
+      << info.to_json();
+
+  auto reader = *shard_->open_reader(ReaderOptions{});
+  info = *shard_->inspect();
+  ASSERT_EQ(info.readers.size(), 3u);
+  const ReaderInfo& r = info.readers[2];  // "r-..." sorts last
+  EXPECT_EQ(r.id, reader->id());
+  EXPECT_FALSE(r.critical);
+  EXPECT_GT(r.lease_expires_ms, 0u);
+  ASSERT_TRUE(shard_->release_reader(reader->id()));  // a leased hold too
+
+  ASSERT_TRUE(shard_->release_reader("c-sink-gone"));
+  info = *shard_->inspect();
+  EXPECT_EQ(info.since, Frontier::at(7));
+  ASSERT_EQ(info.readers.size(), 1u);
+  EXPECT_EQ(info.readers[0].id, "c-sink-live");
+  auto again = shard_->release_reader("c-sink-gone");
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().kind, ErrorKind::kNotFound);
+  // The released handle finds its hold gone rather than moving it.
+  EXPECT_EQ(gone->downgrade_since(Frontier::at(9)).error().kind, ErrorKind::kNotFound);
+}
+
 TEST_F(ShardTest, AnExpiredLeaseStopsHoldingSince) {
   ReaderOptions no_heartbeat;
   no_heartbeat.lease = std::chrono::milliseconds(50);
