@@ -203,8 +203,10 @@ class Shard {
 
   // Reads, retried as ClientOptions::read_retry says (as snapshots are).
   [[nodiscard]] Result<ShardInfo> inspect();
-  // The shard's current upper, read from consensus (retried the same way).
-  [[nodiscard]] Result<Frontier> upper();
+  // The shard's current upper, read from consensus (retried the same way)
+  // when `fresh`; else the last state this process saw (a status that must
+  // not wait on a retry).
+  [[nodiscard]] Result<Frontier> upper(bool fresh = true);
   // What the shard has committed for `producer`: read from consensus when
   // `fresh`, else from the last state this process saw.
   [[nodiscard]] Result<ProducerLookup> lookup_producer(std::string_view producer,

@@ -922,8 +922,16 @@ class Session : public std::enable_shared_from_this<Session> {
       if (method == http::verb::get) {
         route_ = "list_sinks";
         if (rejects_query({})) return;
-        return read_small_body(
-            [self = shared_from_this()] { self->respond(200, self->server_->sinks->list_json()); });
+        return read_small_body([self = shared_from_this()] {
+          self->blocking<std::string>(
+              [server = self->server_]() -> Result<std::string> {
+                return server->sinks->list_json();
+              },
+              [self](Result<std::string> r) {
+                if (!r) return self->respond_error(r.error());
+                self->respond(200, std::move(*r));
+              });
+        });
       }
       return method_not_allowed();
     }
@@ -933,9 +941,14 @@ class Session : public std::enable_shared_from_this<Session> {
         route_ = "sink_status";
         if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] {
-          auto status = self->server_->sinks->status_json(self->name_);
-          if (!status) return self->respond_error(status.error());
-          self->respond(200, std::move(*status));
+          self->blocking<std::string>(
+              [server = self->server_, n = self->name_]() -> Result<std::string> {
+                return server->sinks->status_json(n);
+              },
+              [self](Result<std::string> r) {
+                if (!r) return self->respond_error(r.error());
+                self->respond(200, std::move(*r));
+              });
         });
       }
       if (method == http::verb::delete_) {

@@ -626,6 +626,10 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   ASSERT_NO_FATAL_FAILURE(wait_frontier(2));
   Reply status = get("/v1/sinks/files");
   EXPECT_NE(status.body.find("\"status\":\"running\""), std::string::npos) << status.body;
+  // Caught up: the shard's upper, and nothing between it and the frontier.
+  EXPECT_NE(status.body.find("\"frontier\":2,\"upper\":2,\"lag\":0,\"error\":null"),
+            std::string::npos)
+      << status.body;
   EXPECT_NE(get("/v1/sinks").body.find("\"name\":\"files\""), std::string::npos);
   EXPECT_NE(get("/metrics").body.find("tidemark_sink_frontier{sink=\"files\",shard=\"s\"}"),
             std::string::npos);
@@ -813,6 +817,42 @@ TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnect
   EXPECT_NE(status.body.find("--allow-kafka-brokers"), std::string::npos) << status.body;
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(target.connections(), 0);
+}
+
+// A sink whose broker cannot be reached says why in its status while it
+// keeps trying (it showed "starting" with a null error for minutes, the
+// cause only in librdkafka's lines on stderr), and shows its lag.
+TEST_F(ServerTest, ASinkIntoKafkaThatCannotConnectSaysWhy) {
+  int port = 0;
+  {
+    // A port nothing listens on: connections are refused.
+    net::io_context ioc;
+    tcp::acceptor probe(ioc, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
+    port = probe.local_endpoint().port();
+  }
+  auto allowed = DestinationAllowList::parse("", "127.0.0.1");
+  ASSERT_TRUE(allowed) << allowed.error().to_string();
+  options_.allowed_destinations = *allowed;
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=7", "").status, 200u);
+  Reply created = post("/v1/sinks", R"({"name": "k", "shard": "s", "to": "kafka://127.0.0.1:)" +
+                                        std::to_string(port) + R"(/t"})");
+  ASSERT_EQ(created.status, 201u) << created.body;
+  std::string body;
+  for (int i = 0; i < 500; ++i) {
+    body = get("/v1/sinks/k").body;
+    if (body.find("Connection refused") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(body.find("\"status\":\"starting\""), std::string::npos) << body;
+  EXPECT_NE(body.find("\"error\":\"kafka: 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << body;
+  EXPECT_NE(body.find("Connection refused"), std::string::npos) << body;
+  EXPECT_NE(body.find("(retrying)"), std::string::npos) << body;
+  EXPECT_NE(body.find("\"upper\":7,\"lag\":null"), std::string::npos) << body;  // no frontier yet
+  EXPECT_NE(get("/v1/sinks").body.find("Connection refused"), std::string::npos);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/sinks/k").status, 200u);
 }
 
 // Issue 18: an S3 endpoint that accepts and never answers used to hold a

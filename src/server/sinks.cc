@@ -75,7 +75,22 @@ struct SinkManager::Task {
     error = std::move(e);
   }
 
-  std::string to_json() const {
+  // What the destination is retrying by itself (a broker it cannot reach):
+  // shown as the error while the sink starts or runs, until the next
+  // commit (or the run's end) replaces it.
+  void note_trouble(const std::string& what) {
+    std::lock_guard lock(mutex);
+    if (status == "starting" || status == "running") error = what + " (retrying)";
+  }
+
+  // The shard this sink reads, once a run has opened it.
+  std::shared_ptr<Shard> opened_shard() const {
+    std::lock_guard lock(mutex);
+    return shard;
+  }
+
+  // `upper`: the shard's, when known; the lag is upper - frontier.
+  std::string to_json(std::optional<Frontier> upper) const {
     std::lock_guard lock(mutex);
     std::string out = spec.to_json();
     out.pop_back();
@@ -83,6 +98,17 @@ struct SinkManager::Task {
     append_json_string(&out, status);
     out += ",\"frontier\":";
     out += frontier ? frontier->to_json() : "null";
+    out += ",\"upper\":";
+    out += upper ? upper->to_json() : "null";
+    out += ",\"lag\":";
+    if (upper && frontier && !upper->is_closed() && !frontier->is_closed()) {
+      out +=
+          std::to_string(upper->time() > frontier->time() ? upper->time() - frontier->time() : 0);
+    } else if (upper && frontier && frontier->is_closed()) {
+      out += "0";
+    } else {
+      out += "null";
+    }
     out += ",\"error\":";
     if (error) {
       append_json_string(&out, *error);
@@ -246,8 +272,10 @@ struct SinkManager::Task {
     }
     // A destination whose buffer the sinks' pool cannot hold now fails
     // this run (retried every kRetryInterval) rather than hold a thread.
-    TM_ASSIGN(destination, open_sink_destination(url, spec.envelope, spec.format, spec.shard,
-                                                 spec.name, pool, claim, cancel, kPoolWait));
+    TM_ASSIGN(destination,
+              open_sink_destination(url, spec.envelope, spec.format, spec.shard, spec.name, pool,
+                                    claim, cancel, kPoolWait,
+                                    [this](const std::string& what) { note_trouble(what); }));
     {
       std::lock_guard lock(mutex);
       frontier = destination->progress();
@@ -259,6 +287,8 @@ struct SinkManager::Task {
     options.stop = [this] { return stop.load(); };
     options.on_progress = [this](const SinkProgress& p) {
       std::lock_guard lock(mutex);
+      // A commit went through: what the destination was retrying is over.
+      if (frontier && *frontier < p.frontier && status == "running") error.reset();
       frontier = p.frontier;
     };
     TM_ASSIGN(run, SinkRun::open(*opened, *destination, std::move(options)));
@@ -397,19 +427,49 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
   return status_json(spec.name);
 }
 
+namespace {
+
+// The upper of each shard the tasks read, as this process last saw it
+// (kept fresh by the sinks' change subscriptions; null when a task has
+// not opened its shard yet): a status never waits on a backend's retry.
+template <typename Tasks>
+std::map<std::string, std::optional<Frontier>> uppers_of(const Tasks& tasks) {
+  std::map<std::string, std::optional<Frontier>> uppers;
+  for (const auto& task : tasks) {
+    auto& upper = uppers[task->spec.shard];
+    if (upper) continue;
+    if (auto shard = task->opened_shard()) {
+      if (auto read = shard->upper(false)) upper = *read;
+    }
+  }
+  return uppers;
+}
+
+}  // namespace
+
 Result<std::string> SinkManager::status_json(const std::string& name) const {
-  std::lock_guard lock(mutex_);
-  auto it = tasks_.find(name);
-  if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
-  return it->second->to_json();
+  std::shared_ptr<Task> task;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = tasks_.find(name);
+    if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+    task = it->second;
+  }
+  auto uppers = uppers_of(std::vector<std::shared_ptr<Task>>{task});
+  return task->to_json(uppers[task->spec.shard]);
 }
 
 std::string SinkManager::list_json() const {
-  std::lock_guard lock(mutex_);
+  std::vector<std::shared_ptr<Task>> tasks;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, task] : tasks_) tasks.push_back(task);
+  }
+  auto uppers = uppers_of(tasks);
   std::string out = "[";
-  for (const auto& [name, task] : tasks_) {
+  for (const auto& task : tasks) {
     if (out.size() > 1) out += ",";
-    out += task->to_json();
+    out += task->to_json(uppers[task->spec.shard]);
   }
   return out + "]";
 }

@@ -109,7 +109,11 @@ class SinkManager {
   // shard), Held (the sink or its destination is run by another runner,
   // named).
   [[nodiscard]] Result<std::string> create(const SinkSpec& spec);
-  // {"name", "shard", "to", "status", "frontier", "error"}; NotFound.
+  // {"name", "shard", "to", ..., "status", "frontier", "upper", "lag",
+  // "error"}: lag is upper - frontier in time units (milliseconds on a
+  // shard of managed appends); error is what stopped the last run, or
+  // what the destination is retrying (a broker it cannot reach). Reads
+  // each shard's upper from consensus: call off the I/O threads. NotFound.
   [[nodiscard]] Result<std::string> status_json(const std::string& name) const;
   std::string list_json() const;
   // Stops the sink at once (an S3 or Kafka call in progress is cancelled,

@@ -190,8 +190,8 @@ Result<Subscription> Shard::subscribe(std::function<void()> wake) {
   return out;
 }
 
-Result<Frontier> Shard::upper() {
-  TM_ASSIGN(StatePtr state, context_->fetch_for_read());
+Result<Frontier> Shard::upper(bool fresh) {
+  TM_ASSIGN(StatePtr state, fresh ? context_->fetch_for_read() : context_->machine->latest_known());
   return state->upper;
 }
 

@@ -207,7 +207,8 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
     std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel,
-    std::optional<std::chrono::milliseconds> pool_wait) {
+    std::optional<std::chrono::milliseconds> pool_wait,
+    std::function<void(const std::string&)> on_trouble) {
   if (claim) {
     TM_ASSIGN(const std::string identity, destination_identity(url));
     if (claim->destination() != identity) {
@@ -238,6 +239,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   options.pool_wait = pool_wait;
   options.claim = std::move(claim);
   options.cancel = std::move(cancel);
+  options.on_trouble = std::move(on_trouble);
   // A queue that fits: at most half the pool (a server's sink pool is a
   // quarter of its --memory-limit; under 128 MiB, 16 MiB would not fit).
   options.queue_bytes = kKafkaQueueBytes;

@@ -30,6 +30,7 @@
 // but leases of the others are per spelling.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,7 @@ class DestinationAllowList {
     const SinkUrl& url, Envelope envelope, SinkFormat format, const std::string& shard,
     const std::string& sink_name, std::shared_ptr<MemoryPool> pool,
     std::shared_ptr<DestinationClaim> claim, std::shared_ptr<const Cancellation> cancel = nullptr,
-    std::optional<std::chrono::milliseconds> pool_wait = std::nullopt);
+    std::optional<std::chrono::milliseconds> pool_wait = std::nullopt,
+    std::function<void(const std::string&)> on_trouble = nullptr);
 
 }  // namespace tidemark

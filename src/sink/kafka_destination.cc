@@ -215,9 +215,29 @@ struct KafkaDestination::State {
     }
   }
 
+  // librdkafka's log lines, printed as its own logger prints them; an
+  // error or warning (a broker it cannot reach: it logs these from its
+  // threads at once, while an error callback waits for a poll that a
+  // blocked init_transactions never makes) is also the destination's
+  // trouble.
+  static void on_log(const rd_kafka_t* handle, int level, const char* facility, const char* text) {
+    rd_kafka_log_print(handle, level, facility, text);
+    auto* self = static_cast<State*>(rd_kafka_opaque(handle));
+    if (self != nullptr && level <= 4 && self->options.on_trouble) {
+      std::string_view what = text;
+      if (what.starts_with("[thrd:")) {  // the thread's name: not for users
+        if (auto end = what.find("]: "); end != std::string_view::npos) what.remove_prefix(end + 3);
+      }
+      self->options.on_trouble("kafka: " + std::string(what));
+    }
+  }
+
   static void on_error(rd_kafka_t* handle, int err, const char* reason, void* opaque) {
     auto* self = static_cast<State*>(opaque);
-    if (err != RD_KAFKA_RESP_ERR__FATAL) return;  // librdkafka retries the rest itself
+    if (err != RD_KAFKA_RESP_ERR__FATAL) {  // librdkafka retries the rest itself
+      if (self->options.on_trouble) self->options.on_trouble(std::string("kafka: ") + reason);
+      return;
+    }
     char text[512];
     rd_kafka_fatal_error(handle, text, sizeof text);
     if (!self->fatal_error) self->fatal_error = std::string("kafka: fatal error: ") + text;
@@ -263,6 +283,7 @@ struct KafkaDestination::State {
     TM_TRY(set(conf.get(), "linger.ms", "5"));
     rd_kafka_conf_set_dr_msg_cb(conf.get(), &State::on_delivery);
     rd_kafka_conf_set_error_cb(conf.get(), &State::on_error);
+    if (options.on_trouble) rd_kafka_conf_set_log_cb(conf.get(), &State::on_log);
     rd_kafka_conf_set_opaque(conf.get(), this);
     TM_ASSIGN(producer, new_handle(RD_KAFKA_PRODUCER, std::move(conf)));
     TM_TRY(resumable("init_transactions with " + address.brokers, ErrorKind::kDeterminate,

@@ -67,6 +67,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -108,6 +109,11 @@ struct KafkaDestinationOptions {
   // Once cancelled (the sink is deleted, the server stops), every blocking
   // call gives up within kCancelSliceMs (kafka_reader.h); none: never.
   std::shared_ptr<const Cancellation> cancel = nullptr;
+  // Called with each error librdkafka reports and retries by itself (a
+  // broker it cannot reach, a connection refused), "kafka: " and its text:
+  // what a status can show while a call waits on it. Runs on librdkafka's
+  // threads: must be quick and must not call the destination.
+  std::function<void(const std::string&)> on_trouble = nullptr;
 };
 
 class KafkaDestination final : public SinkDestination {
