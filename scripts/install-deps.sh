@@ -11,6 +11,7 @@ packages=(
   libpq-dev libcurl4-openssl-dev libssl-dev
   postgresql
   libclang-rt-14-dev
+  chromium  # the console test loads GET / in a headless browser
 )
 # `install-deps.sh peers`: also the systems bench/peers/run.sh measures
 # Tidemark against (not needed to build or test).

@@ -9,7 +9,8 @@ data=${TIDEMARK_DATA:-./tidemark-data}
 listen=${TIDEMARK_LISTEN:-127.0.0.1:6875}
 url=http://$listen
 cat <<USAGE
-Tidemark server on $url, data in $data. Try, from another terminal:
+Tidemark server on $url, data in $data.
+The live console: open $url/ in a browser. Try, from another terminal:
 
   curl -X POST $url/v1/shards -d '{"name": "orders"}'
   printf '{"key": "o1", "value": {"qty": 2}}\n{"key": "o2", "value": {"qty": 5}}\n' |

@@ -738,6 +738,57 @@ TEST_F(CliTest, ServeRunsS3Sinks) {
   EXPECT_EQ(call(http::verb::delete_, "/v1/sinks/objects").status, 200u);
 }
 
+// The server's log: a line per sink change and per request answered
+// (every one at debug; at the default info, only the 4xx and 5xx ones),
+// each with its time and level; a bad --log-level is a usage error.
+TEST_F(CliTest, ServeLogsRequestsAndSinksByLevel) {
+  EXPECT_EQ(tidemark("serve --log-level loud").status, 2);
+  namespace http = boost::beast::http;
+  const std::regex stamped(R"(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (debug|info|warn|error) )");
+  for (const std::string level : {"info", "debug"}) {
+    SCOPED_TRACE(level);
+    const fs::path err = dir_ / ("serve-" + level + ".err");
+    auto serving = tidemark::testing::start_server({"--data", (dir_ / "data").string()}, err,
+                                                   {"--log-level", level});
+    ASSERT_GT(serving.port, 0) << tidemark::testing::slurp(err);
+    auto call = [&](http::verb verb, const std::string& target, const std::string& body = "") {
+      return tidemark::testing::http_call(serving.port, verb, target, body);
+    };
+    const std::string shard = "s" + level;
+    ASSERT_EQ(call(http::verb::post, "/v1/shards", R"({"name": ")" + shard + R"("})").status, 201u);
+    EXPECT_EQ(call(http::verb::get, "/v1/shards/" + shard + "/snapshot?asof=0").status, 400u);
+    const std::string to = "file://" + (dir_ / "data" / "sinks" / level).string();
+    ASSERT_EQ(
+        call(http::verb::post, "/v1/sinks",
+             R"({"name": "f)" + level + R"(", "shard": ")" + shard + R"(", "to": ")" + to + "\"}")
+            .status,
+        201u);
+    std::string log;
+    for (int i = 0; i < 400 && log.find(": running") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      log = tidemark::testing::slurp(err);
+    }
+    ::kill(serving.pid, SIGTERM);
+    ::waitpid(serving.pid, nullptr, 0);
+    log = tidemark::testing::slurp(err);
+    std::vector<std::string> events;
+    for (const std::string& line : tidemark::testing::lines_of(log)) {
+      if (!line.starts_with("tidemark: ")) events.push_back(line);
+    }
+    for (const std::string& line : events) EXPECT_TRUE(std::regex_search(line, stamped)) << line;
+    auto has = [&](const std::string& text) {
+      return std::any_of(events.begin(), events.end(),
+                         [&](const std::string& line) { return line.find(text) != line.npos; });
+    };
+    EXPECT_TRUE(has("info request 127.0.0.1:")) << log;
+    EXPECT_TRUE(has(" GET /v1/shards/" + shard + "/snapshot?asof=0 400 ")) << log;
+    EXPECT_TRUE(has("info sink f" + level + " of shard " + shard + ": running")) << log;
+    EXPECT_TRUE(has("info sink f" + level + " of shard " + shard + ": stopped")) << log;
+    EXPECT_EQ(has("debug request 127.0.0.1:") && has(" POST /v1/shards 201 "), level == "debug")
+        << log;
+  }
+}
+
 // Issue 18: SIGTERM with sinks whose S3 endpoint or Kafka broker accepts
 // connections and never answers did not exit within 45 s (S3: a 30 s stall
 // times 8 attempts). Their calls are cancelled now: the process exits

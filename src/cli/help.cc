@@ -147,6 +147,10 @@ server per directory (the second exits naming the first).
   --shutdown-grace S          on SIGTERM/SIGINT, time to finish (default 10)
   --allow-s3-endpoints URLS   S3 endpoints sinks may name (comma-separated)
   --allow-kafka-brokers HOSTS Kafka brokers sinks may name (comma-separated)
+  --log-level LEVEL           what is logged on stderr, one line per event:
+                              error, warn (failed sinks, 5xx answers), info
+                              (default: also sinks starting and stopping,
+                              4xx answers) or debug (every request)
 Benchmarks only: --inject-blob-latency-ms L, --appender-queue bytes|records:N.
 
 Example:

@@ -15,6 +15,7 @@
 #include "server/server.h"
 #include "shard/random_config.h"
 #include "util/ids.h"
+#include "util/log.h"
 #include "util/process_identity.h"
 #include "util/size.h"
 #include "util/thread.h"
@@ -90,13 +91,13 @@ ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_lim
 }  // namespace
 
 int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args =
-      Args::parse(argv,
-                  {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
-                   "--producer-expiry", "--max-producers", "--retry-deadline", "--max-connections",
-                   "--min-body-rate", "--shutdown-grace", "--allow-s3-endpoints",
-                   "--allow-kafka-brokers", "--inject-blob-latency-ms", "--appender-queue"},
-                  {});
+  auto args = Args::parse(
+      argv,
+      {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
+       "--producer-expiry", "--max-producers", "--retry-deadline", "--max-connections",
+       "--min-body-rate", "--shutdown-grace", "--allow-s3-endpoints", "--allow-kafka-brokers",
+       "--inject-blob-latency-ms", "--appender-queue", "--log-level"},
+      {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty())
     return usage_error("serve takes no arguments but its options (tidemark serve --help)");
@@ -213,6 +214,11 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     auto bytes = parse_size(*text);
     if (!bytes) return usage_error("--min-body-rate takes bytes a second (0: none), got " + *text);
     options.min_body_rate = *bytes;
+  }
+  if (auto text = args->get("--log-level")) {
+    auto level = parse_log_level(*text);
+    if (!level) return usage_error("--log-level takes error, warn, info or debug, got " + *text);
+    set_log_level(*level);
   }
   std::chrono::seconds grace = kShutdownGrace;
   if (auto text = args->get("--shutdown-grace")) {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <tuple>
 
+#include "server/console.h"
 #include "server/http_text.h"
 #include "server/metrics.h"
 #include "server/sinks.h"
@@ -27,6 +28,7 @@
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/json.h"
+#include "util/log.h"
 #include "util/periodic.h"
 #include "util/thread.h"
 
@@ -861,6 +863,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header() {
     begin_request();
+    request_started_ = Clock::now();
     atomic_ = false;
     reserved_ = false;
     counted_ahead_ = 0;
@@ -889,6 +892,15 @@ class Session : public std::enable_shared_from_this<Session> {
       route_ = "healthz";
       if (rejects_query({})) return;
       return read_small_body([self = shared_from_this()] { self->respond(200, "{\"ok\":true}"); });
+    }
+    if (path_ == "/" && method == http::verb::get) {
+      // The console: a page with no data (its script reads the routes
+      // below, with the token), so it needs no token itself.
+      route_ = "console";
+      if (rejects_query({})) return;
+      return read_small_body([self = shared_from_this()] {
+        self->respond(200, std::string(console_page()), "text/html; charset=utf-8");
+      });
     }
     if (server_->options.token) {
       auto it = request.find(http::field::authorization);
@@ -2206,6 +2218,7 @@ class Session : public std::enable_shared_from_this<Session> {
     out_res_->body().more = true;
     out_sr_.emplace(*out_res_);
     server_->metrics.count_request(route_, 200);
+    log_request(200, true);
     begin_io(server_->options.idle_timeout);
     http::async_write_header(
         socket_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
@@ -2301,6 +2314,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond(unsigned status, std::string body,
                std::string_view content_type = "application/json") {
     server_->metrics.count_request(route_, status);
+    log_request(status, false);
     release_body();
     if (body.empty() || body.back() != '\n') body += '\n';
     // A request whose body was not read to its end cannot be followed by
@@ -2339,6 +2353,40 @@ class Session : public std::enable_shared_from_this<Session> {
                        self->end_io();
                        self->responded(ec, keep);
                      });
+  }
+
+  // The request's line in the server's log (util/log.h): a server error at
+  // warn, a client's mistake at info, the rest at debug. A stream's line
+  // is written when it starts.
+  void log_request(unsigned status, bool streamed) {
+    const LogLevel level =
+        status >= 500 ? LogLevel::kWarn : (status >= 400 ? LogLevel::kInfo : LogLevel::kDebug);
+    if (!log_enabled(level)) return;
+    std::string line = "request ";
+    beast::error_code ec;
+    const auto peer = socket_.remote_endpoint(ec);
+    line += ec ? std::string("-") : peer.address().to_string() + ":" + std::to_string(peer.port());
+    if (parser_) {
+      const auto& request = parser_->get();
+      line += ' ';
+      line += std::string_view(request.method_string().data(), request.method_string().size());
+      line += ' ';
+      // At most 256 bytes of the target: a resume query can carry a row.
+      std::string_view target(request.target().data(), request.target().size());
+      if (target.size() > 256) {
+        line.append(target.substr(0, 253)).append("...");
+      } else {
+        line.append(target);
+      }
+    }
+    line += ' ' + std::to_string(status);
+    const auto micros =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - request_started_);
+    char took[32];
+    std::snprintf(took, sizeof took, " %.1fms", static_cast<double>(micros.count()) / 1000.0);
+    line += took;
+    if (streamed) line += " (stream)";
+    log_line(level, line);
   }
 
   // The answer is written (or writing it failed: `ec`).
@@ -2524,6 +2572,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // enqueued) and when the last of them was committed.
   std::optional<std::string> producer_;
   std::string reader_;  // DELETE /v1/shards/{name}/readers/{id}: the id
+  Clock::time_point request_started_ = Clock::now();  // when its header was read
   std::uint64_t first_sequence_ = 0;
   std::uint64_t skip_ = 0;
   std::uint64_t skipped_ = 0;

@@ -12,6 +12,7 @@
 #include "tidemark/retry.h"
 #include "util/cancel.h"
 #include "util/json.h"
+#include "util/log.h"
 
 namespace tidemark {
 namespace {
@@ -40,6 +41,7 @@ struct SinkManager::Task {
   std::string status = "starting";
   std::optional<Frontier> frontier;
   std::optional<std::string> error;
+  std::optional<std::string> logged_failure;  // the last failure logged
   std::shared_ptr<Shard> shard;
   // Held from the sink's start (or its first run, when resumed) until it
   // stops; used by its steps only once started.
@@ -71,8 +73,27 @@ struct SinkManager::Task {
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
     std::lock_guard lock(mutex);
+    log_change(s, e);
     status = std::move(s);
     error = std::move(e);
+  }
+
+  // The server's log line for a change of status (util/log.h): running,
+  // done and stopped at info, a failure at warn (once per distinct error:
+  // a sink retrying the same failure does not fill the log).
+  // REQUIRES: mutex held.
+  void log_change(const std::string& next, const std::optional<std::string>& next_error) {
+    if (next == "starting" || (next == status && next_error == error)) return;
+    if (next == "failed") {
+      if (logged_failure == next_error) return;
+      logged_failure = next_error;
+    } else {
+      logged_failure.reset();
+    }
+    std::string line = "sink " + spec.name + " of shard " + spec.shard + ": " + next;
+    if (next == "running" && frontier) line += " from frontier " + frontier->to_string();
+    if (next_error) line += ": " + *next_error;
+    log_line(next == "failed" ? LogLevel::kWarn : LogLevel::kInfo, line);
   }
 
   // What the destination is retrying by itself (a broker it cannot reach):
