@@ -5,6 +5,7 @@
 // mismatch (the message names the current upper).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,6 +41,25 @@ class Args {
  private:
   std::vector<std::string> positionals_;
   std::map<std::string, std::string> values_;
+};
+
+// A decimal integer in [least, most], the whole text (no sign, no
+// trailing junk, no overflow); nullopt otherwise.
+std::optional<std::uint64_t> whole_number(std::string_view text, std::uint64_t least,
+                                          std::uint64_t most);
+
+// Buffered stdout: one fwrite per 64 KiB instead of one per line.
+class Output {
+ public:
+  ~Output() { flush(); }
+  std::string& buffer() { return buffer_; }
+  void maybe_flush() {
+    if (buffer_.size() >= (64 << 10)) flush();
+  }
+  void flush();
+
+ private:
+  std::string buffer_;
 };
 
 // Where the data lives, from --data/--blob/--consensus and the environment.

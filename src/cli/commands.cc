@@ -119,6 +119,23 @@ Result<std::pair<std::string, std::string>> location_urls(const Globals& globals
   return std::pair{blob_url, consensus_url};
 }
 
+std::optional<std::uint64_t> whole_number(std::string_view text, std::uint64_t least,
+                                          std::uint64_t most) {
+  std::uint64_t n = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || n < least ||
+      n > most) {
+    return std::nullopt;
+  }
+  return n;
+}
+
+void Output::flush() {
+  if (!buffer_.empty()) std::fwrite(buffer_.data(), 1, buffer_.size(), stdout);
+  buffer_.clear();
+  std::fflush(stdout);
+}
+
 Result<std::shared_ptr<Client>> open_client(const Globals& globals, DataDir data_dir) {
   TM_ASSIGN(auto urls, location_urls(globals, data_dir));
   // A command is a short-lived process: it compacts in the foreground
@@ -130,24 +147,6 @@ Result<std::shared_ptr<Client>> open_client(const Globals& globals, DataDir data
 }
 
 namespace {
-
-// Buffered stdout: one fwrite per 64 KiB instead of one per line.
-class Output {
- public:
-  ~Output() { flush(); }
-  std::string& buffer() { return buffer_; }
-  void maybe_flush() {
-    if (buffer_.size() >= (64 << 10)) flush();
-  }
-  void flush() {
-    if (!buffer_.empty()) std::fwrite(buffer_.data(), 1, buffer_.size(), stdout);
-    buffer_.clear();
-    std::fflush(stdout);
-  }
-
- private:
-  std::string buffer_;
-};
 
 Result<std::shared_ptr<Shard>> open_named_shard(const Globals& globals, const std::string& name,
                                                 DataDir data_dir = DataDir::kCreate) {

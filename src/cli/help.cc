@@ -105,6 +105,8 @@ Example:
 constexpr std::string_view kSink =
     R"(usage: tidemark sink run NAME --to URL [--envelope upsert|debezium]
                          [--format json|csv] [--sink-name S] [--as-of T] [--until T]
+       tidemark sink audit NAME --to kafka://HOST:PORT/TOPIC [--sink-name S]
+                           [--messages] [--timeout-ms MS]
 
 Writes the shard's contents, then every change, to a destination, exactly
 once across restarts: progress is committed with the output, and a rerun
@@ -120,6 +122,13 @@ resumes where the last commit left off.
   --until T       stop once the output is complete up to T (default: run
                   until interrupted)
 s3:// takes credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
+
+audit reads back what a Kafka sink has committed (read_committed, only the
+messages inside its progress records' ranges) and prints
+{"sink","frontier","transactions","committed","outside"}; --messages first
+prints each committed message {"partition","offset","time","key","value"}.
+A file or S3 sink's committed output is its files: their names are its
+progress.
 
 Example:
   tidemark sink run orders --to file:///tmp/orders-out --until 5

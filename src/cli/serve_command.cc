@@ -185,15 +185,6 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   }
   // Idempotent producers: how long a shard remembers one that commits
   // nothing, and how many it keeps.
-  auto whole_number = [](const std::string& text, std::uint64_t least,
-                         std::uint64_t most) -> std::optional<std::uint64_t> {
-    std::uint64_t n = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (ec != std::errc{} || end != text.data() + text.size() || n < least || n > most) {
-      return std::nullopt;
-    }
-    return n;
-  };
   std::optional<std::chrono::milliseconds> producer_expiry;
   if (auto text = args->get("--producer-expiry")) {
     auto ms = whole_number(*text, 1000, 365ull * 24 * 3600 * 1000);

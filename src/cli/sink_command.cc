@@ -14,8 +14,10 @@
 
 #include "cli/cli.h"
 #include "sink/destination_url.h"
+#include "sink/kafka_reader.h"
 #include "sink/runner.h"
 #include "sink/sink_claim.h"
+#include "util/json.h"
 
 namespace tidemark::cli {
 namespace {
@@ -113,11 +115,73 @@ class ProgressReporter {
   std::uint64_t printed_commits_ = 0;
 };
 
+// `sink audit NAME --to kafka://...`: what a Kafka sink has committed,
+// read back with read_committed (sink/kafka_reader.h): with --messages
+// each committed message as a line, then a summary line. One message in
+// memory at a time.
+int run_sink_audit(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {"--to", "--sink-name", "--timeout-ms"}, {"--messages"});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1)
+    return usage_error("sink audit takes one NAME (tidemark sink --help)");
+  const std::string shard_name = args->positionals()[0];
+  auto to = args->get("--to");
+  if (!to) return usage_error("sink audit needs --to kafka://HOST:PORT/TOPIC");
+  auto url = parse_sink_url(*to, SinkFormat::kJson);
+  if (!url) return usage_error(url.error().message);
+  if (!url->kafka) {
+    return usage_error(
+        "sink audit reads Kafka destinations; a file or S3 sink's committed output is its "
+        "files, whose names are its progress");
+  }
+  std::uint64_t timeout_ms = 30'000;
+  if (auto text = args->get("--timeout-ms")) {
+    auto n = whole_number(*text, 1, 3'600'000);
+    if (!n) return usage_error("--timeout-ms takes 1 to 3600000, got " + *text);
+    timeout_ms = *n;
+  }
+  const std::string sink_name = args->get("--sink-name").value_or(shard_name);
+  const bool messages = args->has("--messages");
+  Output out;
+  auto audit = audit_kafka_sink(
+      *url->kafka, "tidemark/" + shard_name + "/" + sink_name,
+      std::chrono::milliseconds(timeout_ms), [&](const KafkaMessageView& m) -> Status {
+        if (!messages) return {};
+        std::string& b = out.buffer();
+        b.append("{\"partition\":").append(std::to_string(m.partition));
+        b.append(",\"offset\":").append(std::to_string(m.offset));
+        b.append(",\"time\":").append(m.time ? std::string(*m.time) : std::string("null"));
+        b.append(",\"key\":").append(m.key);
+        b.append(",\"value\":").append(m.value ? std::string(*m.value) : std::string("null"));
+        b.append("}\n");
+        out.maybe_flush();
+        return {};
+      });
+  if (!audit) {
+    out.flush();
+    return report(audit.error());
+  }
+  std::string& b = out.buffer();
+  b.append("{\"sink\":");
+  append_json_string(&b, sink_name);
+  b.append(",\"frontier\":").append(audit->frontier ? audit->frontier->to_json() : "null");
+  b.append(",\"transactions\":").append(std::to_string(audit->transactions));
+  b.append(",\"committed\":").append(std::to_string(audit->committed));
+  b.append(",\"outside\":").append(std::to_string(audit->outside)).append("}\n");
+  out.flush();
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
+  if (!argv.empty() && argv[0] == "audit") {
+    return run_sink_audit(std::vector<std::string>(argv.begin() + 1, argv.end()));
+  }
   if (argv.empty() || argv[0] != "run") {
-    return usage_error("sink run NAME --to URL [options] (tidemark sink --help)");
+    return usage_error(
+        "sink run NAME --to URL [options] | sink audit NAME --to kafka://... (tidemark sink "
+        "--help)");
   }
   std::vector<std::string> rest(argv.begin() + 1, argv.end());
   auto args = Args::parse(
