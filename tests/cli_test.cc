@@ -779,9 +779,54 @@ TEST_F(CliTest, ASinkIntoKafkaIsReadBackByAudit) {
   EXPECT_EQ(other.out,
             "{\"sink\":\"nobody\",\"frontier\":null,\"transactions\":0,\"committed\":0,"
             "\"outside\":3}\n");
-  EXPECT_EQ(tidemark("sink audit s --to file://" + (dir_ / "out").string()).status, 2);
+  EXPECT_EQ(tidemark("sink audit s --to s3://bucket/p?endpoint=http://127.0.0.1:1").status, 2);
+  Outcome no_directory = tidemark("sink audit s --to file://" + (dir_ / "none").string());
+  EXPECT_EQ(no_directory.status, 1);
+  EXPECT_NE(no_directory.err.find("cannot list sink directory"), std::string::npos)
+      << no_directory.err;
   EXPECT_EQ(tidemark("sink audit s").status, 2);
   EXPECT_EQ(tidemark("sink audit s --to " + to + " --timeout-ms 12x").status, 2);
+}
+
+// sink audit on a file sink: its files' names must tile its progress and
+// every line's time lie in its file's range; a gap or a stray line is an
+// error (exit 1) saying where.
+TEST_F(CliTest, AFileSinkIsReadBackByAudit) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  ASSERT_EQ(tidemark("append s --lower 0 --upper 2",
+                     "{\"key\":\"a\",\"value\":1,\"time\":0}\n{\"key\":\"b\",\"value\":2,"
+                     "\"time\":1}\n")
+                .status,
+            0);
+  const fs::path out = dir_ / "out";
+  const std::string to = "file://" + out.string();
+  ASSERT_EQ(tidemark("sink run s --to " + to + " --as-of 0 --until 2").status, 0);
+  ASSERT_EQ(tidemark("append s --lower 2 --upper 4",
+                     "{\"key\":\"a\",\"value\":1,\"time\":3,\"diff\":-1}\n")
+                .status,
+            0);
+  ASSERT_EQ(tidemark("sink run s --to " + to + " --until 4").status, 0);
+  Outcome audit = tidemark("sink audit s --to " + to + " --messages");
+  EXPECT_EQ(audit.status, 0) << audit.err;
+  EXPECT_EQ(audit.out,
+            "{\"time\":0,\"key\":\"a\",\"value\":1}\n"
+            "{\"time\":1,\"key\":\"b\",\"value\":2}\n"
+            "{\"time\":3,\"key\":\"a\",\"value\":null}\n"
+            "{\"sink\":\"s\",\"frontier\":4,\"files\":3,\"committed\":3,\"outside\":0}\n");
+  // A line whose time is outside its file's range.
+  const fs::path last = out / "00000000000000000002-00000000000000000004.json";
+  ASSERT_TRUE(fs::exists(last));
+  std::ofstream(last, std::ios::app) << "{\"time\":9,\"key\":\"z\",\"value\":1}\n";
+  Outcome stray = tidemark("sink audit s --to " + to);
+  EXPECT_EQ(stray.status, 1);
+  EXPECT_EQ(stray.out,
+            "{\"sink\":\"s\",\"frontier\":4,\"files\":3,\"committed\":4,\"outside\":1}\n");
+  // A committed file gone: the times it held are a gap.
+  fs::remove(out / "00000000000000000001-00000000000000000002.json");
+  Outcome gap = tidemark("sink audit s --to " + to);
+  EXPECT_EQ(gap.status, 1);
+  EXPECT_NE(gap.err.find("nothing is committed for the times [1, 2)"), std::string::npos)
+      << gap.err << gap.out;
 }
 
 // The server's log: a line per sink change and per request answered

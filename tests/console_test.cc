@@ -4,9 +4,11 @@
 // installs it; under `make test` a skip fails).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/beast/websocket.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "server/test_client.h"
 #include "server_process.h"
+#include "util/json.h"
 
 namespace {
 
@@ -76,6 +79,170 @@ class ConsoleTest : public ::testing::Test {
   fs::path dir_;
   tidemark::testing::ServerProcess server_;
 };
+
+// A page kept open in headless Chromium, driven over the DevTools
+// protocol (a WebSocket): the test reads the live document while it
+// changes the server under it.
+class LivePage {
+ public:
+  LivePage(const fs::path& profile, std::uint16_t server_port) {
+    const std::string url = "http://127.0.0.1:" + std::to_string(server_port) + "/";
+    std::vector<std::string> words = {chromium_binary(),
+                                      "--headless",
+                                      "--no-sandbox",
+                                      "--disable-gpu",
+                                      "--disable-dev-shm-usage",
+                                      "--no-first-run",
+                                      "--user-data-dir=" + profile.string(),
+                                      "--remote-debugging-port=0",
+                                      url};
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 2, (profile.string() + ".err").c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&actions);
+    // Chromium writes the port it took into its profile.
+    for (int i = 0; i < 400 && pid_ > 0 && devtools_port_ == 0; ++i) {
+      std::istringstream in(tidemark::testing::slurp(profile / "DevToolsActivePort"));
+      unsigned port = 0;
+      if (in >> port) devtools_port_ = static_cast<std::uint16_t>(port);
+      if (devtools_port_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    // The page's target, once it is listed.
+    for (int i = 0; i < 400 && devtools_port_ != 0 && page_path_.empty(); ++i) {
+      auto list = tidemark::testing::http_call(devtools_port_, http::verb::get, "/json/list");
+      auto targets = tidemark::parse_json(list.body);
+      if (targets && targets->is_array()) {
+        for (const auto& t : targets->as_array()) {
+          const auto* type = t.find("type");
+          const auto* at = t.find("url");
+          const auto* ws = t.find("webSocketDebuggerUrl");
+          if (type && type->is_string() && type->as_string() == "page" && at && at->is_string() &&
+              at->as_string() == url && ws && ws->is_string()) {
+            const std::string& full = ws->as_string();  // ws://127.0.0.1:PORT/devtools/page/ID
+            page_path_ = full.substr(full.find("/devtools/"));
+          }
+        }
+      }
+      if (page_path_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    if (page_path_.empty()) return;
+    boost::asio::ip::tcp::resolver resolver(ioc_);
+    boost::beast::error_code ec;
+    boost::asio::connect(socket_.next_layer(),
+                         resolver.resolve("127.0.0.1", std::to_string(devtools_port_)), ec);
+    if (!ec) socket_.handshake("127.0.0.1:" + std::to_string(devtools_port_), page_path_, ec);
+    connected_ = !ec;
+  }
+
+  ~LivePage() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  bool connected() const { return connected_; }
+
+  // The value of a JavaScript expression that gives a string, in the page.
+  std::string evaluate(const std::string& expression) {
+    std::string request = "{\"id\":" + std::to_string(++id_) +
+                          ",\"method\":\"Runtime.evaluate\",\"params\":{\"expression\":";
+    tidemark::append_json_string(&request, expression);
+    request += ",\"returnByValue\":true}}";
+    boost::beast::error_code ec;
+    socket_.text(true);
+    socket_.write(boost::asio::buffer(request), ec);
+    if (ec) return "";
+    for (;;) {
+      boost::beast::flat_buffer buffer;
+      socket_.read(buffer, ec);
+      if (ec) return "";
+      auto message = tidemark::parse_json(boost::beast::buffers_to_string(buffer.data()));
+      if (!message || !message->find("id") || message->find("id")->as_u64() != id_) continue;
+      const auto* result = message->find("result");
+      const auto* inner = result ? result->find("result") : nullptr;
+      const auto* value = inner ? inner->find("value") : nullptr;
+      return value && value->is_string() ? value->as_string() : "";
+    }
+  }
+
+  // Waits up to `seconds` for the expression to give a string containing
+  // `wanted`; returns the last value.
+  std::string wait_for(const std::string& expression, const std::string& wanted, int seconds = 15) {
+    std::string value;
+    for (int i = 0; i < seconds * 10; ++i) {
+      value = evaluate(expression);
+      if (value.find(wanted) != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return value;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::uint16_t devtools_port_ = 0;
+  std::string page_path_;
+  boost::asio::io_context ioc_;
+  boost::beast::websocket::stream<boost::asio::ip::tcp::socket> socket_{ioc_};
+  bool connected_ = false;
+  std::uint64_t id_ = 0;
+};
+
+const std::string kShardsText = "document.querySelector('#shards tbody').innerText";
+const std::string kAppendersText = "document.querySelector('#appenders tbody').innerText";
+const std::string kPoolsText = "document.querySelector('#pools tbody').innerText";
+
+// The page follows the server: a shard created after it opened appears,
+// and managed appends show in the shard's size, its appender's counts, the
+// append rate and the commit latency, with the memory pools beside them.
+TEST_F(ConsoleTest, FollowsShardsAndAppendsAsTheyHappen) {
+  if (!chromium_binary()) GTEST_SKIP() << "no Chromium (scripts/install-deps.sh installs it)";
+  ASSERT_NO_FATAL_FAILURE(start());
+  LivePage page(dir_ / "live-profile", server_.port);
+  ASSERT_TRUE(page.connected()) << tidemark::testing::slurp(dir_ / "live-profile.err");
+  EXPECT_EQ(page.wait_for(kShardsText, "orders", 3).find("orders"), std::string::npos);
+
+  ASSERT_EQ(call(http::verb::post, "/v1/shards", R"({"name": "orders"})").status, 201u);
+  std::string shards = page.wait_for(kShardsText, "orders");
+  EXPECT_NE(shards.find("orders"), std::string::npos) << shards;
+
+  // Managed appends, a record each, for a few refreshes.
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_EQ(call(http::verb::post, "/v1/shards/orders/append",
+                   "{\"key\":\"k" + std::to_string(i) + "\",\"value\":1}\n")
+                  .status,
+              200u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  // The shard's row counts 30 updates (its 6th column).
+  shards = page.wait_for(
+      "[...document.querySelectorAll('#shards tbody tr')].map(r => "
+      "r.cells[0].innerText + '=' + r.cells[5].innerText).join()",
+      "orders=30");
+  EXPECT_EQ(shards, "orders=30");
+  const std::string appenders = page.wait_for(
+      "[...document.querySelectorAll('#appenders tbody tr')].map(r => "
+      "r.cells[0].innerText + '=' + r.cells[2].innerText).join()",
+      "orders=30");
+  EXPECT_EQ(appenders, "orders=30");
+  // The charts drew a rate and a latency from those commits.
+  const std::string rate = page.evaluate("document.getElementById('rate-now').innerText");
+  EXPECT_NE(rate, "–");
+  const std::string latency = page.evaluate("document.getElementById('latency-now').innerText");
+  EXPECT_TRUE(latency.ends_with(" ms") || latency == "no commits") << latency;
+  EXPECT_NE(page.evaluate("document.querySelector('#rate-chart polyline').getAttribute('points')"),
+            "");
+  const std::string pools = page.evaluate(kPoolsText);
+  for (const char* pool : {"server", "requests", "appenders", "reads", "sinks"}) {
+    EXPECT_NE(pools.find(pool), std::string::npos) << pools;
+  }
+}
 
 TEST_F(ConsoleTest, ShowsShardsHoldsAndSinksAsTheServerReportsThem) {
   if (!chromium_binary()) GTEST_SKIP() << "no Chromium (scripts/install-deps.sh installs it)";

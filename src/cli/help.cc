@@ -105,8 +105,9 @@ Example:
 constexpr std::string_view kSink =
     R"(usage: tidemark sink run NAME --to URL [--envelope upsert|debezium]
                          [--format json|csv] [--sink-name S] [--as-of T] [--until T]
-       tidemark sink audit NAME --to kafka://HOST:PORT/TOPIC [--sink-name S]
-                           [--messages] [--timeout-ms MS]
+       tidemark sink audit NAME --to kafka://HOST:PORT/TOPIC|file:///DIR
+                           [--sink-name S] [--format json|csv] [--messages]
+                           [--timeout-ms MS]
 
 Writes the shard's contents, then every change, to a destination, exactly
 once across restarts: progress is committed with the output, and a rerun
@@ -123,12 +124,14 @@ resumes where the last commit left off.
                   until interrupted)
 s3:// takes credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
-audit reads back what a Kafka sink has committed (read_committed, only the
-messages inside its progress records' ranges) and prints
-{"sink","frontier","transactions","committed","outside"}; --messages first
-prints each committed message {"partition","offset","time","key","value"}.
-A file or S3 sink's committed output is its files: their names are its
-progress.
+audit reads back what a sink has committed and checks it against its
+progress. Kafka: read_committed, counting the messages inside its progress
+records' offset ranges; prints {"sink","frontier","transactions",
+"committed","outside"}, after each committed message {"partition","offset",
+"time","key","value"} with --messages. File: the files' names must tile
+the progress with no gap and each line's time lie in its file's range;
+prints {"sink","frontier","files","committed","outside"}, after each line
+with --messages; a gap, an overlap or a line outside exits 1.
 
 Example:
   tidemark sink run orders --to file:///tmp/orders-out --until 5

@@ -7,12 +7,16 @@
 // and a last line when the sink stops.
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli/cli.h"
+#include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/kafka_reader.h"
 #include "sink/runner.h"
@@ -119,20 +123,96 @@ class ProgressReporter {
 // read back with read_committed (sink/kafka_reader.h): with --messages
 // each committed message as a line, then a summary line. One message in
 // memory at a time.
+// A file sink's committed output, read back: its files' names are its
+// progress (they must tile [first lower, frontier) with no gap or
+// overlap), and every line's time must be in its file's range. One line
+// in memory at a time.
+int audit_file_sink(const std::string& sink_name, const std::string& directory, SinkFormat format,
+                    bool messages) {
+  namespace fs = std::filesystem;
+  std::vector<CommittedRange> committed;
+  std::error_code ec;
+  for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    auto range = parse_committed_name(directory + ": ", name, extension_of(format));
+    if (!range) return report(range.error());
+    if (*range) committed.push_back(std::move(**range));
+  }
+  if (ec) {
+    return report(Error{ErrorKind::kDeterminate,
+                        "cannot list sink directory " + directory + ": " + ec.message()});
+  }
+  auto frontier = committed_progress(directory, committed);  // sorts; overlaps are Corruption
+  if (!frontier) return report(frontier.error());
+  for (std::size_t i = 1; i < committed.size(); ++i) {
+    if (committed[i].lower != committed[i - 1].upper) {
+      return report(Error{ErrorKind::kCorruption,
+                          "sink directory " + directory + ": nothing is committed for the times [" +
+                              std::to_string(committed[i - 1].upper) + ", " +
+                              std::to_string(committed[i].lower) + ") between " +
+                              committed[i - 1].name + " and " + committed[i].name});
+    }
+  }
+  Output out;
+  std::uint64_t lines = 0, outside = 0;
+  for (const CommittedRange& range : committed) {
+    std::ifstream in(fs::path(directory) / range.name, std::ios::binary);
+    if (!in) {
+      return report(Error{ErrorKind::kDeterminate, "cannot read " + directory + "/" + range.name});
+    }
+    bool header = format == SinkFormat::kCsv;
+    for (std::string line; std::getline(in, line);) {
+      if (header) {
+        header = false;
+        continue;
+      }
+      ++lines;
+      // The time: json's "time" member (written first), csv's first cell.
+      std::string_view text = line;
+      if (format == SinkFormat::kJson) {
+        constexpr std::string_view kTime = "{\"time\":";
+        text.remove_prefix(text.starts_with(kTime) ? kTime.size() : text.size());
+      }
+      Time time = 0;
+      auto [end, parse_ec] = std::from_chars(text.data(), text.data() + text.size(), time);
+      if (parse_ec != std::errc{} || time < range.lower || time >= range.upper) ++outside;
+      if (messages) {
+        out.buffer().append(line).push_back('\n');
+        out.maybe_flush();
+      }
+    }
+  }
+  std::string& b = out.buffer();
+  b.append("{\"sink\":");
+  append_json_string(&b, sink_name);
+  b.append(",\"frontier\":").append(*frontier ? (*frontier)->to_json() : "null");
+  b.append(",\"files\":").append(std::to_string(committed.size()));
+  b.append(",\"committed\":").append(std::to_string(lines));
+  b.append(",\"outside\":").append(std::to_string(outside)).append("}\n");
+  out.flush();
+  return outside == 0 ? kExitOk : kExitError;
+}
+
 int run_sink_audit(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--to", "--sink-name", "--timeout-ms"}, {"--messages"});
+  auto args =
+      Args::parse(argv, {"--to", "--sink-name", "--timeout-ms", "--format"}, {"--messages"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1)
     return usage_error("sink audit takes one NAME (tidemark sink --help)");
   const std::string shard_name = args->positionals()[0];
   auto to = args->get("--to");
-  if (!to) return usage_error("sink audit needs --to kafka://HOST:PORT/TOPIC");
-  auto url = parse_sink_url(*to, SinkFormat::kJson);
+  if (!to) return usage_error("sink audit needs --to kafka://HOST:PORT/TOPIC or file:///DIR");
+  auto format = parse_sink_format(args->get("--format").value_or("json"));
+  if (!format) return usage_error(format.error().message);
+  auto url = parse_sink_url(*to, *format);
   if (!url) return usage_error(url.error().message);
+  const std::string sink_name = args->get("--sink-name").value_or(shard_name);
+  const bool messages = args->has("--messages");
+  if (url->directory) return audit_file_sink(sink_name, *url->directory, *format, messages);
   if (!url->kafka) {
     return usage_error(
-        "sink audit reads Kafka destinations; a file or S3 sink's committed output is its "
-        "files, whose names are its progress");
+        "sink audit reads Kafka and file destinations (an S3 sink's objects are "
+        "named as a file sink's files)");
   }
   std::uint64_t timeout_ms = 30'000;
   if (auto text = args->get("--timeout-ms")) {
@@ -140,8 +220,6 @@ int run_sink_audit(const std::vector<std::string>& argv) {
     if (!n) return usage_error("--timeout-ms takes 1 to 3600000, got " + *text);
     timeout_ms = *n;
   }
-  const std::string sink_name = args->get("--sink-name").value_or(shard_name);
-  const bool messages = args->has("--messages");
   Output out;
   auto audit = audit_kafka_sink(
       *url->kafka, "tidemark/" + shard_name + "/" + sink_name,

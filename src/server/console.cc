@@ -1,8 +1,13 @@
 // The live console: GET / answers one self-contained page (no script,
-// style or font from anywhere else) that reads the server's own JSON
-// routes every two seconds and shows each shard (frontiers, size, the
-// holds on its since, its writers) and each sink (status, frontier, lag,
-// the error that stopped it or that its destination keeps retrying).
+// style or font from anywhere else) that reads the server's own routes
+// every two seconds (/v1/shards, /v1/sinks and /metrics) and shows each
+// shard (frontiers, size, the holds on its since, its writers), the
+// append rate and mean commit latency as small charts of the last two
+// minutes, each shard's appender (queue bytes, records committed, rate),
+// the memory pools (the server's budget and the pools under it: use, peak,
+// capacity) and each sink (status, frontier, lag, the error that stopped
+// it or that its destination keeps retrying). The page keeps 60 samples
+// per chart: its memory is bounded however long it stays open.
 //
 // Every value from the server is put in the page as text (textContent),
 // never as markup, so a shard or sink name cannot inject anything. The
@@ -34,11 +39,16 @@ std::string_view console_page() {
   .running { color: #1b7a3a; }
   #state { margin-left: .6em; }
   #auth { display: none; margin: .8em 0; }
+  .charts { display: flex; gap: 2em; flex-wrap: wrap; }
+  .chart svg { width: 320px; height: 70px; background: #f6f7f9; display: block; }
+  .chart polyline { fill: none; stroke: #2f5fb3; stroke-width: 1.5; }
+  .bar { background: #e3e6ea; width: 10em; height: .7em; display: inline-block; }
+  .bar span { background: #2f5fb3; height: 100%; display: block; }
 </style>
 </head>
 <body>
 <h1>Tidemark <span id="state" class="muted">connecting…</span></h1>
-<div class="muted">Refreshed every 2 s from <code>/v1/shards</code> and <code>/v1/sinks</code>.
+<div class="muted">Refreshed every 2 s from <code>/v1/shards</code>, <code>/v1/sinks</code> and <code>/metrics</code>.
 Times are as the shards keep them (milliseconds since 1970 for managed appends).</div>
 <form id="auth">This server needs its bearer token:
   <input id="token" type="password" autocomplete="off"> <button>Use</button></form>
@@ -46,6 +56,23 @@ Times are as the shards keep them (milliseconds since 1970 for managed appends).
 <table id="shards">
   <thead><tr><th>name</th><th>upper</th><th>since</th><th>batches</th><th>parts</th>
   <th>updates</th><th>bytes</th><th>holds on the since</th><th>writers</th></tr></thead>
+  <tbody></tbody>
+</table>
+<h2>Appends</h2>
+<div class="charts">
+  <div class="chart"><div>records appended per second: <b id="rate-now">–</b></div>
+    <svg id="rate-chart" viewBox="0 0 60 100" preserveAspectRatio="none"><polyline></polyline></svg></div>
+  <div class="chart"><div>mean commit latency: <b id="latency-now">–</b></div>
+    <svg id="latency-chart" viewBox="0 0 60 100" preserveAspectRatio="none"><polyline></polyline></svg></div>
+</div>
+<table id="appenders">
+  <thead><tr><th>shard</th><th>queue bytes</th><th>records committed</th><th>records/s</th>
+  <th>commits</th></tr></thead>
+  <tbody></tbody>
+</table>
+<h2>Memory pools</h2>
+<table id="pools">
+  <thead><tr><th>pool</th><th>used</th><th>peak</th><th>capacity</th><th></th></tr></thead>
   <tbody></tbody>
 </table>
 <h2>Sinks <span id="sink-count" class="muted"></span></h2>
@@ -63,7 +90,7 @@ document.getElementById("auth").addEventListener("submit", (e) => {
   refresh();
 });
 
-async function read(path) {
+async function read(path, asText) {
   const headers = token() ? { Authorization: "Bearer " + token() } : {};
   const answer = await fetch(path, { headers, cache: "no-store" });
   if (answer.status === 401) {
@@ -71,7 +98,103 @@ async function read(path) {
     throw new Error("the server wants its token");
   }
   if (!answer.ok) throw new Error(path + ": HTTP " + answer.status);
-  return answer.json();
+  return asText ? answer.text() : answer.json();
+}
+
+// Prometheus text: name -> [{labels, value}].
+function parseMetrics(text) {
+  const out = new Map();
+  for (const line of text.split("\n")) {
+    if (line === "" || line.startsWith("#")) continue;
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$/.exec(line);
+    if (!m) continue;
+    const labels = {};
+    for (const pair of (m[3] || "").matchAll(/([a-zA-Z_]+)="((?:[^"\\]|\\.)*)"/g)) {
+      labels[pair[1]] = pair[2];
+    }
+    if (!out.has(m[1])) out.set(m[1], []);
+    out.get(m[1]).push({ labels, value: Number(m[4]) });
+  }
+  return out;
+}
+
+const sum = (metrics, name) => (metrics.get(name) || []).reduce((a, s) => a + s.value, 0);
+const byShard = (metrics, name) =>
+  new Map((metrics.get(name) || []).map((s) => [s.labels.shard, s.value]));
+
+// The last 60 samples of each chart, and the previous reading to diff.
+const history = { rate: [], latency: [] };
+let previous = null;
+
+function plot(id, values) {
+  const max = Math.max(...values, 1e-9);
+  const points = values.map((v, i) => (i + 60 - values.length) + "," + (100 - 95 * v / max));
+  document.querySelector("#" + id + " polyline").setAttribute("points", points.join(" "));
+}
+
+function remember(series, value) {
+  series.push(value);
+  if (series.length > 60) series.shift();
+}
+
+function showMetrics(metrics) {
+  const now = performance.now();
+  const records = byShard(metrics, "tidemark_appender_records_committed_total");
+  const commits = byShard(metrics, "tidemark_appender_commits_total");
+  const queue = byShard(metrics, "tidemark_appender_queue_bytes");
+  const latencySum = sum(metrics, "tidemark_append_commit_seconds_sum");
+  const latencyCount = sum(metrics, "tidemark_append_commit_seconds_count");
+  const rates = new Map();
+  if (previous) {
+    const seconds = (now - previous.at) / 1000;
+    let total = 0;
+    for (const [shard, n] of records) {
+      const rate = Math.max(0, n - (previous.records.get(shard) || 0)) / seconds;
+      rates.set(shard, rate);
+      total += rate;
+    }
+    const count = latencyCount - previous.latencyCount;
+    const latency = count > 0 ? 1000 * (latencySum - previous.latencySum) / count : 0;
+    remember(history.rate, total);
+    remember(history.latency, latency);
+    document.getElementById("rate-now").textContent = total.toFixed(1);
+    document.getElementById("latency-now").textContent =
+      count > 0 ? latency.toFixed(2) + " ms" : "no commits";
+    plot("rate-chart", history.rate);
+    plot("latency-chart", history.latency);
+  }
+  previous = { at: now, records, latencySum, latencyCount };
+  fill("appenders", [...records.keys()].sort(), (row, shard) => {
+    cell(row, shard);
+    cell(row, queue.get(shard) || 0, "n");
+    cell(row, records.get(shard), "n");
+    cell(row, rates.has(shard) ? rates.get(shard).toFixed(1) : null, "n");
+    cell(row, commits.get(shard), "n");
+  });
+  const pools = new Map();
+  for (const [name, field] of [["tidemark_pool_used_bytes", "used"],
+                               ["tidemark_pool_peak_bytes", "peak"],
+                               ["tidemark_pool_capacity_bytes", "capacity"]]) {
+    for (const s of metrics.get(name) || []) {
+      if (!pools.has(s.labels.pool)) pools.set(s.labels.pool, {});
+      pools.get(s.labels.pool)[field] = s.value;
+    }
+  }
+  // "server" is the whole budget; the others are drawn from it.
+  const names = [...pools.keys()].sort((a, b) => (a === "server" ? -1 : b === "server" ? 1 : 0));
+  fill("pools", names, (row, name) => {
+    const p = pools.get(name);
+    cell(row, name === "server" ? name : "\u2514 " + name);
+    cell(row, p.used, "n");
+    cell(row, p.peak, "n");
+    cell(row, p.capacity, "n");
+    const bar = document.createElement("div");
+    bar.className = "bar";
+    const fillPart = document.createElement("span");
+    fillPart.style.width = (p.capacity ? Math.min(100, 100 * p.used / p.capacity) : 0) + "%";
+    bar.appendChild(fillPart);
+    row.insertCell().appendChild(bar);
+  });
 }
 
 function cell(row, value, className) {
@@ -101,7 +224,9 @@ function holds(shard) {
 async function refresh() {
   const state = document.getElementById("state");
   try {
-    const [shards, sinks] = await Promise.all([read("/v1/shards"), read("/v1/sinks")]);
+    const [shards, sinks, metrics] = await Promise.all(
+      [read("/v1/shards"), read("/v1/sinks"), read("/metrics", true)]);
+    showMetrics(parseMetrics(metrics));
     document.getElementById("auth").style.display = "none";
     document.getElementById("shard-count").textContent = "(" + shards.length + ")";
     document.getElementById("sink-count").textContent = "(" + sinks.length + ")";

@@ -2218,7 +2218,7 @@ class Session : public std::enable_shared_from_this<Session> {
     out_res_->body().more = true;
     out_sr_.emplace(*out_res_);
     server_->metrics.count_request(route_, 200);
-    log_request(200, true);
+    log_request(200, std::nullopt);
     begin_io(server_->options.idle_timeout);
     http::async_write_header(
         socket_, *out_sr_, [self = shared_from_this(), fill](beast::error_code ec, std::size_t) {
@@ -2314,9 +2314,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void respond(unsigned status, std::string body,
                std::string_view content_type = "application/json") {
     server_->metrics.count_request(route_, status);
-    log_request(status, false);
     release_body();
     if (body.empty() || body.back() != '\n') body += '\n';
+    log_request(status, body.size());
     // A request whose body was not read to its end cannot be followed by
     // another on this connection.
     const bool keep = keep_alive_ && parser_ && parser_->is_done() && !server_->stopping;
@@ -2356,9 +2356,11 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   // The request's line in the server's log (util/log.h): a server error at
-  // warn, a client's mistake at info, the rest at debug. A stream's line
-  // is written when it starts.
-  void log_request(unsigned status, bool streamed) {
+  // warn, a client's mistake at info, the rest at debug. `sent`: the
+  // answer's body bytes; none for a stream, whose line is written when it
+  // starts.
+  //   request PEER METHOD TARGET STATUS DURATION route=R in=BYTES out=BYTES
+  void log_request(unsigned status, std::optional<std::size_t> sent) {
     const LogLevel level =
         status >= 500 ? LogLevel::kWarn : (status >= 400 ? LogLevel::kInfo : LogLevel::kDebug);
     if (!log_enabled(level)) return;
@@ -2385,7 +2387,11 @@ class Session : public std::enable_shared_from_this<Session> {
     char took[32];
     std::snprintf(took, sizeof took, " %.1fms", static_cast<double>(micros.count()) / 1000.0);
     line += took;
-    if (streamed) line += " (stream)";
+    line += " route=" + route_;
+    if (parser_ && parser_->is_header_done() && parser_->content_length()) {
+      line += " in=" + std::to_string(*parser_->content_length());
+    }
+    line += sent ? " out=" + std::to_string(*sent) : std::string(" out=stream");
     log_line(level, line);
   }
 
