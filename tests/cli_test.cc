@@ -58,11 +58,16 @@ class CliTest : public ::testing::Test {
 
   // Runs `tidemark --data DIR args...` with `input` on stdin.
   Outcome tidemark(const std::string& args, const std::string& input = "") {
+    return run("--data " + shell_quote((dir_ / "data").string()) + " " + args, input);
+  }
+
+  // Runs `tidemark args...` with `input` on stdin.
+  Outcome run(const std::string& args, const std::string& input = "") {
     std::ofstream(dir_ / "stdin", std::ios::binary) << input;
-    std::string command =
-        std::string(TIDEMARK_BINARY) + " --data " + shell_quote((dir_ / "data").string()) + " " +
-        args + " < " + shell_quote((dir_ / "stdin").string()) + " > " +
-        shell_quote((dir_ / "stdout").string()) + " 2> " + shell_quote((dir_ / "stderr").string());
+    std::string command = std::string(TIDEMARK_BINARY) + " " + args + " < " +
+                          shell_quote((dir_ / "stdin").string()) + " > " +
+                          shell_quote((dir_ / "stdout").string()) + " 2> " +
+                          shell_quote((dir_ / "stderr").string());
     int raw = std::system(command.c_str());
     Outcome run;
     run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
@@ -827,6 +832,100 @@ TEST_F(CliTest, AFileSinkIsReadBackByAudit) {
   EXPECT_EQ(gap.status, 1);
   EXPECT_NE(gap.err.find("nothing is committed for the times [1, 2)"), std::string::npos)
       << gap.err << gap.out;
+}
+
+// tidemark --server URL drives a running server: the same commands and
+// outputs as on a data directory, bodies streamed both ways, the server's
+// errors on stderr with the local exit statuses.
+TEST_F(CliTest, TheCommandsDriveARunningServer) {
+  std::ofstream(dir_ / "token") << "s3cret\n";
+  auto serving =
+      tidemark::testing::start_server({"--data", (dir_ / "data").string()}, dir_ / "serve.err",
+                                      {"--token-file", (dir_ / "token").string()});
+  ASSERT_GT(serving.port, 0) << tidemark::testing::slurp(dir_ / "serve.err");
+  struct Stop {
+    pid_t pid;
+    ~Stop() {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } stop{serving.pid};
+  const std::string server = "--server http://127.0.0.1:" + std::to_string(serving.port) +
+                             " --server-token-file " + (dir_ / "token").string() + " ";
+  auto remote = [&](const std::string& args, const std::string& input = "") {
+    return run(server + args, input);
+  };
+  EXPECT_EQ(remote("shard create orders").out, "created shard orders\n");
+  Outcome again = remote("shard create orders");
+  EXPECT_EQ(again.status, 1);
+  EXPECT_NE(again.err.find("already exists (HTTP 409)"), std::string::npos) << again.err;
+  EXPECT_EQ(remote("shard list").out, "orders\n");
+
+  // An explicit append streamed up as a chunked body: 3,000 lines.
+  std::string lines;
+  for (int i = 0; i < 3000; ++i) {
+    lines += "{\"key\":\"k" + std::to_string(i) + "\",\"value\":" + std::to_string(i) +
+             ",\"time\":" + std::to_string(i % 3) + "}\n";
+  }
+  Outcome append = remote("append orders --lower 0 --upper 3", lines);
+  EXPECT_EQ(append.status, 0) << append.err;
+  EXPECT_EQ(append.out, "{\"time\":2,\"count\":3000,\"lower\":0,\"upper\":3}\n");  // the server's
+  Outcome stale = remote("append orders --lower 0 --upper 4", "");
+  EXPECT_EQ(stale.status, 3) << stale.err;
+  Outcome bad = remote("append orders --lower 3 --upper 4", "{\"key\":1}\n");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("line 1"), std::string::npos) << bad.err;
+
+  Outcome snapshot = remote("snapshot orders --as-of 0");
+  EXPECT_EQ(snapshot.status, 0) << snapshot.err;
+  EXPECT_EQ(tidemark::testing::lines_of(snapshot.out).size(), 1000u);
+  Outcome listen = remote("listen orders --resume-progress 2 --until 3");
+  EXPECT_EQ(listen.status, 0) << listen.err;
+  auto listened = tidemark::testing::lines_of(listen.out);
+  ASSERT_EQ(listened.size(), 1001u);
+  EXPECT_EQ(listened.back(), "{\"progress\":3}");
+  EXPECT_EQ(remote("listen orders --from 0 --resume-progress 2").status, 2);
+
+  Outcome inspect = remote("shard inspect orders");
+  EXPECT_NE(inspect.out.find("upper:   3\n"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("updates: 3000\n"), std::string::npos) << inspect.out;
+  EXPECT_NE(remote("shard inspect orders --json").out.find("\"updates\":3000,"), std::string::npos);
+
+  // Managed appends by a producer: a rerun appends nothing twice.
+  const std::string records = "{\"key\":\"p1\",\"value\":1}\n{\"key\":\"p2\",\"value\":2}\n";
+  EXPECT_EQ(remote("append orders --producer importer", records).status, 0);
+  Outcome rerun = remote("append orders --producer importer", records);
+  EXPECT_EQ(rerun.status, 0) << rerun.err;
+  EXPECT_NE(rerun.out.find("\"duplicates\":2"), std::string::npos) << rerun.out;
+
+  // Sinks: listed, shown and deleted through the server.
+  namespace http = boost::beast::http;
+  const std::string to = "file://" + (dir_ / "data" / "sinks" / "f").string();
+  ASSERT_EQ(tidemark::testing::http_call(serving.port, http::verb::post, "/v1/sinks",
+                                         R"({"name": "f", "shard": "orders", "to": ")" + to + "\"}",
+                                         {{"Authorization", "Bearer s3cret"}})
+                .status,
+            201u);
+  EXPECT_NE(remote("sink list").out.find("\"name\":\"f\""), std::string::npos);
+  EXPECT_NE(remote("sink status f").out.find("\"shard\":\"orders\""), std::string::npos);
+  EXPECT_EQ(remote("sink delete f").status, 0);
+  EXPECT_EQ(remote("sink status f").status, 1);
+
+  // Mistakes: a wrong token, a command that needs a data directory, a
+  // malformed URL, a server that is not there.
+  std::ofstream(dir_ / "wrong") << "nope\n";
+  Outcome refused = run("--server http://127.0.0.1:" + std::to_string(serving.port) +
+                        " --server-token-file " + (dir_ / "wrong").string() + " shard list");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.err.find("(HTTP 401)"), std::string::npos) << refused.err;
+  EXPECT_EQ(remote("compact orders").status, 2);
+  EXPECT_EQ(run("--server 127.0.0.1:1 shard list").status, 2);
+  Outcome both = tidemark("--server http://127.0.0.1:1 shard list");  // and --data
+  EXPECT_EQ(both.status, 2);
+  EXPECT_NE(both.err.find("one or the other"), std::string::npos) << both.err;
+  Outcome gone = run("--server http://127.0.0.1:1 shard list");
+  EXPECT_EQ(gone.status, 1);
+  EXPECT_NE(gone.err.find("cannot reach the server"), std::string::npos) << gone.err;
 }
 
 // The server's log: a line per sink change and per request answered

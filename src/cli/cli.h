@@ -43,6 +43,11 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// `tidemark --server URL COMMAND ...` (remote.cc): the command sent to a
+// running server over HTTP.
+int run_remote(const std::string& server_url, const std::optional<std::string>& token_file,
+               const std::string& command, const std::vector<std::string>& argv);
+
 // A decimal integer in [least, most], the whole text (no sign, no
 // trailing junk, no overflow); nullopt otherwise.
 std::optional<std::uint64_t> whole_number(std::string_view text, std::uint64_t least,

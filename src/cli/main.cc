@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,20 +14,23 @@ namespace {
 
 constexpr const char* kUsage =
     R"(usage: tidemark [--data DIR] [--blob URL] [--consensus URL] COMMAND
-  shard create NAME | shard list | shard inspect NAME [--json]
+       tidemark --server http://HOST:PORT [--server-token-file FILE] COMMAND
+  shard create NAME | shard list | shard inspect NAME [--json] | shard release NAME READER
   append NAME [--input FILE|-] [--lower T --upper T | --producer ID] [--max-record-bytes SIZE]
   snapshot NAME [--as-of T]
-  listen NAME --from T [--until T]
+  listen NAME (--from T | --resume-progress P) [--until T]
   compact NAME
   serve [--listen HOST:PORT] [--memory-limit SIZE] [--max-record-bytes SIZE]
         [--token-file FILE] [--lease MS] [--retry-deadline MS] [--producer-expiry MS]
         [--max-producers N] [--max-connections N] [--min-body-rate BYTES]
         [--shutdown-grace S] [--allow-s3-endpoints http[s]://HOST[:PORT],...]
-        [--allow-kafka-brokers HOST[:PORT],...]
+        [--allow-kafka-brokers HOST[:PORT],...] [--log-level error|warn|info|debug]
   sink run NAME --to URL [--envelope upsert|debezium] [--format json|csv]
       [--sink-name S] [--as-of T] [--until T]
       URL: file:///DIR | s3://BUCKET/PREFIX?endpoint=http://HOST:PORT[&region=R]
            | kafka://HOST:PORT[,HOST:PORT]/TOPIC
+  sink audit NAME --to kafka://HOST:PORT/TOPIC|file:///DIR [--sink-name S] [--messages]
+  sink list | sink status NAME | sink delete NAME      (with --server)
   bench engine|appender|compaction|sink|shards [options]
   help [COMMAND]      this, or a command's options, defaults and an example
   --version
@@ -35,6 +39,9 @@ Every COMMAND takes --help. A flag's value may follow '=' (--as-of=0).
 Locations: --data DIR (default ./tidemark-data, env TIDEMARK_DATA) means blob
 file://DIR/blob and consensus sqlite://DIR/consensus.db; --blob and
 --consensus (env TIDEMARK_BLOB, TIDEMARK_CONSENSUS) override them.
+--server URL (env TIDEMARK_SERVER) sends shard, append, snapshot, listen and
+sink commands to a running server instead; --server-token-file (env
+TIDEMARK_SERVER_TOKEN_FILE) holds its bearer token.
 s3:// URLs take credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 Exit status: 0 ok, 1 error, 2 usage, 3 upper mismatch.
 )";
@@ -67,13 +74,17 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("TIDEMARK_DATA")) globals.data_dir = env;
   if (const char* env = std::getenv("TIDEMARK_BLOB")) globals.blob_url = env;
   if (const char* env = std::getenv("TIDEMARK_CONSENSUS")) globals.consensus_url = env;
+  std::optional<std::string> server, server_token_file;
+  if (const char* env = std::getenv("TIDEMARK_SERVER")) server = env;
+  if (const char* env = std::getenv("TIDEMARK_SERVER_TOKEN_FILE")) server_token_file = env;
 
   // The global flags also come as --flag=value.
   std::vector<std::string> words;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     bool split = false;
-    for (std::string_view flag : {"--data=", "--blob=", "--consensus="}) {
+    for (std::string_view flag :
+         {"--data=", "--blob=", "--consensus=", "--server=", "--server-token-file="}) {
       if (arg.starts_with(flag)) {
         words.emplace_back(flag.substr(0, flag.size() - 1));
         words.emplace_back(arg.substr(flag.size()));
@@ -83,6 +94,7 @@ int main(int argc, char** argv) {
     if (!split) words.emplace_back(arg);
   }
   std::vector<std::string> rest;
+  bool location_given = false;  // --data, --blob or --consensus on the command line
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string arg = words[i];
     auto take = [&](std::string* into) {
@@ -95,13 +107,22 @@ int main(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       return kExitOk;
     } else if (arg == "--data") {
+      location_given = true;
       if (!take(&globals.data_dir)) return usage_error("--data needs a directory");
     } else if (arg == "--blob") {
+      location_given = true;
       if (!take(&value)) return usage_error("--blob needs a URL");
       globals.blob_url = value;
     } else if (arg == "--consensus") {
+      location_given = true;
       if (!take(&value)) return usage_error("--consensus needs a URL");
       globals.consensus_url = value;
+    } else if (arg == "--server") {
+      if (!take(&value)) return usage_error("--server needs a URL (http://HOST:PORT)");
+      server = value;
+    } else if (arg == "--server-token-file") {
+      if (!take(&value)) return usage_error("--server-token-file needs a file");
+      server_token_file = value;
     } else {
       rest.push_back(std::move(arg));
     }
@@ -137,6 +158,14 @@ int main(int argc, char** argv) {
       std::fwrite(text->data(), 1, text->size(), stdout);
       return kExitOk;
     }
+  }
+  if (server) {
+    if (location_given) {
+      return usage_error(
+          "--server sends the command to a server; --data, --blob and --consensus name a "
+          "location to run it on: one or the other");
+    }
+    return run_remote(*server, server_token_file, command, rest);
   }
   if (command == "shard") return run_shard(globals, rest);
   if (command == "append") return run_append(globals, rest);
