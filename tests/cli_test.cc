@@ -559,12 +559,21 @@ TEST_F(CliTest, UsageErrors) {
     EXPECT_EQ(serve.status, 2) << queue;
     EXPECT_NE(serve.err.find("--appender-queue"), std::string::npos) << serve.err;
   }
+  for (const char* flags :
+       {"--listen 127.0.0.1:+80", "--listen '127.0.0.1: 80'", "--listen 127.0.0.1:65536",
+        "--listen 127.0.0.1:80x", "--listen 127.0.0.1:0 --lease 100ms",
+        "--listen 127.0.0.1:0 --lease -1", "--listen 127.0.0.1:0 --max-connections 10k"}) {
+    EXPECT_EQ(tidemark(std::string("serve ") + flags).status, 2) << flags;
+  }
+  EXPECT_EQ(tidemark("listen s --from 1x").status, 2);
+  EXPECT_EQ(tidemark("snapshot s --as-of 18446744073709551616").status, 2);
 }
 
 TEST_F(CliTest, SinkDestinationErrors) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
-  for (const char* to : {"ftp://x/y", "file://relative/dir", "kafka://h:1", "kafka://h/t",
-                         "kafka://h:1/bad topic", "s3://bucket/p", "s3://bucket/p?endpoint=x"}) {
+  for (const char* to :
+       {"ftp://x/y", "file://relative/dir", "kafka://h:1", "kafka://h/t", "kafka://h:1/bad topic",
+        "kafka://h:9092x/t", "kafka://h:-1/t", "s3://bucket/p", "s3://bucket/p?endpoint=x"}) {
     Outcome run = tidemark(std::string("sink run s --to '") + to + "'");
     EXPECT_EQ(run.status, 2) << to << ": " << run.err;
     EXPECT_NE(run.err.find(to), std::string::npos) << run.err;

@@ -21,6 +21,7 @@
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/json.h"
+#include "util/number.h"
 #include "util/size.h"
 
 namespace tidemark::cli {
@@ -72,14 +73,13 @@ Result<std::optional<Frontier>> Args::frontier(const std::string& flag, bool all
   auto text = get(flag);
   if (!text) return std::optional<Frontier>{};
   if (allow_closed && *text == "closed") return std::optional<Frontier>{Frontier::closed()};
-  Time t = 0;
-  auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), t);
-  if (ec != std::errc() || end != text->data() + text->size() || text->empty()) {
+  const auto t = parse_decimal(*text);
+  if (!t) {
     return invalid_usage(flag + " must be a time (a non-negative integer)" +
                          std::string(allow_closed ? " or \"closed\"" : "") + ", got \"" + *text +
                          "\"");
   }
-  return std::optional<Frontier>{Frontier::at(t)};
+  return std::optional<Frontier>{Frontier::at(*t)};
 }
 
 // --- Shared -----------------------------------------------------------------
@@ -121,13 +121,7 @@ Result<std::pair<std::string, std::string>> location_urls(const Globals& globals
 
 std::optional<std::uint64_t> whole_number(std::string_view text, std::uint64_t least,
                                           std::uint64_t most) {
-  std::uint64_t n = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
-  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || n < least ||
-      n > most) {
-    return std::nullopt;
-  }
-  return n;
+  return parse_decimal(text, least, most);
 }
 
 void Output::flush() {

@@ -16,6 +16,7 @@
 #include "shard/random_config.h"
 #include "util/ids.h"
 #include "util/log.h"
+#include "util/number.h"
 #include "util/process_identity.h"
 #include "util/size.h"
 #include "util/thread.h"
@@ -106,14 +107,9 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     const auto colon = listen->rfind(':');
     if (colon == std::string::npos) return usage_error("--listen takes HOST:PORT");
     options.host = listen->substr(0, colon);
-    try {
-      std::size_t used = 0;
-      const unsigned long port = std::stoul(listen->substr(colon + 1), &used);
-      if (used != listen->size() - colon - 1 || port > 65535) throw std::out_of_range("port");
-      options.port = static_cast<std::uint16_t>(port);
-    } catch (...) {
-      return usage_error("--listen takes HOST:PORT, got " + *listen);
-    }
+    const auto port = parse_decimal(std::string_view(*listen).substr(colon + 1), 0, 65535);
+    if (!port) return usage_error("--listen takes HOST:PORT, got " + *listen);
+    options.port = static_cast<std::uint16_t>(*port);
   }
   if (auto limit = args->get("--memory-limit")) {
     auto bytes = parse_size(*limit);
@@ -158,14 +154,12 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   if (auto queue = args->get("--appender-queue")) {
     if (queue->starts_with("records:")) {
       // The whole rest, a count from 1: not "12x" as 12, nor "-1" wrapped.
-      const std::string_view count = std::string_view(*queue).substr(8);
-      std::uint64_t n = 0;
-      auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
-      if (ec != std::errc{} || end != count.data() + count.size() || n == 0 || n > 1'000'000'000) {
+      const auto n = parse_decimal(std::string_view(*queue).substr(8), 1, 1'000'000'000);
+      if (!n) {
         return usage_error("--appender-queue records:N takes N from 1 to 1000000000, got " +
                            *queue);
       }
-      options.appender_queue_records = static_cast<std::size_t>(n);
+      options.appender_queue_records = static_cast<std::size_t>(*n);
     } else if (*queue != "bytes") {
       return usage_error("--appender-queue takes bytes or records:N");
     }
@@ -175,13 +169,9 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   // without a heartbeat (a paused or cut-off server's are dropped then).
   std::optional<std::chrono::milliseconds> lease;
   if (auto text = args->get("--lease")) {
-    std::uint64_t ms = 0;
-    auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), ms);
-    if (ec != std::errc{} || end != text->data() + text->size() || ms < 100 ||
-        ms > 24ull * 3600 * 1000) {
-      return usage_error("--lease takes milliseconds from 100 to a day, got " + *text);
-    }
-    lease = std::chrono::milliseconds(ms);
+    const auto ms = parse_decimal(*text, 100, 24ull * 3600 * 1000);
+    if (!ms) return usage_error("--lease takes milliseconds from 100 to a day, got " + *text);
+    lease = std::chrono::milliseconds(*ms);
   }
   // Idempotent producers: how long a shard remembers one that commits
   // nothing, and how many it keeps.

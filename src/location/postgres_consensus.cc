@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "location/seqno_bounds.h"
+#include "util/number.h"
 
 namespace tidemark {
 
@@ -221,14 +222,12 @@ Result<std::optional<std::chrono::seconds>> take_call_timeout(std::string& url,
     constexpr std::string_view kName = "call_timeout=";
     if (parameter.starts_with(kName)) {
       const std::string_view text = parameter.substr(kName.size());
-      int seconds = 0;
-      const auto [at, problem] = std::from_chars(text.data(), text.data() + text.size(), seconds);
-      if (problem != std::errc() || at != text.data() + text.size() || seconds < 1 ||
-          seconds > 3600) {
+      const auto seconds = parse_decimal(text, 1, 3600);
+      if (!seconds) {
         return invalid_usage("postgres consensus " + redacted +
                              ": call_timeout must be 1 to 3600 seconds");
       }
-      timeout = std::chrono::seconds(seconds);
+      timeout = std::chrono::seconds(*seconds);
     } else if (!parameter.empty()) {
       kept.append(kept.empty() ? "" : "&").append(parameter);
     }

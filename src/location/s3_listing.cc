@@ -2,18 +2,14 @@
 
 #include <charconv>
 
+#include "util/number.h"
+
 namespace tidemark {
 
 namespace {
 
 std::optional<std::uint64_t> parse_count(std::string_view text) {
-  text = trim_whitespace(text);
-  std::uint64_t value = 0;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || error != std::errc() || end != text.data() + text.size()) {
-    return std::nullopt;
-  }
-  return value;
+  return parse_decimal(trim_whitespace(text));
 }
 
 std::string quoted(std::string_view text) {

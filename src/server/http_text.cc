@@ -2,6 +2,8 @@
 
 #include <charconv>
 
+#include "util/number.h"
+
 namespace tidemark {
 
 // %XX escapes (and '+' for a space) decoded; a malformed escape is kept
@@ -64,11 +66,7 @@ std::map<std::string, std::string> parse_query(std::string_view query) {
 }
 
 std::optional<Time> parse_time(const std::string& text) {
-  Time t = 0;
-  if (text.empty()) return std::nullopt;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), t);
-  if (ec != std::errc{} || end != text.data() + text.size()) return std::nullopt;
-  return t;
+  return parse_decimal(text);
 }
 
 }  // namespace tidemark

@@ -9,6 +9,7 @@
 
 #include "sink/file_destination.h"
 #include "sink/s3_destination.h"
+#include "util/number.h"
 
 namespace tidemark {
 
@@ -78,13 +79,9 @@ std::optional<std::pair<std::string, std::optional<std::string>>> split_host_por
     return std::nullopt;
   }
   if (!has_port) return std::pair{lowercase(host), std::optional<std::string>{}};
-  unsigned value = 0;
-  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (port.empty() || ec != std::errc{} || end != port.data() + port.size() || value == 0 ||
-      value > 65535) {
-    return std::nullopt;
-  }
-  return std::pair{lowercase(host), std::optional<std::string>{std::to_string(value)}};
+  const auto value = parse_decimal(port, 1, 65535);
+  if (!value) return std::nullopt;
+  return std::pair{lowercase(host), std::optional<std::string>{std::to_string(*value)}};
 }
 
 // "http[s]://host[:port][/path]" as scheme, host and port (the scheme's

@@ -10,6 +10,7 @@
 
 #include "sink/kafka_reader.h"
 #include "util/json.h"
+#include "util/number.h"
 
 namespace tidemark {
 namespace {
@@ -93,11 +94,9 @@ Result<KafkaAddress> KafkaAddress::parse(std::string_view url) {
     auto comma = brokers.find(',');
     std::string_view broker = brokers.substr(0, comma);
     auto colon = broker.rfind(':');
-    unsigned port = 0;
+    // The whole port: "9092x" was read as 9092.
     if (colon == std::string_view::npos || colon == 0 ||
-        std::from_chars(broker.data() + colon + 1, broker.data() + broker.size(), port).ec !=
-            std::errc{} ||
-        port == 0 || port > 65535) {
+        !parse_decimal(broker.substr(colon + 1), 1, 65535)) {
       return fail("broker \"" + std::string(broker) + "\" is not host:port");
     }
     if (comma == std::string_view::npos) break;
