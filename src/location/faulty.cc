@@ -94,6 +94,13 @@ Status FaultyBlob::remove(std::string_view key) {
   return injected(fault, "blob remove");
 }
 
+Status FaultyBlob::remove_many(const std::vector<std::string>& keys) {
+  Fault fault = faults_.next(true);
+  if (fault == Fault::kNone) return inner_->remove_many(keys);
+  if (fault == Fault::kIndeterminateApplied) (void)inner_->remove_many(keys);
+  return injected(fault, "blob remove_many");
+}
+
 Status FaultyBlob::list(
     std::string_view prefix,
     const std::function<void(std::string_view key, std::uint64_t size)>& visit) {

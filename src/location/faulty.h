@@ -84,6 +84,9 @@ class FaultyBlob : public Blob {
                                               std::uint64_t length) override;
   [[nodiscard]] Status set(std::string_view key, std::string_view bytes) override;
   [[nodiscard]] Status remove(std::string_view key) override;
+  // One fault decision for the batch, then the inner blob's own batched
+  // delete (an S3 blob's one request), never single removes.
+  [[nodiscard]] Status remove_many(const std::vector<std::string>& keys) override;
   [[nodiscard]] Status list(
       std::string_view prefix,
       const std::function<void(std::string_view key, std::uint64_t size)>& visit) override;

@@ -53,6 +53,36 @@ TEST(FaultyBlobTest, DeterminateFaultsNeverApply) {
   EXPECT_EQ(blob.injected_indeterminate(), 0u);
 }
 
+// A batched delete reaches the inner blob as one batch (an S3 blob's one
+// request), and fails or applies as a whole.
+TEST(FaultyBlobTest, BatchedDeletesStayBatched) {
+  struct CountingBlob final : MemBlob {
+    int singles = 0, batches = 0;
+    Status remove(std::string_view key) override {
+      ++singles;
+      return MemBlob::remove(key);
+    }
+    Status remove_many(const std::vector<std::string>& keys) override {
+      ++batches;
+      for (const std::string& key : keys) TM_TRY(MemBlob::remove(key));
+      return {};
+    }
+  };
+  auto inner = std::make_shared<CountingBlob>();
+  for (const char* key : {"a", "b", "c"}) ASSERT_TRUE(inner->set(key, "x").has_value());
+  FaultyBlob blob(inner);
+  ASSERT_TRUE(blob.remove_many({"a", "b"}).has_value());
+  EXPECT_EQ(inner->batches, 1);
+  EXPECT_EQ(inner->singles, 0);
+  EXPECT_EQ(*inner->get("a"), std::nullopt);
+  blob.set_config(FaultConfig{.determinate_rate = 1});
+  auto refused = blob.remove_many({"c"});
+  ASSERT_FALSE(refused.has_value());
+  expect_injected(refused.error(), ErrorKind::kDeterminate);
+  EXPECT_EQ(inner->batches, 1);  // nothing reached it
+  EXPECT_EQ(*inner->get("c"), "x");
+}
+
 TEST(FaultyConsensusTest, IndeterminateFaultsSometimesApply) {
   auto inner = std::make_shared<MemConsensus>();
   FaultyConsensus consensus(inner, FaultConfig{.indeterminate_rate = 1, .seed = 42});

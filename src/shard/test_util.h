@@ -31,6 +31,11 @@ class ForwardingBlob : public Blob {
     return inner_->set(key, bytes);
   }
   Status remove(std::string_view key) override { return inner_->remove(key); }
+  // Forwarded whole: the default would turn an S3 blob's batched delete
+  // into single ones.
+  Status remove_many(const std::vector<std::string>& keys) override {
+    return inner_->remove_many(keys);
+  }
   Status list(std::string_view prefix,
               const std::function<void(std::string_view, std::uint64_t)>& visit) override {
     return inner_->list(prefix, visit);
