@@ -15,8 +15,10 @@
 # then stops both servers and removes their data, whatever COMMAND did, and
 # exits with COMMAND's status. Tests that need a server skip without these
 # variables and fail, never skip, when they are set but the server is not
-# there. Ports: the first free from TIDEMARK_PG_PORT (default 55432) and
-# TIDEMARK_S3_PORT (45680).
+# there. Ports: the first free from TIDEMARK_PG_PORT (default 25432) and
+# TIDEMARK_S3_PORT (25680): below the kernel's ephemeral range (32768 up),
+# so that while an outage test has a server down, no outgoing connection
+# can be given its port, and the server binds it again when restarted.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # The first port from `start` on which nothing listens yet (another run's
@@ -26,8 +28,8 @@ free_port() {
   while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
   echo "$port"
 }
-pg_port=$(free_port "${TIDEMARK_PG_PORT:-55432}")
-s3_port=$(free_port "${TIDEMARK_S3_PORT:-45680}")
+pg_port=$(free_port "${TIDEMARK_PG_PORT:-25432}")
+s3_port=$(free_port "${TIDEMARK_S3_PORT:-25680}")
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 [ -x "$pg_bin/initdb" ] || { echo "test-services: PostgreSQL not installed (make deps)" >&2; exit 1; }
 

@@ -3,7 +3,7 @@
 // released. Test-only.
 //
 // TIDEMARK_TEST_S3 is a base URL such as
-//   s3://tidemark/test?endpoint=http://127.0.0.1:45680&region=us-east-1
+//   s3://tidemark/test?endpoint=http://127.0.0.1:25680&region=us-east-1
 // and the credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
 // (scripts/test-services.sh sets all three). When it is unset the S3 tests
 // skip, saying so; when it is set but the server cannot be reached they
@@ -41,7 +41,7 @@ inline std::optional<std::string> s3_test_server() {
 inline std::string no_s3_server_message() {
   return std::string(kS3ServerVariable) +
          " is unset: skipping an S3 test (set it to a base URL such as "
-         "s3://tidemark/test?endpoint=http://127.0.0.1:45680, with AWS_ACCESS_KEY_ID and "
+         "s3://tidemark/test?endpoint=http://127.0.0.1:25680, with AWS_ACCESS_KEY_ID and "
          "AWS_SECRET_ACCESS_KEY, to run it)";
 }
 
