@@ -22,6 +22,7 @@
 #include <string>
 
 #include "cli/cli.h"
+#include "server/http_text.h"
 #include "util/json.h"
 
 namespace tidemark::cli {
@@ -56,22 +57,6 @@ Result<ServerAddress> parse_server_url(const std::string& url) {
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
   return ServerAddress{host, std::string(rest.substr(colon + 1))};
-}
-
-// Percent-encodes a path segment or query value.
-std::string encode(std::string_view text) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : text) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
 }
 
 class Remote {
@@ -236,7 +221,7 @@ int remote_shard(Remote& remote, const std::vector<std::string>& argv) {
     return kExitOk;
   }
   if (sub == "inspect" && pos.size() == 2) {
-    auto answer = call(remote, http::verb::get, "/v1/shards/" + encode(pos[1]));
+    auto answer = call(remote, http::verb::get, "/v1/shards/" + url_encode(pos[1]));
     if (!answer) return report(answer.error());
     if (answer->status != 200) return report_answer(*answer);
     if (args->has("--json")) return print_body(answer);
@@ -272,7 +257,7 @@ int remote_shard(Remote& remote, const std::vector<std::string>& argv) {
   }
   if (sub == "release" && pos.size() == 3) {
     auto answer = call(remote, http::verb::delete_,
-                       "/v1/shards/" + encode(pos[1]) + "/readers/" + encode(pos[2]));
+                       "/v1/shards/" + url_encode(pos[1]) + "/readers/" + url_encode(pos[2]));
     if (!answer) return report(answer.error());
     if (answer->status != 200) return report_answer(*answer);
     std::printf("released reader %s of shard %s\n", pos[2].c_str(), pos[1].c_str());
@@ -296,7 +281,7 @@ int remote_append(Remote& remote, const std::vector<std::string>& argv) {
   }
   auto producer = args->get("--producer");
   if (producer && *lower) return usage_error("--producer is for managed appends (no --lower)");
-  std::string target = "/v1/shards/" + encode(args->positionals()[0]) + "/append";
+  std::string target = "/v1/shards/" + url_encode(args->positionals()[0]) + "/append";
   if (*lower) {
     target +=
         "?lower=" + std::to_string((*lower)->time()) + "&upper=" + std::to_string((*upper)->time());
@@ -328,7 +313,7 @@ int remote_read(Remote& remote, const std::string& command, const std::vector<st
                   {});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1) return usage_error(command + " takes one NAME");
-  std::string target = "/v1/shards/" + encode(args->positionals()[0]) + "/" + command;
+  std::string target = "/v1/shards/" + url_encode(args->positionals()[0]) + "/" + command;
   std::string query;
   auto add = [&](const std::string& flag, const std::string& param) -> bool {
     auto value = args->get(flag);
@@ -363,10 +348,10 @@ int remote_sink(Remote& remote, const std::vector<std::string>& argv) {
     return print_body(answer);
   }
   if (sub == "status" && pos.size() == 2) {
-    return print_body(call(remote, http::verb::get, "/v1/sinks/" + encode(pos[1])));
+    return print_body(call(remote, http::verb::get, "/v1/sinks/" + url_encode(pos[1])));
   }
   if (sub == "delete" && pos.size() == 2) {
-    return print_body(call(remote, http::verb::delete_, "/v1/sinks/" + encode(pos[1])));
+    return print_body(call(remote, http::verb::delete_, "/v1/sinks/" + url_encode(pos[1])));
   }
   return usage_error("with --server: sink list | sink status NAME | sink delete NAME");
 }
