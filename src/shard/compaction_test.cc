@@ -556,6 +556,35 @@ TEST_F(CompactionTest, OrphansAreDeletedOnlyOnceTheirWriterIsGone) {
   expect_snapshots_match(*shard_);
 }
 
+// An append that found no room for its inline parts writes them to the
+// blob store under their keys; if a retry then commits them inline after
+// all, those objects are nobody's reference (readers take inline parts
+// from the state). They went uncounted by GC (their keys looked live) and
+// stayed: the crash test under a random configuration found one. Now they
+// are orphans: kept while their writer may still append, deleted after.
+TEST_F(CompactionTest, AStrayCopyOfAnInlinePartIsAnOrphan) {
+  auto other = std::move(*shard_->open_writer());
+  const std::vector<Update> updates{Update{"x", "1", 0, 1}};
+  std::vector<Batch> batches;
+  batches.push_back(*other->batch(updates, Frontier::at(0), Frontier::at(1)));
+  ASSERT_TRUE(other->compare_and_append(batches, Frontier::at(0), Frontier::at(1)));
+  model_.push_back(Update{"x", "1", 0, 1});
+  auto state = *ShardMachine("s", consensus_, blob_).fetch();
+  ASSERT_EQ(state->batches.size(), 1u);
+  const PartRef& part = *state->batches[0].parts.begin();
+  ASSERT_TRUE(part.is_inline());
+  ASSERT_TRUE(blob_->set(part.key, *part.data));  // the stray copy
+  auto gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.parts_live, 0u);
+  EXPECT_EQ(gc.orphans_deleted, 0u) << "its writer may still append";
+  EXPECT_EQ(listed(shard_part_prefix("s")).count(part.key), 1u);
+  other.reset();
+  gc = *shard_->collect_garbage();
+  EXPECT_EQ(gc.orphans_deleted, 1u);
+  EXPECT_EQ(listed(shard_part_prefix("s")), referenced());
+  expect_snapshots_match(*shard_);
+}
+
 TEST_F(CompactionTest, RollupsAndTruncationFollowTheOldestReader) {
   blob_rollups_only();
   rollups_and_truncation_follow_the_oldest_reader();

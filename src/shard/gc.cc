@@ -14,7 +14,11 @@ namespace {
 // How many versions one scan reads while folding.
 constexpr std::size_t kScanPage = 256;
 
-// Part keys referenced by some version, split at seqno_since. Copies of a
+// Part keys referenced by some version as blob parts, split at
+// seqno_since. An inline part is read from the state, never fetched: an
+// object under its key (the copy an append wrote when the state had no
+// room, before a retry committed the part inline after all) is no
+// reference's, and goes as an orphan once its writer is gone. Copies of a
 // part list share an identity, so each list is walked once per side; the
 // lists are kept alive so an identity is never reused while it counts.
 class PartsSeen {
@@ -28,7 +32,9 @@ class PartsSeen {
     for (const HollowBatch& batch : state.batches) {
       if (batch.parts.empty() || !seen.insert(batch.parts.identity()).second) continue;
       kept_.push_back(batch.parts);
-      for (const PartRef& part : batch.parts) keys.insert(part.key);
+      for (const PartRef& part : batch.parts) {
+        if (!part.is_inline()) keys.insert(part.key);
+      }
     }
   }
 
