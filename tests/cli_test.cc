@@ -716,13 +716,7 @@ TEST_F(CliTest, ServeRunsS3Sinks) {
       tidemark::testing::start_server({"--data", (dir_ / "data").string()}, dir_ / "serve.err",
                                       {"--allow-s3-endpoints", (*prefix)->url().endpoint});
   ASSERT_GT(serving.port, 0) << tidemark::testing::slurp(dir_ / "serve.err");
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      ::kill(pid, SIGTERM);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } stop{serving.pid};
+  tidemark::testing::StopOnExit stop{serving.pid};
   namespace http = boost::beast::http;
   auto call = [&](http::verb verb, const std::string& target, const std::string& body = "") {
     return tidemark::testing::http_call(serving.port, verb, target, body);
@@ -852,13 +846,7 @@ TEST_F(CliTest, TheCommandsDriveARunningServer) {
       tidemark::testing::start_server({"--data", (dir_ / "data").string()}, dir_ / "serve.err",
                                       {"--token-file", (dir_ / "token").string()});
   ASSERT_GT(serving.port, 0) << tidemark::testing::slurp(dir_ / "serve.err");
-  struct Stop {
-    pid_t pid;
-    ~Stop() {
-      ::kill(pid, SIGTERM);
-      ::waitpid(pid, nullptr, 0);
-    }
-  } stop{serving.pid};
+  tidemark::testing::StopOnExit stop{serving.pid};
   const std::string server = "--server http://127.0.0.1:" + std::to_string(serving.port) +
                              " --server-token-file " + (dir_ / "token").string() + " ";
   auto remote = [&](const std::string& args, const std::string& input = "") {

@@ -4,7 +4,6 @@
 // installs it; under `make test` a skip fails).
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,25 +86,11 @@ class LivePage {
  public:
   LivePage(const fs::path& profile, std::uint16_t server_port) {
     const std::string url = "http://127.0.0.1:" + std::to_string(server_port) + "/";
-    std::vector<std::string> words = {chromium_binary(),
-                                      "--headless",
-                                      "--no-sandbox",
-                                      "--disable-gpu",
-                                      "--disable-dev-shm-usage",
-                                      "--no-first-run",
-                                      "--user-data-dir=" + profile.string(),
-                                      "--remote-debugging-port=0",
-                                      url};
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 2, (profile.string() + ".err").c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
+    pid_ = tidemark::testing::spawn_process(
+        {chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-dev-shm-usage", "--no-first-run", "--user-data-dir=" + profile.string(),
+         "--remote-debugging-port=0", url},
+        profile.string() + ".err");
     // Chromium writes the port it took into its profile.
     for (int i = 0; i < 400 && pid_ > 0 && devtools_port_ == 0; ++i) {
       std::istringstream in(tidemark::testing::slurp(profile / "DevToolsActivePort"));
@@ -140,12 +125,7 @@ class LivePage {
     connected_ = !ec;
   }
 
-  ~LivePage() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
+  ~LivePage() { tidemark::testing::StopOnExit stop{pid_}; }
 
   bool connected() const { return connected_; }
 

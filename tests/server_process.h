@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,13 +38,12 @@ inline std::string slurp(const std::filesystem::path& path) {
 // does not reach it; the test stops it itself.
 enum class ProcessGroup { kTest, kOwn };
 
-// Starts TIDEMARK_BINARY with `words` (stdin /dev/null, stdout to `out` or
-// /dev/null, stderr to `err`); -1 when it could not start.
-inline pid_t spawn_tidemark(const std::vector<std::string>& words, const std::filesystem::path& err,
-                            const std::filesystem::path& out = "/dev/null",
-                            ProcessGroup group = ProcessGroup::kTest) {
-  std::vector<std::string> all = {TIDEMARK_BINARY};
-  all.insert(all.end(), words.begin(), words.end());
+// Starts the program `all[0]` with arguments `all[1..]` (stdin /dev/null,
+// stdout to `out` or /dev/null, stderr to `err`); -1 when it could not
+// start.
+inline pid_t spawn_process(std::vector<std::string> all, const std::filesystem::path& err,
+                           const std::filesystem::path& out = "/dev/null",
+                           ProcessGroup group = ProcessGroup::kTest) {
   std::vector<char*> argv;
   for (auto& w : all) argv.push_back(w.data());
   argv.push_back(nullptr);
@@ -64,6 +64,25 @@ inline pid_t spawn_tidemark(const std::vector<std::string>& words, const std::fi
   posix_spawn_file_actions_destroy(&actions);
   return pid;
 }
+
+// TIDEMARK_BINARY with `words`, as spawn_process.
+inline pid_t spawn_tidemark(const std::vector<std::string>& words, const std::filesystem::path& err,
+                            const std::filesystem::path& out = "/dev/null",
+                            ProcessGroup group = ProcessGroup::kTest) {
+  std::vector<std::string> all = {TIDEMARK_BINARY};
+  all.insert(all.end(), words.begin(), words.end());
+  return spawn_process(std::move(all), err, out, group);
+}
+
+// Stops a spawned process (SIGTERM) and reaps it when the scope ends.
+struct StopOnExit {
+  pid_t pid = -1;
+  ~StopOnExit() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
 
 struct ServerProcess {
   pid_t pid = -1;
