@@ -110,6 +110,38 @@ TEST_F(CliTest, ShardCreateListInspect) {
   EXPECT_EQ(tidemark("nonsense").status, 2);
 }
 
+// shard delete deletes a shard and its data; a sink's hold refuses it
+// (exit 1, naming the hold) unless --force; the name can be created again.
+TEST_F(CliTest, ShardsAreDeleted) {
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  ASSERT_EQ(tidemark("append s --lower 0 --upper 3",
+                     "{\"key\":\"a\",\"value\":1,\"time\":0}\n{\"key\":\"b\",\"value\":1,"
+                     "\"time\":2}\n")
+                .status,
+            0);
+  ASSERT_EQ(
+      tidemark("sink run s --to file://" + (dir_ / "out").string() + " --as-of 0 --until 3").status,
+      0);
+  Outcome held = tidemark("shard delete s");
+  EXPECT_EQ(held.status, 1);
+  EXPECT_NE(held.err.find("c-sink-s"), std::string::npos) << held.err;
+  EXPECT_EQ(tidemark("shard list").out, "s\n");
+  EXPECT_EQ(tidemark("shard delete s --json").status, 2);
+  EXPECT_EQ(tidemark("shard list --force").status, 2);
+  Outcome deleted = tidemark("shard delete s --force");
+  EXPECT_EQ(deleted.status, 0) << deleted.err;
+  EXPECT_EQ(deleted.out.rfind("deleted shard s (", 0), 0u) << deleted.out;
+  EXPECT_EQ(tidemark("shard list").out, "");
+  Outcome gone = tidemark("shard delete s");
+  EXPECT_EQ(gone.status, 1);
+  EXPECT_NE(gone.err.find("no shard named s"), std::string::npos) << gone.err;
+  EXPECT_EQ(tidemark("snapshot s").status, 1);
+  ASSERT_EQ(tidemark("shard create s").status, 0);
+  Outcome inspect = tidemark("shard inspect s");
+  EXPECT_NE(inspect.out.find("upper:   0\n"), std::string::npos) << inspect.out;
+  EXPECT_NE(inspect.out.find("updates: 0\n"), std::string::npos) << inspect.out;
+}
+
 // shard inspect names the holds on the since; shard release drops one.
 TEST_F(CliTest, HoldsAreListedAndReleased) {
   ASSERT_EQ(tidemark("shard create s").status, 0);
@@ -124,12 +156,14 @@ TEST_F(CliTest, HoldsAreListedAndReleased) {
   Outcome inspect = tidemark("shard inspect s");
   EXPECT_EQ(inspect.status, 0);
   EXPECT_NE(inspect.out.find("since:   2\n"), std::string::npos) << inspect.out;
-  EXPECT_NE(inspect.out.find("reader:  c-sink-s since 2, critical (held until released)\n"),
+  // The owner: the process that ran the sink (host name and its pid).
+  EXPECT_NE(inspect.out.find("reader:  c-sink-s since 2, critical (held until released), owner "),
             std::string::npos)
       << inspect.out;
   Outcome json = tidemark("shard inspect s --json");
   EXPECT_NE(
-      json.out.find(R"("readers":[{"id":"c-sink-s","since":2,"critical":true,"expires_ms":null}])"),
+      json.out.find(
+          R"("readers":[{"id":"c-sink-s","since":2,"critical":true,"expires_ms":null,"owner":")"),
       std::string::npos)
       << json.out;
   Outcome released = tidemark("shard release s c-sink-s");
@@ -907,6 +941,21 @@ TEST_F(CliTest, TheCommandsDriveARunningServer) {
   EXPECT_NE(remote("sink status f").out.find("\"shard\":\"orders\""), std::string::npos);
   EXPECT_EQ(remote("sink delete f").status, 0);
   EXPECT_EQ(remote("sink status f").status, 1);
+
+  // Shards deleted through the server.
+  EXPECT_EQ(remote("shard create scratch").status, 0);
+  EXPECT_EQ(
+      remote("append scratch --lower 0 --upper 1", "{\"key\":1,\"value\":1,\"time\":0}\n").status,
+      0);
+  Outcome deleted = remote("shard delete scratch");
+  EXPECT_EQ(deleted.status, 0) << deleted.err;
+  EXPECT_EQ(deleted.out.rfind("deleted shard scratch (", 0), 0u) << deleted.out;
+  EXPECT_EQ(remote("shard list").out, "orders\n");
+  Outcome missing = remote("shard delete scratch");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.err.find("no shard named scratch (HTTP 404)"), std::string::npos)
+      << missing.err;
+  EXPECT_EQ(remote("shard delete scratch --json").status, 2);
 
   // Mistakes: a wrong token, a command that needs a data directory, a
   // malformed URL, a server that is not there.

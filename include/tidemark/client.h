@@ -100,6 +100,10 @@ struct ClientOptions {
   // shard keeps at most max_producers (a new one beyond is refused).
   std::chrono::milliseconds producer_expiry{7LL * 24 * 3600 * 1000};
   std::size_t max_producers = 1000;
+  // Who this client is, recorded with every reader and writer it registers
+  // so that `shard inspect` can say which process holds what (at most 256
+  // bytes are kept). Empty: "<host name>:<process id>".
+  std::string owner;
 };
 
 // What Shard::compact did.
@@ -131,12 +135,22 @@ struct ReaderInfo {
   // gone once its lease runs out.
   bool critical = false;
   std::uint64_t lease_expires_ms = 0;  // leased: wall-clock ms; critical: 0
+  // The process that registered it (ClientOptions::owner); empty when an
+  // older Tidemark registered it.
+  std::string owner;
 };
 
 // A registered writer and its lease.
 struct WriterInfo {
   std::string id;
   std::uint64_t lease_expires_ms = 0;  // wall-clock ms
+  std::string owner;                   // as ReaderInfo::owner
+};
+
+// What Client::delete_shard did.
+struct DeleteReport {
+  std::uint64_t objects_deleted = 0;     // parts and rollups removed from the blob store
+  std::uint64_t versions_truncated = 0;  // state versions removed from consensus
 };
 
 struct ShardInfo {
@@ -156,8 +170,8 @@ struct ShardInfo {
 
   // {"name", "upper", "since", "seqno", "batches", "parts", "inline_parts",
   //  "updates", "bytes", "readers": [{"id", "since", "critical",
-  //  "expires_ms"}], "writers": [{"id", "expires_ms"}]} (expires_ms null
-  //  for a critical reader)
+  //  "expires_ms", "owner"}], "writers": [{"id", "expires_ms", "owner"}]}
+  //  (expires_ms null for a critical reader, owner null when unknown)
   std::string to_json() const;
 };
 
@@ -241,6 +255,11 @@ class Shard {
   // NotFound when there is no such reader.
   [[nodiscard]] Status release_reader(std::string_view reader_id);
 
+  // True once a call on this handle found the shard deleted (every call
+  // then fails with NotFound): open it anew, it may have been created
+  // again (Client::delete_shard).
+  bool deleted() const;
+
   // Consolidated contents at `as_of`. NotReady when as_of >= upper (not yet
   // final); SinceViolation when as_of < since.
   // `memory`: what the read's decoded blocks are charged to (read.h).
@@ -290,11 +309,26 @@ class Client {
   [[nodiscard]] Result<std::vector<std::string>> list_shards();
   // NotFound when there is no such shard.
   [[nodiscard]] Result<std::shared_ptr<Shard>> open_shard(std::string_view name);
+  // Deletes a shard and its data. In order: its state becomes a tombstone
+  // (every handle on it, in any process, fails from its next call with
+  // NotFound "was deleted"), garbage collection removes its parts, rollups
+  // and old versions, and only then does its name leave the list, so a
+  // delete cut short (a kill, an unreachable store) leaves the shard
+  // listed and deleted: run it again to finish. The name may then be
+  // created again; the new shard starts empty and shares nothing with the
+  // old one. Held while a critical reader (a sink's hold) remains, unless
+  // `force`; NotFound when there is no such shard. A part a writer was
+  // uploading at that moment may be left behind in the blob store (its
+  // writer's commit fails); the next shard of that name collects it.
+  [[nodiscard]] Result<DeleteReport> delete_shard(std::string_view name, bool force = false);
 
   const Location& location() const { return location_; }
   const ClientOptions& options() const { return options_; }
 
  private:
+  // A shard's context, without the change watch or a compactor.
+  std::shared_ptr<ShardContext> make_context(std::string_view name);
+
   Location location_;
   ClientOptions options_;
   std::shared_ptr<ChangeWatch> changes_;

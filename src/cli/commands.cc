@@ -153,16 +153,18 @@ Result<std::shared_ptr<Shard>> open_named_shard(const Globals& globals, const st
 // --- shard ------------------------------------------------------------------
 
 int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"--json"});
+  auto args = Args::parse(argv, {}, {"--json", "--force"});
   if (!args) return usage_error(args.error().message);
   const auto& pos = args->positionals();
   if (pos.empty()) {
     return usage_error(
         "shard create NAME | shard list | shard inspect NAME [--json] | shard release NAME "
-        "READER");
+        "READER | shard delete NAME [--force]");
   }
   const std::string& sub = pos[0];
-  if (sub == "create" || sub == "inspect") {
+  if (args->has("--force") && sub != "delete") return usage_error("--force is for shard delete");
+  if (args->has("--json") && sub != "inspect") return usage_error("--json is for shard inspect");
+  if (sub == "create" || sub == "inspect" || sub == "delete") {
     if (pos.size() != 2) return usage_error("shard " + sub + " takes one NAME");
   } else if (sub == "release") {
     if (pos.size() != 3) return usage_error("shard release takes NAME and READER");
@@ -186,6 +188,17 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
     auto names = (*client)->list_shards();
     if (!names) return report(names.error());
     for (const std::string& name : *names) std::printf("%s\n", name.c_str());
+    return kExitOk;
+  }
+  if (sub == "delete") {
+    auto deleted = (*client)->delete_shard(pos[1], args->has("--force"));
+    if (!deleted) {
+      return deleted.error().is(ErrorKind::kInvalidUsage) ? usage_error(deleted.error().message)
+                                                          : report(deleted.error());
+    }
+    std::printf("deleted shard %s (%llu objects and %llu state versions removed)\n", pos[1].c_str(),
+                static_cast<unsigned long long>(deleted->objects_deleted),
+                static_cast<unsigned long long>(deleted->versions_truncated));
     return kExitOk;
   }
   auto shard = (*client)->open_shard(pos[1]);
@@ -216,13 +229,18 @@ int run_shard(const Globals& globals, const std::vector<std::string>& argv) {
       return at > now ? "lease ends in " + std::to_string((at - now + 999) / 1000) + " s"
                       : std::string("lease ended");
     };
+    auto owner = [](const std::string& who) {
+      return who.empty() ? std::string() : ", owner " + who;
+    };
     for (const ReaderInfo& r : info->readers) {
       std::printf(
-          "reader:  %s since %s, %s\n", r.id.c_str(), r.since.to_string().c_str(),
-          r.critical ? "critical (held until released)" : expires(r.lease_expires_ms).c_str());
+          "reader:  %s since %s, %s%s\n", r.id.c_str(), r.since.to_string().c_str(),
+          r.critical ? "critical (held until released)" : expires(r.lease_expires_ms).c_str(),
+          owner(r.owner).c_str());
     }
     for (const WriterInfo& w : info->writers) {
-      std::printf("writer:  %s, %s\n", w.id.c_str(), expires(w.lease_expires_ms).c_str());
+      std::printf("writer:  %s, %s%s\n", w.id.c_str(), expires(w.lease_expires_ms).c_str(),
+                  owner(w.owner).c_str());
     }
   }
   return kExitOk;

@@ -15,6 +15,7 @@ constexpr std::string_view kShard = R"(usage: tidemark shard create NAME
        tidemark shard list
        tidemark shard inspect NAME [--json]
        tidemark shard release NAME READER
+       tidemark shard delete NAME [--force]
 
 Shards are named collections of updates ((key, value), time, diff).
   create   makes an empty shard (upper 0, since 0). NAME: letters, digits,
@@ -29,6 +30,12 @@ Shards are named collections of updates ((key, value), time, diff).
            not run again ("c-sink-<sink name>"). Run again, such a sink
            resumes only if the since has not passed its progress. Exit 1
            if there is no such reader.
+  delete   deletes the shard and its data: every handle on it fails from
+           then on, garbage collection removes its parts and old states,
+           then its name goes (a delete cut short leaves it listed: run it
+           again). Refused (exit 1) while a sink's hold remains, naming it;
+           --force drops such holds too. The name can be created again,
+           empty.
 
 Example:
   tidemark shard create orders && tidemark shard inspect orders --json

@@ -16,6 +16,7 @@ constexpr const char* kUsage =
     R"(usage: tidemark [--data DIR] [--blob URL] [--consensus URL] COMMAND
        tidemark --server http://HOST:PORT [--server-token-file FILE] COMMAND
   shard create NAME | shard list | shard inspect NAME [--json] | shard release NAME READER
+  shard delete NAME [--force]
   append NAME [--input FILE|-] [--lower T --upper T | --producer ID] [--max-record-bytes SIZE]
   snapshot NAME [--as-of T]
   listen NAME (--from T | --resume-progress P) [--until T]

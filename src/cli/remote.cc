@@ -2,7 +2,7 @@
 // a running server, sent to it over HTTP (README, "The server"), the way a
 // local command would run them on a data directory:
 //
-//   shard create|list|inspect|release, append, snapshot, listen,
+//   shard create|list|inspect|release|delete, append, snapshot, listen,
 //   sink list|status|delete
 //
 // Bodies stream both ways in fixed buffers: an append's input goes up as a
@@ -192,11 +192,19 @@ int stream_to_stdout(Remote& remote, const std::string& target) {
   return kExitOk;
 }
 
+// ", owner X" for a reader or writer that names its owner.
+std::string owner_text(const JsonValue& holder) {
+  const JsonValue* owner = holder.find("owner");
+  return owner && owner->is_string() ? ", owner " + owner->as_string() : std::string();
+}
+
 int remote_shard(Remote& remote, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"--json"});
+  auto args = Args::parse(argv, {}, {"--json", "--force"});
   if (!args) return usage_error(args.error().message);
   const auto& pos = args->positionals();
   const std::string sub = pos.empty() ? "" : pos[0];
+  if (args->has("--force") && sub != "delete") return usage_error("--force is for shard delete");
+  if (args->has("--json") && sub != "inspect") return usage_error("--json is for shard inspect");
   if (sub == "list" && pos.size() == 1) {
     auto answer = call(remote, http::verb::get, "/v1/shards");
     if (!answer) return report(answer.error());
@@ -240,19 +248,35 @@ int remote_shard(Remote& remote, const std::vector<std::string>& argv) {
       for (const JsonValue& r : readers->as_array()) {
         const JsonValue* critical = r.find("critical");
         std::printf(
-            "reader:  %s since %s%s\n", r.find("id") ? r.find("id")->as_string().c_str() : "?",
+            "reader:  %s since %s%s%s\n", r.find("id") ? r.find("id")->as_string().c_str() : "?",
             r.find("since") && !r.find("since")->is_null() ? r.find("since")->to_json().c_str()
                                                            : "closed",
             critical && critical->is_bool() && critical->as_bool()
                 ? ", critical (held until released)"
-                : ", leased");
+                : ", leased",
+            owner_text(r).c_str());
       }
     }
     if (const JsonValue* writers = json->find("writers"); writers && writers->is_array()) {
       for (const JsonValue& w : writers->as_array()) {
-        std::printf("writer:  %s\n", w.find("id") ? w.find("id")->as_string().c_str() : "?");
+        std::printf("writer:  %s%s\n", w.find("id") ? w.find("id")->as_string().c_str() : "?",
+                    owner_text(w).c_str());
       }
     }
+    return kExitOk;
+  }
+  if (sub == "delete" && pos.size() == 2) {
+    auto answer =
+        call(remote, http::verb::delete_,
+             "/v1/shards/" + url_encode(pos[1]) + (args->has("--force") ? "?force=true" : ""));
+    if (!answer) return report(answer.error());
+    if (answer->status != 200) return report_answer(*answer);
+    auto json = parse_json(answer->body);
+    const JsonValue* objects = json ? json->find("objects_deleted") : nullptr;
+    const JsonValue* versions = json ? json->find("versions_truncated") : nullptr;
+    std::printf("deleted shard %s (%s objects and %s state versions removed)\n", pos[1].c_str(),
+                objects ? objects->to_json().c_str() : "?",
+                versions ? versions->to_json().c_str() : "?");
     return kExitOk;
   }
   if (sub == "release" && pos.size() == 3) {
@@ -265,7 +289,7 @@ int remote_shard(Remote& remote, const std::vector<std::string>& argv) {
   }
   return usage_error(
       "with --server: shard create NAME | shard list | shard inspect NAME [--json] | shard "
-      "release NAME READER");
+      "release NAME READER | shard delete NAME [--force]");
 }
 
 int remote_append(Remote& remote, const std::vector<std::string>& argv) {

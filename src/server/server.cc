@@ -241,20 +241,52 @@ struct Server::Impl {
     it->second = Clock::now();
   }
 
-  // Blocking: opens (once) and caches the shard.
+  // Blocking: opens (once) and caches the shard. A cached handle that
+  // found its shard deleted (here or by another process) is dropped, with
+  // its appender and writer, and the name opened anew: it may have been
+  // created again.
   Result<std::shared_ptr<Shard>> shard(std::string_view name) {
     TM_TRY(validate_shard_name(name));
     {
       std::lock_guard lock(mutex);
       if (auto it = shards.find(name); it != shards.end()) {
-        touch_locked(name);
-        return it->second;
+        if (!it->second->deleted()) {
+          touch_locked(name);
+          return it->second;
+        }
       }
     }
+    forget(name);
     TM_ASSIGN(auto opened, client->open_shard(name));
     std::lock_guard lock(mutex);
     touch_locked(name);
     return shards.try_emplace(std::string(name), std::move(opened)).first->second;
+  }
+
+  // Drops this server's handle, appender and writer of the shard (after a
+  // delete). Requests holding them finish with them (and fail: the shard
+  // is gone); the next request opens the shard anew.
+  void forget(std::string_view name) {
+    std::shared_ptr<Appender> appender_closing;
+    std::shared_ptr<SharedWriter> writer_closing;
+    std::shared_ptr<Shard> shard_closing;
+    {
+      std::lock_guard lock(mutex);
+      if (auto it = shard_appenders.find(name); it != shard_appenders.end()) {
+        appender_closing = std::move(it->second);
+        shard_appenders.erase(it);
+      }
+      if (auto it = writers.find(name); it != writers.end()) {
+        writer_closing = std::move(it->second);
+        writers.erase(it);
+      }
+      if (auto it = shards.find(name); it != shards.end()) {
+        shard_closing = std::move(it->second);
+        shards.erase(it);
+      }
+    }
+    // Outside the lock, as close_idle does.
+    if (appender_closing) appender_closing->close();
   }
 
   // Closes the appenders, writers and shard handles that no request holds
@@ -1013,6 +1045,11 @@ class Session : public std::enable_shared_from_this<Session> {
         if (rejects_query({})) return;
         return read_small_body([self = shared_from_this()] { self->inspect_shard(); });
       }
+      if (action.empty() && method == http::verb::delete_) {
+        route_ = "delete_shard";
+        if (rejects_query({"force"})) return;
+        return read_small_body([self = shared_from_this()] { self->delete_shard(); });
+      }
       if (action == "append" && method == http::verb::post) {
         route_ = "append";
         if (rejects_query({"lower", "upper"})) return;
@@ -1207,6 +1244,35 @@ class Session : public std::enable_shared_from_this<Session> {
             out += ",\"sequence\":null,\"time\":null,\"expires_ms\":null";
           }
           return out + "}";
+        },
+        [self = shared_from_this()](Result<std::string> r) {
+          if (!r) return self->respond_error(r.error());
+          self->respond(200, std::move(*r));
+        });
+  }
+
+  // Deletes the shard and its data (Client::delete_shard); ?force=true
+  // drops sinks' holds too.
+  void delete_shard() {
+    bool force = false;
+    if (query_.contains("force")) {
+      const std::string& value = query_["force"];
+      if (value != "true" && value != "false") {
+        return respond(400, error_json("force is true or false, got \"" + value + "\""));
+      }
+      force = value == "true";
+    }
+    blocking<std::string>(
+        [server = server_, n = name_, force]() -> Result<std::string> {
+          auto deleted = server->client->delete_shard(n, force);
+          // Whatever the outcome, this server's handles on the shard may
+          // be stale now: the next request opens it anew.
+          server->forget(n);
+          if (!deleted) return std::unexpected(deleted.error());
+          std::string out = "{\"deleted\":";
+          append_json_string(&out, n);
+          return out + ",\"objects_deleted\":" + std::to_string(deleted->objects_deleted) +
+                 ",\"versions_truncated\":" + std::to_string(deleted->versions_truncated) + "}";
         },
         [self = shared_from_this()](Result<std::string> r) {
           if (!r) return self->respond_error(r.error());

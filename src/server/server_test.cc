@@ -158,7 +158,7 @@ TEST_F(ServerTest, ShardsAreCreatedListedAndInspected) {
   EXPECT_EQ(missing.body.rfind("{\"error\":", 0), 0u) << missing.body;
   EXPECT_EQ(get("/v1/shards/..").status, 400u);
   EXPECT_EQ(get("/v1/nothing").status, 404u);
-  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/orders").status, 405u);
+  EXPECT_EQ(call(port_, http::verb::put, "/v1/shards/orders").status, 405u);
   EXPECT_EQ(call(port_, http::verb::put, "/v1/shards").status, 405u);
 }
 
@@ -172,8 +172,9 @@ TEST_F(ServerTest, HoldsAreListedAndReleased) {
   auto stale = *shard->open_critical_reader("sink-stale");
   ASSERT_TRUE(stale->downgrade_since(Frontier::at(2)));
   Reply inspect = get("/v1/shards/s");
-  EXPECT_NE(inspect.body.find(
-                R"("readers":[{"id":"c-sink-stale","since":2,"critical":true,"expires_ms":null}])"),
+  EXPECT_NE(inspect.body.find(R"("readers":[{"id":"c-sink-stale","since":2,"critical":true,)"
+                              R"("expires_ms":null,"owner":")" +
+                              client_->options().owner + "\"}]"),
             std::string::npos)
       << inspect.body;
   Reply released = call(port_, http::verb::delete_, "/v1/shards/s/readers/c-sink-stale");
@@ -187,6 +188,52 @@ TEST_F(ServerTest, HoldsAreListedAndReleased) {
   EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s/readers/a/b").status, 400u);
   EXPECT_EQ(get("/v1/shards/s/readers/c-sink-stale").status, 405u);
   EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/missing/readers/x").status, 404u);
+}
+
+// DELETE /v1/shards/NAME deletes the shard and its data; a sink's hold
+// refuses it (409, naming the hold) unless ?force=true. The server opens a
+// name created again anew, whether the delete came through it or from
+// another process.
+TEST_F(ServerTest, ShardsAreDeleted) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards/s/append", "{\"key\":\"a\",\"value\":1}\n").status, 200u);
+  ASSERT_EQ(get("/v1/shards/s/snapshot").status, 200u);
+  auto hold = *(*client_->open_shard("s"))->open_critical_reader("sink-x");
+  Reply held = call(port_, http::verb::delete_, "/v1/shards/s");
+  EXPECT_EQ(held.status, 409u) << held.body;
+  EXPECT_NE(held.body.find("c-sink-x"), std::string::npos) << held.body;
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s?force=maybe").status, 400u);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s?forse=true").status, 400u);
+  Reply deleted = call(port_, http::verb::delete_, "/v1/shards/s?force=true");
+  ASSERT_EQ(deleted.status, 200u) << deleted.body;
+  EXPECT_EQ(deleted.body.rfind(R"({"deleted":"s","objects_deleted":)", 0), 0u) << deleted.body;
+  EXPECT_EQ(get("/v1/shards/s").status, 404u);
+  EXPECT_EQ(get("/v1/shards").body.find("\"s\""), std::string::npos);
+  EXPECT_EQ(call(port_, http::verb::delete_, "/v1/shards/s").status, 404u);
+
+  // Created again through the server: empty, and appends go to it.
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  Reply empty = get("/v1/shards/s");
+  EXPECT_EQ(empty.status, 200u);
+  EXPECT_NE(empty.body.find("\"upper\":0,"), std::string::npos) << empty.body;
+  EXPECT_NE(empty.body.find("\"updates\":0,"), std::string::npos) << empty.body;
+  ASSERT_EQ(post("/v1/shards/s/append", "{\"key\":\"b\",\"value\":2}\n").status, 200u);
+  // Deleted and created again by another process: the server's handle
+  // and appender are stale; the next requests after the stale one work.
+  ASSERT_TRUE(client_->delete_shard("s"));
+  ASSERT_TRUE(client_->create_shard("s"));
+  Reply stale = post("/v1/shards/s/append", "{\"key\":\"c\",\"value\":3}\n");
+  if (stale.status != 200u) {
+    // Its appender stopped on the stale handle: retry later (503).
+    EXPECT_EQ(stale.status, 503u) << stale.body;
+    EXPECT_NE(stale.body.find("was deleted and created again"), std::string::npos) << stale.body;
+    stale = post("/v1/shards/s/append", "{\"key\":\"c\",\"value\":3}\n");
+  }
+  EXPECT_EQ(stale.status, 200u) << stale.body;
+  Reply now = get("/v1/shards/s/snapshot");
+  EXPECT_NE(now.body.find("\"c\""), std::string::npos) << now.body;
+  EXPECT_EQ(now.body.find("\"b\""), std::string::npos) << now.body;
 }
 
 TEST_F(ServerTest, ExplicitAppendsAreAllOrNothing) {

@@ -1,6 +1,9 @@
 #include "tidemark/client.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "location/retrying_blob.h"
@@ -16,6 +19,25 @@
 
 namespace tidemark {
 
+namespace {
+
+void append_json_string_or_null(std::string* out, const std::string& text) {
+  if (text.empty()) {
+    *out += "null";
+  } else {
+    append_json_string(out, text);
+  }
+}
+
+// "<host name>:<process id>": who a client is when its options do not say.
+std::string default_owner() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+}  // namespace
+
 std::string ShardInfo::to_json() const {
   std::string out =
       "{\"name\":\"" + name + "\",\"upper\":" + upper.to_json() + ",\"since\":" + since.to_json() +
@@ -28,13 +50,18 @@ std::string ShardInfo::to_json() const {
     out += i == 0 ? "{\"id\":" : ",{\"id\":";
     append_json_string(&out, r.id);
     out += ",\"since\":" + r.since.to_json() + ",\"critical\":" + (r.critical ? "true" : "false") +
-           ",\"expires_ms\":" + (r.critical ? "null" : std::to_string(r.lease_expires_ms)) + "}";
+           ",\"expires_ms\":" + (r.critical ? "null" : std::to_string(r.lease_expires_ms)) +
+           ",\"owner\":";
+    append_json_string_or_null(&out, r.owner);
+    out += "}";
   }
   out += "],\"writers\":[";
   for (std::size_t i = 0; i < writers.size(); ++i) {
     out += i == 0 ? "{\"id\":" : ",{\"id\":";
     append_json_string(&out, writers[i].id);
-    out += ",\"expires_ms\":" + std::to_string(writers[i].lease_expires_ms) + "}";
+    out += ",\"expires_ms\":" + std::to_string(writers[i].lease_expires_ms) + ",\"owner\":";
+    append_json_string_or_null(&out, writers[i].owner);
+    out += "}";
   }
   out += "]}";
   return out;
@@ -58,12 +85,15 @@ Result<std::shared_ptr<Client>> Client::open(std::string_view blob_url,
 
 Client::Client(Location location, ClientOptions options)
     : location_(std::move(location)),
-      options_(options),
-      changes_(std::make_shared<ChangeWatch>(location_.consensus, options_.change_poll_interval)) {}
+      options_(std::move(options)),
+      changes_(std::make_shared<ChangeWatch>(location_.consensus, options_.change_poll_interval)) {
+  if (options_.owner.empty()) options_.owner = default_owner();
+}
 
 Status Client::create_shard(std::string_view name) {
   TM_TRY(validate_shard_name(name));
   const std::string key = registry_consensus_key();
+  bool revived = false;
   for (;;) {
     TM_ASSIGN(auto head, location_.consensus->head(key));
     std::vector<std::string> names;
@@ -73,6 +103,19 @@ Status Client::create_shard(std::string_view name) {
     if (std::find(names.begin(), names.end(), name) != names.end()) {
       return make_error(ErrorKind::kAlreadyExists,
                         "shard " + std::string(name) + " already exists");
+    }
+    // A shard of this name that was deleted left a tombstone: the new one
+    // starts from it, as the next incarnation, before its name is listed
+    // (listed, it must be openable).
+    if (!revived) {
+      ShardMachine machine(std::string(name), location_.consensus, location_.blob,
+                           options_.inline_rollup_max_bytes);
+      TM_TRY(with_retries(options_.write_retry, [&] {
+        return machine.apply([](ShardState& state) -> Result<TransitionResult> {
+          return revive(state) ? TransitionResult::kWrite : TransitionResult::kUnchanged;
+        });
+      }));
+      revived = true;
     }
     names.emplace_back(name);
     std::optional<SeqNo> expected;
@@ -106,22 +149,75 @@ Result<std::vector<std::string>> Client::list_shards() {
   return names;
 }
 
-Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
-  TM_TRY(validate_shard_name(name));
-  TM_ASSIGN(auto names, list_shards());
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    return make_error(ErrorKind::kNotFound, "no shard named " + std::string(name));
-  }
+std::shared_ptr<ShardContext> Client::make_context(std::string_view name) {
   auto context = std::make_shared<ShardContext>();
   context->name = std::string(name);
   context->location = location_;
   context->options = options_;
   context->machine = std::make_shared<ShardMachine>(
       context->name, location_.consensus, location_.blob, options_.inline_rollup_max_bytes);
-  context->changes = changes_;
-  context->machine->report_to(changes_);
   context->read_blob =
       std::make_shared<RetryingBlob>(location_.blob, options_.read_retry, context->stop_reads());
+  return context;
+}
+
+Result<DeleteReport> Client::delete_shard(std::string_view name, bool force) {
+  TM_TRY(validate_shard_name(name));
+  TM_ASSIGN(auto names, list_shards());
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    return make_error(ErrorKind::kNotFound, "no shard named " + std::string(name));
+  }
+  // 1. The tombstone: from here on no handle reads or writes the shard.
+  std::shared_ptr<ShardContext> context = make_context(name);
+  TM_TRY(with_retries(options_.write_retry, [&] {
+    return context->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
+      TM_ASSIGN(bool buried, bury(state, force));
+      return buried ? TransitionResult::kWrite : TransitionResult::kUnchanged;
+    });
+  }));
+  // 2. Its data. The tombstone references nothing and no writer: every
+  // part is garbage, and the versions before it go.
+  DeleteReport report;
+  TM_ASSIGN(GcReport gc,
+            with_retries(options_.write_retry, [&] { return collect_garbage(*context); }));
+  report.objects_deleted = gc.parts_deleted + gc.orphans_deleted + gc.rollups_deleted;
+  report.versions_truncated = gc.versions_truncated;
+  // 3. The name.
+  const std::string key = registry_consensus_key();
+  for (;;) {
+    TM_ASSIGN(auto head, location_.consensus->head(key));
+    if (!head) return report;
+    TM_ASSIGN(std::vector<std::string> listed, decode_registry(head->data));
+    auto it = std::find(listed.begin(), listed.end(), name);
+    if (it == listed.end()) return report;  // another delete finished first
+    listed.erase(it);
+    auto cas = location_.consensus->compare_and_set(
+        key, head->seqno, VersionedData{head->seqno + 1, encode_registry(listed)});
+    if (cas && *cas == CasOutcome::kCommitted) return report;
+    if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) return std::unexpected(cas.error());
+    // Lost a race or an unknown outcome: read again (a landed write shows
+    // as the name gone).
+  }
+}
+
+Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
+  TM_TRY(validate_shard_name(name));
+  TM_ASSIGN(auto names, list_shards());
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    return make_error(ErrorKind::kNotFound, "no shard named " + std::string(name));
+  }
+  std::shared_ptr<ShardContext> context = make_context(name);
+  // The handle is bound to the incarnation it finds (machine.h).
+  TM_ASSIGN(StatePtr state,
+            with_retries(options_.read_retry, [&] { return context->machine->fetch(); }));
+  if (state->deleted) {
+    return make_error(
+        ErrorKind::kNotFound,
+        "shard " + std::string(name) + " was deleted (a delete that did not finish: run it again)");
+  }
+  context->machine->expect_incarnation(state->incarnation);
+  context->changes = changes_;
+  context->machine->report_to(changes_);
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }
@@ -152,10 +248,10 @@ Result<ShardInfo> Shard::inspect() {
   }
   for (const auto& [id, reader] : state.readers) {
     info.readers.push_back(
-        ReaderInfo{id, reader.since, reader.critical(), reader.lease_expires_ms});
+        ReaderInfo{id, reader.since, reader.critical(), reader.lease_expires_ms, reader.owner});
   }
   for (const auto& [id, writer] : state.writers) {
-    info.writers.push_back(WriterInfo{id, writer.lease_expires_ms});
+    info.writers.push_back(WriterInfo{id, writer.lease_expires_ms, writer.owner});
   }
   return info;
 }
@@ -190,6 +286,10 @@ Result<Subscription> Shard::subscribe(std::function<void()> wake) {
   return out;
 }
 
+bool Shard::deleted() const {
+  return context_->machine->refused();
+}
+
 Result<Frontier> Shard::upper(bool fresh) {
   TM_ASSIGN(StatePtr state, fresh ? context_->fetch_for_read() : context_->machine->latest_known());
   return state->upper;
@@ -215,7 +315,7 @@ Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
   TM_TRY(with_retries(context_->options.write_retry, [&] {
     return context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
       const std::uint64_t now = wall_clock_millis();
-      register_writer(state, writer_id, now + lease, now);
+      register_writer(state, writer_id, now + lease, now, context_->options.owner);
       return TransitionResult::kWrite;
     });
   }));

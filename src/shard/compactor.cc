@@ -58,8 +58,8 @@ class PassWriter {
     const std::uint64_t now = wall_clock_millis();
     TM_ASSIGN(StatePtr state,
               context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-                register_writer(s, id_, now + lease_ms_, now);
-                register_reader(s, reader_id_, false, now + lease_ms_, now);
+                register_writer(s, id_, now + lease_ms_, now, context_.options.owner);
+                register_reader(s, reader_id_, false, now + lease_ms_, now, context_.options.owner);
                 return TransitionResult::kWrite;
               }));
     registered_ = true;

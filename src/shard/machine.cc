@@ -119,7 +119,27 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
   return base;
 }
 
+Result<StatePtr> ShardMachine::checked(Result<StatePtr> state) const {
+  if (!state || !incarnation_) return state;
+  if ((*state)->deleted || (*state)->incarnation != *incarnation_) {
+    refused_.store(true, std::memory_order_relaxed);
+  }
+  if ((*state)->deleted) {
+    return make_error(ErrorKind::kNotFound, "shard " + shard_ + " was deleted");
+  }
+  if ((*state)->incarnation != *incarnation_) {
+    return make_error(ErrorKind::kNotFound, "shard " + shard_ +
+                                                " was deleted and created again since this "
+                                                "handle opened it: open it anew");
+  }
+  return state;
+}
+
 Result<StatePtr> ShardMachine::fetch() {
+  return checked(fetch_any());
+}
+
+Result<StatePtr> ShardMachine::fetch_any() {
   for (int attempt = 0;; ++attempt) {
     TM_ASSIGN(auto head, consensus_->head(key_));
     if (!head) {
@@ -136,7 +156,11 @@ Result<StatePtr> ShardMachine::fetch() {
 Result<StatePtr> ShardMachine::cached() {
   {
     std::lock_guard lock(mu_);
-    if (cache_) return cache_;
+    // A refused cached state is judged again on a fresh one: the shard
+    // may have been created again since.
+    if (cache_ && (!incarnation_ || (!cache_->deleted && cache_->incarnation == *incarnation_))) {
+      return cache_;
+    }
   }
   return fetch();
 }
@@ -183,7 +207,8 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       // one makes `current` the new rollup, written to blob under a key of
       // this attempt's own before any version names it.
       std::string encoded;
-      const bool first = current->seqno == 0;
+      // The incarnation and the tombstone flag travel only in full versions.
+      const bool first = current->seqno == 0 || !diff_can_carry(*current, *next);
       if (first || rollup.seqno == 0 || next->seqno - rollup.seqno >= kRollupInterval) {
         const bool may_inline = first || inline_rollup_max_bytes_ > 0;
         std::string whole = may_inline ? encode_state(*next) : std::string();

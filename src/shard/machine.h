@@ -23,6 +23,7 @@
 // mutex and no lock is held across I/O.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -63,6 +64,15 @@ class ShardMachine {
   // REQUIRES: called before the machine is shared.
   void report_to(std::shared_ptr<ChangeWatch> watch) { watch_ = std::move(watch); }
 
+  // From now on fetch(), latest_known() and apply() fail with NotFound
+  // ("was deleted") on a tombstone or a state of another incarnation: a
+  // handle opened before a delete never reads or writes what came after.
+  // Without it (the delete itself, its garbage collection) every state is
+  // accepted. REQUIRES: called before the machine is shared.
+  void expect_incarnation(std::uint64_t incarnation) { incarnation_ = incarnation; }
+  // True once expect_incarnation() refused a state.
+  bool refused() const { return refused_.load(std::memory_order_relaxed); }
+
   // The latest state in consensus (and refreshes the cache).
   [[nodiscard]] Result<StatePtr> fetch();
 
@@ -81,12 +91,16 @@ class ShardMachine {
   [[nodiscard]] Result<ShardState> load_rollup(const RollupRef& rollup);
 
  private:
+  // fetch() without the incarnation check.
+  [[nodiscard]] Result<StatePtr> fetch_any();
   // The cached state, fetching it if there is none yet.
   [[nodiscard]] Result<StatePtr> cached();
   void remember(const StatePtr& state);
   // Reads the versions after the cached state (or from the rollup) up to
   // at least `head` and folds them.
   [[nodiscard]] Result<StatePtr> fold_to(const VersionedData& head);
+  // `state`, unless expect_incarnation() refuses it.
+  [[nodiscard]] Result<StatePtr> checked(Result<StatePtr> state) const;
 
   const std::string shard_;
   const std::string key_;
@@ -94,6 +108,8 @@ class ShardMachine {
   const std::shared_ptr<Blob> blob_;
   const std::uint64_t inline_rollup_max_bytes_;
   std::shared_ptr<ChangeWatch> watch_;  // may be null
+  std::optional<std::uint64_t> incarnation_;
+  mutable std::atomic<bool> refused_{false};
   std::mutex mu_;
   StatePtr cache_;  // GUARDED_BY(mu_)
 };

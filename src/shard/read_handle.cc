@@ -39,7 +39,7 @@ struct ReadHandle::Impl {
   Status reregister() {
     auto lock = pins->lock_for_heartbeat();
     TM_ASSIGN(StatePtr state, apply([&](ShardState& s, std::uint64_t now) -> Status {
-                register_reader(s, id, false, expiry(), now);
+                register_reader(s, id, false, expiry(), now, context->options.owner);
                 return {};
               }));
     record_hold(state);
@@ -157,7 +157,8 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
                 context->options.read_retry,
                 [&] {
                   return raw->apply([&](ShardState& s, std::uint64_t now) -> Status {
-                    register_reader(s, raw->id, raw->critical, raw->expiry(), now);
+                    register_reader(s, raw->id, raw->critical, raw->expiry(), now,
+                                    raw->context->options.owner);
                     return {};
                   });
                 },

@@ -1,6 +1,7 @@
 // Unit tests of the shard layer over the in-memory backends: state
 // encoding, the rules of compare_and_append, snapshots and listens.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <random>
@@ -455,6 +456,104 @@ TEST(StateTest, ShardNames) {
   EXPECT_TRUE(validate_shard_name(".x"));
 }
 
+// Format 7 and 8 carry the owners of readers and writers, the incarnation
+// and the tombstone flag; both change only in full versions.
+TEST(StateTest, OwnersIncarnationsAndTombstonesRoundTrip) {
+  ShardState state;
+  state.name = "s";
+  state.seqno = 4;
+  state.upper = Frontier::at(9);
+  state.incarnation = 3;
+  state.writers["w1"] = WriterState{"tok", 500, "host-a:12"};
+  state.readers["r1"] = ReaderState{Frontier::at(2), 900, 4, "host-b:34"};
+  auto decoded = decode_state("s", VersionedData{4, encode_state(state)});
+  ASSERT_TRUE(decoded) << decoded.error().to_string();
+  EXPECT_EQ(*decoded, state);
+  EXPECT_EQ(decoded->writers.at("w1").owner, "host-a:12");
+  EXPECT_EQ(decoded->incarnation, 3u);
+
+  ShardState after = state;
+  after.seqno = 5;
+  after.readers["r2"] = ReaderState{Frontier::at(3), 950, 5, "host-c:56"};
+  after.writers["w1"].owner = "host-d:78";
+  ASSERT_TRUE(diff_can_carry(state, after));
+  auto applied =
+      apply_version("s", &*decoded, VersionedData{5, encode_diff(state, after, RollupRef{4, {}})});
+  ASSERT_TRUE(applied) << applied.error().to_string();
+  EXPECT_EQ(*applied, after);
+  EXPECT_EQ(applied->readers.at("r2").owner, "host-c:56");
+  EXPECT_EQ(applied->incarnation, 3u);  // carried over from the state before
+
+  // A tombstone holds nothing; a diff cannot say "deleted".
+  ShardState buried = after;
+  auto done = bury(buried, false);
+  ASSERT_TRUE(done && *done);
+  EXPECT_TRUE(buried.deleted);
+  EXPECT_TRUE(buried.batches.empty() && buried.readers.empty() && buried.writers.empty());
+  EXPECT_FALSE(diff_can_carry(after, buried));
+  EXPECT_FALSE(*bury(buried, false));  // once is enough
+  auto tomb = decode_state("s", VersionedData{6, encode_state(buried)});
+  ASSERT_TRUE(tomb) << tomb.error().to_string();
+  EXPECT_TRUE(tomb->deleted);
+  // A tombstone that still holds data is corrupt.
+  ShardState lying = buried;
+  lying.writers["w9"];
+  auto refused = decode_state("s", VersionedData{6, encode_state(lying)});
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().kind, ErrorKind::kCorruption);
+  // Revived: empty, the next incarnation.
+  ASSERT_TRUE(revive(buried));
+  EXPECT_FALSE(buried.deleted);
+  EXPECT_EQ(buried.incarnation, 4u);
+  EXPECT_EQ(buried.upper, Frontier::at(0));
+  EXPECT_FALSE(revive(buried));
+
+  // A sink's hold (a critical reader) refuses the delete, naming it,
+  // unless forced.
+  ShardState held = after;
+  held.readers["c-sink-x"] = ReaderState{Frontier::at(1), 0};
+  auto no = bury(held, false);
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(no.error().message.find("c-sink-x"), std::string::npos) << no.error().message;
+  EXPECT_FALSE(held.deleted);
+  EXPECT_TRUE(*bury(held, true));
+}
+
+// States and diffs written by the previous format (5 and 6, from a build
+// before owners existed) still read: owners empty, incarnation 0.
+TEST(StateTest, FormatsFiveAndSixStillRead) {
+  const std::string v5(
+      "\x05\x01\x73\x00\x14\x00\x03\x01\x02\x77\x31\x03\x74\x6f\x6b\xf4\x03\x02\x06\x63\x2d\x73"
+      "\x69\x6e\x6b\x00\x04\x00\x00\x02\x72\x31\x00\x03\xb9\x60\x06\x01\x02\x70\x31\x29\x11\xb8"
+      "\x85\x06\x01\x00\x00\x00\x0a\x00\x00\x00\x01\x0e\x73\x68\x61\x72\x64\x2f\x73\x2f\x70\x61"
+      "\x72\x74\x2f\x78\x64\x05\x50\x01\x09\x00\x00\x00\x0a",
+      79);
+  const std::string v6(
+      "\x06\x07\x00\x00\x1e\x00\x03\x01\x02\x77\x32\x00\x84\x07\x00\x01\x02\x72\x32\x00\x05\x89"
+      "\x06\x08\x00\x00\x00\x01\x00\x00",
+      30);
+  ASSERT_TRUE(is_full_version(v5));
+  auto state = decode_state("s", VersionedData{7, v5});
+  ASSERT_TRUE(state) << state.error().to_string();
+  EXPECT_EQ(state->upper, Frontier::at(20));
+  EXPECT_EQ(state->writers.at("w1").last_token, "tok");
+  EXPECT_EQ(state->writers.at("w1").lease_expires_ms, 500u);
+  EXPECT_EQ(state->writers.at("w1").owner, "");
+  EXPECT_EQ(state->readers.at("r1").seqno, 6u);
+  EXPECT_EQ(state->producers.at("p1").sequence, 41u);
+  EXPECT_EQ(state->batches.size(), 1u);
+  EXPECT_EQ(state->incarnation, 0u);
+  EXPECT_FALSE(state->deleted);
+  EXPECT_FALSE(is_full_version(v6));
+  auto next = apply_version("s", &*state, VersionedData{8, v6});
+  ASSERT_TRUE(next) << next.error().to_string();
+  EXPECT_EQ(next->upper, Frontier::at(30));
+  EXPECT_EQ(next->writers.at("w2").lease_expires_ms, 900u);
+  EXPECT_EQ(next->readers.at("r2").lease_expires_ms, 777u);
+  EXPECT_EQ(next->readers.at("r2").owner, "");
+}
+
 // --- Shards -----------------------------------------------------------------
 
 TEST_F(ShardTest, CreateListAndDuplicates) {
@@ -555,10 +654,12 @@ TEST_F(ShardTest, HoldsAreListedAndReleased) {
   EXPECT_EQ(info.readers[1].id, "c-sink-live");
   ASSERT_EQ(info.writers.size(), 1u);  // the fixture's writer
   EXPECT_GT(info.writers[0].lease_expires_ms, 0u);
-  EXPECT_NE(info.to_json().find(
-                R"("readers":[{"id":"c-sink-gone","since":3,"critical":true,"expires_ms":null},)"),
-            std::string::npos)
-      << info.to_json();
+  EXPECT_EQ(info.readers[0].owner, client_->options().owner);
+  EXPECT_EQ(info.writers[0].owner, client_->options().owner);
+  std::string expected = R"("readers":[{"id":"c-sink-gone","since":3,"critical":true,)"
+                         R"("expires_ms":null,"owner":")" +
+                         client_->options().owner + "\"},";
+  EXPECT_NE(info.to_json().find(expected), std::string::npos) << info.to_json();
 
   auto reader = *shard_->open_reader(ReaderOptions{});
   info = *shard_->inspect();
@@ -579,6 +680,163 @@ TEST_F(ShardTest, HoldsAreListedAndReleased) {
   EXPECT_EQ(again.error().kind, ErrorKind::kNotFound);
   // The released handle finds its hold gone rather than moving it.
   EXPECT_EQ(gone->downgrade_since(Frontier::at(9)).error().kind, ErrorKind::kNotFound);
+}
+
+// Each reader and writer names the process that registered it: the
+// client's owner, "<host name>:<pid>" unless the options say otherwise.
+TEST_F(ShardTest, ReadersAndWritersNameTheirOwner) {
+  const std::string& owner = client_->options().owner;
+  EXPECT_EQ(owner.substr(owner.rfind(':') + 1), std::to_string(getpid()));
+  ClientOptions named = client_->options();
+  named.owner = "sink runner 7";
+  auto other = *Client::open(client_->location(), named);
+  auto shard = *other->open_shard("orders");
+  auto writer = *shard->open_writer();
+  auto reader = *shard->open_reader(ReaderOptions{});
+  ShardInfo info = *shard_->inspect();
+  ASSERT_EQ(info.writers.size(), 2u);
+  ASSERT_EQ(info.readers.size(), 1u);
+  EXPECT_EQ(info.readers[0].owner, "sink runner 7");
+  int named_writers = 0;
+  for (const WriterInfo& w : info.writers) {
+    named_writers += w.owner == "sink runner 7" ? 1 : 0;
+    EXPECT_TRUE(w.owner == "sink runner 7" || w.owner == owner) << w.owner;
+  }
+  EXPECT_EQ(named_writers, 1);
+}
+
+// delete_shard: the tombstone stops every handle, garbage collection
+// removes the data, the name goes; the name can then be created again and
+// shares nothing with the old shard.
+TEST_F(ShardTest, DeleteRemovesTheShardAndItsData) {
+  blob_parts_only();
+  std::vector<Update> all;
+  ASSERT_NO_FATAL_FAILURE(append_one_each(5, &all));
+  ASSERT_TRUE(shard_->compact());
+  auto reader = *shard_->open_reader(ReaderOptions{});
+  std::size_t objects = 0;
+  ASSERT_TRUE(blob_->list("shard/orders/", [&](std::string_view, std::uint64_t) { ++objects; }));
+  ASSERT_GT(objects, 0u);
+  ASSERT_TRUE(client_->create_shard("other"));
+
+  auto deleted = client_->delete_shard("orders");
+  ASSERT_TRUE(deleted) << deleted.error().to_string();
+  EXPECT_EQ(deleted->objects_deleted, objects);
+  EXPECT_GT(deleted->versions_truncated, 0u);
+  EXPECT_EQ(*client_->list_shards(), std::vector<std::string>{"other"});
+  std::size_t left = 0;
+  ASSERT_TRUE(blob_->list("shard/orders/", [&](std::string_view, std::uint64_t) { ++left; }));
+  EXPECT_EQ(left, 0u);
+  // One version stays: the tombstone, for handles that come late.
+  auto versions = client_->location().consensus->scan(shard_consensus_key("orders"), 0, 100);
+  ASSERT_TRUE(versions);
+  EXPECT_EQ(versions->size(), 1u);
+
+  // Handles opened before fail cleanly, reads and writes alike.
+  auto snapshot = shard_->snapshot(3);
+  ASSERT_FALSE(snapshot);
+  EXPECT_EQ(snapshot.error().kind, ErrorKind::kNotFound);
+  EXPECT_NE(snapshot.error().message.find("shard orders was deleted"), std::string::npos)
+      << snapshot.error().message;
+  EXPECT_TRUE(shard_->deleted());
+  std::vector<Batch> none;
+  EXPECT_EQ(append(none, 5, 6).error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(reader->downgrade_since(Frontier::at(4)).error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(client_->open_shard("orders").error().kind, ErrorKind::kNotFound);
+  EXPECT_EQ(client_->delete_shard("orders").error().kind, ErrorKind::kNotFound);
+
+  // Created again: empty, from time 0; the old handle still refuses it.
+  ASSERT_TRUE(client_->create_shard("orders"));
+  auto fresh = *client_->open_shard("orders");
+  ShardInfo info = *fresh->inspect();
+  EXPECT_EQ(info.upper, Frontier::at(0));
+  EXPECT_EQ(info.updates, 0u);
+  EXPECT_FALSE(fresh->deleted());
+  auto writer = *fresh->open_writer();
+  std::vector<Update> one{Update{"again", "1", 0, 1}};
+  std::vector<Batch> batches;
+  batches.push_back(*writer->batch(one, Frontier::at(0), Frontier::at(1)));
+  ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(0), Frontier::at(1)));
+  auto got = read_snapshot(*fresh, 0);
+  ASSERT_TRUE(got) << got.error().to_string();
+  EXPECT_EQ(*got, model_at(one, 0));
+  auto stale = shard_->snapshot(0);
+  ASSERT_FALSE(stale);
+  EXPECT_NE(stale.error().message.find("created again"), std::string::npos)
+      << stale.error().message;
+  // The other shard never noticed.
+  EXPECT_TRUE((*client_->open_shard("other"))->inspect());
+}
+
+// A sink's hold refuses the delete (naming it) unless forced; a shard
+// never written deletes too.
+TEST_F(ShardTest, DeleteRespectsSinkHoldsUnlessForced) {
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(5, 3), 0, 10));
+  ASSERT_TRUE(append(batches, 0, 10));
+  auto sink = *shard_->open_critical_reader("sink-a");
+  auto held = client_->delete_shard("orders");
+  ASSERT_FALSE(held);
+  EXPECT_EQ(held.error().kind, ErrorKind::kHeld);
+  EXPECT_NE(held.error().message.find("c-sink-a"), std::string::npos) << held.error().message;
+  EXPECT_TRUE(shard_->snapshot(5));  // untouched
+  ASSERT_TRUE(client_->delete_shard("orders", /*force=*/true));
+  EXPECT_EQ(sink->since().error().kind, ErrorKind::kNotFound);
+
+  ASSERT_TRUE(client_->create_shard("empty"));
+  ASSERT_TRUE(client_->delete_shard("empty"));
+  EXPECT_TRUE(client_->list_shards()->empty());
+  EXPECT_EQ(client_->delete_shard("bad name").error().kind, ErrorKind::kInvalidUsage);
+}
+
+// A blob store that refuses deletes once armed.
+class RefusingDeletes final : public testing::ForwardingBlob {
+ public:
+  using ForwardingBlob::ForwardingBlob;
+  std::atomic<bool> refuse{false};
+  Status remove(std::string_view key) override {
+    if (refuse) return make_error(ErrorKind::kDeterminate, "test: deletes refused");
+    return ForwardingBlob::remove(key);
+  }
+  Status remove_many(const std::vector<std::string>& keys) override {
+    if (refuse) return make_error(ErrorKind::kDeterminate, "test: deletes refused");
+    return ForwardingBlob::remove_many(keys);
+  }
+};
+
+// A delete cut short (the store refuses deletes) leaves the shard listed,
+// deleted and unopenable; run again, it finishes.
+TEST_F(ShardTest, AnUnfinishedDeleteFinishesWhenRunAgain) {
+  auto refusing = std::make_shared<RefusingDeletes>(blob_);
+  ClientOptions options = client_->options();
+  options.inline_part_max_bytes = 0;
+  options.write_retry =
+      RetryPolicy{std::chrono::milliseconds(1), std::chrono::milliseconds(1), 2, {}};
+  auto client = *Client::open(Location{refusing, consensus_}, options);
+  auto shard = *client->open_shard("orders");
+  auto writer = *shard->open_writer();
+  std::vector<Batch> batches;
+  batches.push_back(*writer->batch(numbered(5, 3), Frontier::at(0), Frontier::at(10)));
+  ASSERT_TRUE(writer->compare_and_append(batches, Frontier::at(0), Frontier::at(10)));
+  writer.reset();
+  refusing->refuse = true;
+  auto cut = client->delete_shard("orders");
+  ASSERT_FALSE(cut);
+  EXPECT_NE(cut.error().message.find("deletes refused"), std::string::npos)
+      << cut.error().to_string();
+  EXPECT_EQ(*client->list_shards(), std::vector<std::string>{"orders"});
+  auto open = client->open_shard("orders");
+  ASSERT_FALSE(open);
+  EXPECT_NE(open.error().message.find("run it again"), std::string::npos) << open.error().message;
+  EXPECT_EQ(client->create_shard("orders").error().kind, ErrorKind::kAlreadyExists);
+  refusing->refuse = false;
+  auto finished = client->delete_shard("orders");
+  ASSERT_TRUE(finished) << finished.error().to_string();
+  EXPECT_GT(finished->objects_deleted, 0u);
+  EXPECT_TRUE(client->list_shards()->empty());
+  std::size_t left = 0;
+  ASSERT_TRUE(blob_->list("shard/orders/", [&](std::string_view, std::uint64_t) { ++left; }));
+  EXPECT_EQ(left, 0u);
 }
 
 TEST_F(ShardTest, AnExpiredLeaseStopsHoldingSince) {

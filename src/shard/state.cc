@@ -12,13 +12,21 @@ namespace {
 
 // 3 and 4: leases on writers, seqno holds, ordered batches, rollups in blob.
 // 5 and 6: producers; a diff names its rollup's id too (rollup keys are
-// unique per write). 3 and 4 are still read: a shard written by an older
-// Tidemark goes on in the new formats from its next version.
-constexpr std::uint8_t kStateFormatVersion = 5;
-constexpr std::uint8_t kDiffFormatVersion = 6;
+// unique per write). 7 and 8: the owners of readers and writers; a full
+// state carries the incarnation and the tombstone flag. The older formats
+// are still read: a shard written by an older Tidemark goes on in the new
+// formats from its next version.
+constexpr std::uint8_t kStateFormatVersion = 7;
+constexpr std::uint8_t kDiffFormatVersion = 8;
+constexpr std::uint8_t kProducersStateFormatVersion = 5;
+constexpr std::uint8_t kProducersDiffFormatVersion = 6;
 constexpr std::uint8_t kOldStateFormatVersion = 3;
 constexpr std::uint8_t kOldDiffFormatVersion = 4;
 constexpr std::uint8_t kRegistryFormatVersion = 1;
+// The longest owner kept; a longer one is cut (it is only for people).
+constexpr std::size_t kMaxOwnerBytes = 256;
+// The state's flags byte (format 7): bit 0 a tombstone.
+constexpr std::uint8_t kStateDeleted = 1;
 
 bool get_string(Decoder& d, std::string* s) {
   std::string_view v;
@@ -88,15 +96,17 @@ bool get_batch(Decoder& d, HollowBatch* batch) {
   return true;
 }
 
+// Writers and readers carry their owner from formats 7 and 8 on.
 void put_writer(Encoder& e, const std::string& id, const WriterState& writer) {
   e.put_bytes(id);
   e.put_bytes(writer.last_token);
   e.put_varint(writer.lease_expires_ms);
+  e.put_bytes(writer.owner);
 }
 
-bool get_writer(Decoder& d, std::string* id, WriterState* writer) {
+bool get_writer(Decoder& d, std::string* id, WriterState* writer, bool with_owner) {
   return get_string(d, id) && get_string(d, &writer->last_token) &&
-         d.get_varint(&writer->lease_expires_ms);
+         d.get_varint(&writer->lease_expires_ms) && (!with_owner || get_string(d, &writer->owner));
 }
 
 void put_reader(Encoder& e, const std::string& id, const ReaderState& reader) {
@@ -104,11 +114,13 @@ void put_reader(Encoder& e, const std::string& id, const ReaderState& reader) {
   put_frontier(e, reader.since);
   e.put_varint(reader.lease_expires_ms);
   e.put_varint(reader.seqno);
+  e.put_bytes(reader.owner);
 }
 
-bool get_reader(Decoder& d, std::string* id, ReaderState* reader) {
+bool get_reader(Decoder& d, std::string* id, ReaderState* reader, bool with_owner) {
   return get_string(d, id) && get_frontier(d, &reader->since) &&
-         d.get_varint(&reader->lease_expires_ms) && d.get_varint(&reader->seqno);
+         d.get_varint(&reader->lease_expires_ms) && d.get_varint(&reader->seqno) &&
+         (!with_owner || get_string(d, &reader->owner));
 }
 
 void put_producer(Encoder& e, const std::string& id, const ProducerState& producer) {
@@ -127,6 +139,10 @@ bool get_producer(Decoder& d, std::string* id, ProducerState* producer) {
 Status validate_state(const ShardState& state,
                       const std::function<std::unexpected<Error>(std::string)>& bad) {
   if (state.upper < state.since) return bad("since is beyond upper");
+  if (state.deleted && (!state.batches.empty() || !state.readers.empty() ||
+                        !state.writers.empty() || !state.producers.empty())) {
+    return bad("a deleted shard still holds batches, readers, writers or producers");
+  }
   Frontier previous_upper = Frontier::at(0);
   for (std::size_t i = 0; i < state.batches.size(); ++i) {
     const HollowBatch& batch = state.batches[i];
@@ -253,6 +269,8 @@ std::string encode_state(const ShardState& state) {
   Encoder e(&out);
   e.put_u8(kStateFormatVersion);
   e.put_bytes(state.name);
+  e.put_varint(state.incarnation);
+  e.put_u8(state.deleted ? kStateDeleted : 0);
   put_frontier(e, state.upper);
   put_frontier(e, state.since);
   e.put_varint(state.writers.size());
@@ -274,14 +292,22 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   Decoder d(data.data);
   std::uint8_t version;
   if (!d.get_u8(&version)) return bad("empty");
-  if (version != kStateFormatVersion && version != kOldStateFormatVersion) {
+  if (version != kStateFormatVersion && version != kProducersStateFormatVersion &&
+      version != kOldStateFormatVersion) {
     return bad("unsupported state format version " + std::to_string(version));
   }
+  const bool with_owners = version >= kStateFormatVersion;
   ShardState state;
   state.seqno = data.seqno;
   state.rollup = data.seqno;
   if (!get_string(d, &state.name)) return bad("truncated name");
   if (state.name != shard) return bad("holds shard \"" + state.name + "\"");
+  if (with_owners) {
+    std::uint8_t flags;
+    if (!d.get_varint(&state.incarnation) || !d.get_u8(&flags)) return bad("truncated header");
+    if ((flags & ~kStateDeleted) != 0) return bad("unknown state flags");
+    state.deleted = (flags & kStateDeleted) != 0;
+  }
   if (!get_frontier(d, &state.upper) || !get_frontier(d, &state.since)) {
     return bad("malformed frontiers");
   }
@@ -290,7 +316,7 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   for (std::uint64_t i = 0; i < writers; ++i) {
     std::string id;
     WriterState writer;
-    if (!get_writer(d, &id, &writer)) return bad("malformed writer");
+    if (!get_writer(d, &id, &writer, with_owners)) return bad("malformed writer");
     state.writers.emplace(std::move(id), std::move(writer));
   }
   std::uint64_t readers;
@@ -298,10 +324,10 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
   for (std::uint64_t i = 0; i < readers; ++i) {
     std::string id;
     ReaderState reader;
-    if (!get_reader(d, &id, &reader)) return bad("malformed reader");
-    state.readers.emplace(std::move(id), reader);
+    if (!get_reader(d, &id, &reader, with_owners)) return bad("malformed reader");
+    state.readers.emplace(std::move(id), std::move(reader));
   }
-  if (version == kStateFormatVersion) {
+  if (version != kOldStateFormatVersion) {
     std::uint64_t producers;
     if (!d.get_varint(&producers) || producers > d.remaining()) {
       return bad("malformed producer count");
@@ -327,7 +353,12 @@ Result<ShardState> decode_state(std::string_view shard, const VersionedData& dat
 bool is_full_version(std::string_view data) {
   if (data.empty()) return false;
   const auto version = static_cast<std::uint8_t>(data[0]);
-  return version == kStateFormatVersion || version == kOldStateFormatVersion;
+  return version == kStateFormatVersion || version == kProducersStateFormatVersion ||
+         version == kOldStateFormatVersion;
+}
+
+bool diff_can_carry(const ShardState& before, const ShardState& after) {
+  return before.incarnation == after.incarnation && before.deleted == after.deleted;
 }
 
 namespace {
@@ -336,7 +367,8 @@ namespace {
 bool get_diff_header(Decoder& d, std::uint8_t* version, RollupRef* rollup) {
   if (!d.get_u8(version) || !d.get_varint(&rollup->seqno)) return false;
   if (*version == kOldDiffFormatVersion) return true;
-  return *version == kDiffFormatVersion && get_string(d, &rollup->id);
+  return (*version == kDiffFormatVersion || *version == kProducersDiffFormatVersion) &&
+         get_string(d, &rollup->id);
 }
 
 }  // namespace
@@ -440,8 +472,11 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   std::uint8_t version;
   RollupRef rollup;
   if (!get_diff_header(d, &version, &rollup)) return bad("malformed header");
+  const bool with_owners = version == kDiffFormatVersion;
   ShardState state;
   state.name = before->name;
+  state.incarnation = before->incarnation;
+  state.deleted = before->deleted;
   state.seqno = data.seqno;
   state.rollup = rollup.seqno;
   state.rollup_id = std::move(rollup.id);
@@ -454,7 +489,7 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   for (std::uint64_t i = 0; i < count; ++i) {
     std::string id;
     WriterState writer;
-    if (!get_writer(d, &id, &writer)) return bad("malformed writer");
+    if (!get_writer(d, &id, &writer, with_owners)) return bad("malformed writer");
     state.writers[std::move(id)] = std::move(writer);
   }
   if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed writers");
@@ -468,8 +503,8 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
   for (std::uint64_t i = 0; i < count; ++i) {
     std::string id;
     ReaderState reader;
-    if (!get_reader(d, &id, &reader)) return bad("malformed reader");
-    state.readers[std::move(id)] = reader;
+    if (!get_reader(d, &id, &reader, with_owners)) return bad("malformed reader");
+    state.readers[std::move(id)] = std::move(reader);
   }
   if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed removed readers");
   for (std::uint64_t i = 0; i < count; ++i) {
@@ -478,7 +513,7 @@ Result<ShardState> apply_version(std::string_view shard, const ShardState* befor
     state.readers.erase(id);
   }
   state.producers = before->producers;
-  if (version == kDiffFormatVersion) {
+  if (version != kOldDiffFormatVersion) {
     if (!d.get_varint(&count) || count > d.remaining()) return bad("malformed producers");
     for (std::uint64_t i = 0; i < count; ++i) {
       std::string id;
@@ -569,10 +604,11 @@ bool expire_leases(ShardState& state, std::uint64_t now_ms) {
 }
 
 void register_writer(ShardState& state, std::string_view writer_id, std::uint64_t lease_expires_ms,
-                     std::uint64_t now_ms) {
+                     std::uint64_t now_ms, std::string_view owner) {
   expire_leases(state, now_ms);
   WriterState& writer = state.writers[std::string(writer_id)];
   writer.lease_expires_ms = std::max(writer.lease_expires_ms, lease_expires_ms);
+  if (!owner.empty()) writer.owner = owner.substr(0, kMaxOwnerBytes);
   advance_since(state);
 }
 
@@ -594,12 +630,16 @@ void remove_writer(ShardState& state, std::string_view writer_id, std::uint64_t 
 }
 
 void register_reader(ShardState& state, std::string_view reader_id, bool critical,
-                     std::uint64_t lease_expires_ms, std::uint64_t now_ms) {
+                     std::uint64_t lease_expires_ms, std::uint64_t now_ms, std::string_view owner) {
   expire_leases(state, now_ms);
   auto it = state.readers.find(reader_id);
+  if (it != state.readers.end() && !owner.empty()) {
+    it->second.owner = owner.substr(0, kMaxOwnerBytes);  // a restarted sink's new process
+  }
   if (it == state.readers.end()) {
     ReaderState reader;
     reader.since = state.since;
+    reader.owner = owner.substr(0, kMaxOwnerBytes);
     if (!critical) {
       reader.lease_expires_ms = std::max<std::uint64_t>(lease_expires_ms, 1);
       reader.seqno = state.seqno + 1;
@@ -640,6 +680,40 @@ void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t 
   auto it = state.readers.find(reader_id);
   if (it != state.readers.end()) state.readers.erase(it);
   advance_since(state);
+}
+
+Result<bool> bury(ShardState& state, bool force) {
+  if (state.deleted) return false;
+  if (!force) {
+    std::string held;
+    for (const auto& [id, reader] : state.readers) {
+      if (reader.critical()) held += (held.empty() ? "" : ", ") + id;
+    }
+    if (!held.empty()) {
+      return make_error(ErrorKind::kHeld,
+                        "shard " + state.name + " is held by " + held +
+                            " (a sink's hold): delete the sink or release the hold (shard "
+                            "release) first, or delete with force");
+    }
+  }
+  state.deleted = true;
+  state.batches.clear();
+  state.readers.clear();
+  state.writers.clear();
+  state.producers.clear();
+  return true;
+}
+
+bool revive(ShardState& state) {
+  if (!state.deleted) return false;
+  ShardState fresh;
+  fresh.name = state.name;
+  fresh.seqno = state.seqno;
+  fresh.rollup = state.rollup;
+  fresh.rollup_id = state.rollup_id;
+  fresh.incarnation = state.incarnation + 1;
+  state = std::move(fresh);
+  return true;
 }
 
 SeqNo seqno_since(const ShardState& state) {

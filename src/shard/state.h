@@ -91,6 +91,10 @@ struct WriterState {
   // knows it already committed.
   std::string last_token;
   std::uint64_t lease_expires_ms = 0;  // wall-clock ms
+  // The process that registered it (ClientOptions::owner), for people
+  // reading `shard inspect`; empty in states written before owners were
+  // kept (formats 3 to 6).
+  std::string owner;
   bool operator==(const WriterState&) const = default;
 };
 
@@ -107,6 +111,7 @@ struct ReaderState {
   Frontier since;
   std::uint64_t lease_expires_ms = 0;  // wall-clock ms; 0 for critical
   SeqNo seqno = 0;                     // leased: seqno hold; critical: 0
+  std::string owner;                   // as WriterState::owner
 
   bool critical() const { return lease_expires_ms == 0; }
   bool operator==(const ReaderState&) const = default;
@@ -134,6 +139,14 @@ struct ShardState {
   std::map<std::string, WriterState, std::less<>> writers;
   std::map<std::string, ReaderState, std::less<>> readers;
   std::map<std::string, ProducerState, std::less<>> producers;
+  // Deleting a shard leaves a tombstone: its last state, `deleted`, with no
+  // batches, readers, writers or producers, so a handle opened before the
+  // delete fails cleanly instead of writing into nothing. Creating the name
+  // again turns the tombstone into a fresh state with the next incarnation;
+  // a handle remembers the incarnation it opened and refuses any other
+  // (ShardMachine). Both change only in full versions, never in a diff.
+  std::uint64_t incarnation = 0;
+  bool deleted = false;
   // Not stored: the rollup this version's chain starts from (its seqno, its
   // own for a full state, and the id in its blob key), set by decode_state,
   // apply_version and ShardMachine::load_rollup. The machine names it in
@@ -145,7 +158,8 @@ struct ShardState {
   bool operator==(const ShardState& other) const {
     return name == other.name && seqno == other.seqno && upper == other.upper &&
            since == other.since && batches == other.batches && writers == other.writers &&
-           readers == other.readers && producers == other.producers;
+           readers == other.readers && producers == other.producers &&
+           incarnation == other.incarnation && deleted == other.deleted;
   }
 };
 
@@ -194,18 +208,25 @@ std::optional<RollupRef> parse_rollup_key(std::string_view key, std::string_view
 // itself; a larger one goes to blob first.
 inline constexpr SeqNo kRollupInterval = 128;
 
-// A full state: binary, with a leading format version (5; 3 is read too).
+// A full state: binary, with a leading format version (7; 3 and 5 are read
+// too). Format 7 added the incarnation, the tombstone flag and the owners of
+// readers and writers.
 // Decoding validates every field and the invariants above; a malformed
 // state is a Corruption error naming the shard and seqno.
 std::string encode_state(const ShardState& state);
 [[nodiscard]] Result<ShardState> decode_state(std::string_view shard, const VersionedData& data);
 
-// A diff taking `before` to `after` (format 6; 4 is read too): frontiers,
-// writers, readers and producers changed or removed, and the batches as
-// one splice (common prefix and suffix kept).
+// A diff taking `before` to `after` (format 8, with owners; 4 and 6 are
+// read too): frontiers, writers, readers and producers changed or removed,
+// and the batches as one splice (common prefix and suffix kept). The
+// incarnation and the tombstone flag are not in diffs: a change of either
+// is written as a full version (diff_can_carry).
 std::string encode_diff(const ShardState& before, const ShardState& after, const RollupRef& rollup);
 
 bool is_full_version(std::string_view data);
+// False when `after` differs from `before` in what only a full version
+// carries (the incarnation, the tombstone flag).
+bool diff_can_carry(const ShardState& before, const ShardState& after);
 // The full state a version's chain starts from (its own seqno and no id for
 // a full state).
 [[nodiscard]] Result<RollupRef> version_rollup(std::string_view shard, const VersionedData& data);
@@ -227,8 +248,9 @@ bool expire_leases(ShardState& state, std::uint64_t now_ms);
 
 // Writers. Registers a writer (idempotent: a registered writer's lease is
 // extended).
+// `owner` names the registering process (kept for `shard inspect`).
 void register_writer(ShardState& state, std::string_view writer_id, std::uint64_t lease_expires_ms,
-                     std::uint64_t now_ms);
+                     std::uint64_t now_ms, std::string_view owner = {});
 // Extends a writer's lease; NotFound when it has expired.
 [[nodiscard]] Status heartbeat_writer(ShardState& state, std::string_view writer_id,
                                       std::uint64_t lease_expires_ms, std::uint64_t now_ms);
@@ -244,7 +266,8 @@ void remove_writer(ShardState& state, std::string_view writer_id, std::uint64_t 
 // critical reader that exists already keeps its hold (a restarted sink
 // finds it again).
 void register_reader(ShardState& state, std::string_view reader_id, bool critical,
-                     std::uint64_t lease_expires_ms, std::uint64_t now_ms);
+                     std::uint64_t lease_expires_ms, std::uint64_t now_ms,
+                     std::string_view owner = {});
 // Extends a leased reader's lease and moves its seqno hold forward to
 // `pinned` (the oldest version its open cursors use), or, with nothing
 // pinned, to the version this transition writes. NotFound when it expired.
@@ -257,6 +280,16 @@ void register_reader(ShardState& state, std::string_view reader_id, bool critica
                                             Frontier since, std::uint64_t now_ms);
 // Drops a reader (leased or critical) and its hold.
 void remove_reader(ShardState& state, std::string_view reader_id, std::uint64_t now_ms);
+
+// Deleting. bury() makes the state a tombstone: deleted, and nothing left
+// that references data or holds it (batches, readers, writers, producers);
+// the frontiers stay, so a late handle's error can say where the shard
+// stood. Held (naming them) while critical readers, a sink's hold, remain:
+// they are released first (`shard release`), or dropped too with `force`.
+// Unchanged (false) on a tombstone. revive() turns a tombstone into the
+// empty state of the next incarnation (false if it is not a tombstone).
+[[nodiscard]] Result<bool> bury(ShardState& state, bool force);
+bool revive(ShardState& state);
 
 // The oldest version any live reader may still read: the least seqno hold
 // of the leased readers, or the state's own seqno. Garbage collection keeps

@@ -68,7 +68,7 @@ Status WriteHandle::reregister(const std::string& expired_id) {
   std::string fresh = "w" + random_id();
   TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
     const std::uint64_t now = wall_clock_millis();
-    register_writer(state, fresh, lease_expiry(), now);
+    register_writer(state, fresh, lease_expiry(), now, context_->options.owner);
     return TransitionResult::kWrite;
   }));
   writer_id_ = std::move(fresh);
