@@ -25,8 +25,10 @@
 // process that serves it; fewer syncs than acknowledged writes fails the run.
 //
 // Output: a line per measurement on stdout, and with --markdown FILE a
-// table per concurrency (median and range over the rounds) and with --svg
-// FILE a bar chart of the medians.
+// table per concurrency (median and range over the rounds), with --svg
+// FILE a bar chart of the medians, and with --json FILE every measurement,
+// each system's durability, the command, the commit (--commit TEXT) and
+// the date, for scripts/plots.py.
 //
 // Memory: per client thread a fixed latency histogram (kBuckets counters);
 // the systems' own.
@@ -64,6 +66,8 @@
 
 #include "tidemark/appender.h"
 #include "tidemark/client.h"
+#include "util/json.h"
+#include "util/process_identity.h"
 
 extern char** environ;
 
@@ -878,6 +882,70 @@ void write_svg(const fs::path& file, const std::vector<Measurement>& all,
   out << "</svg>\n";
 }
 
+// Every measurement and each system's durability, with what produced
+// them: the input of scripts/plots.py (docs/data/peers.json).
+void write_json(const fs::path& file, const std::vector<Measurement>& all,
+                const std::vector<std::string>& systems, const std::vector<int>& clients,
+                const std::map<std::string, std::string>& durability,
+                const std::map<std::string, double>& syncs, const std::string& command,
+                const std::string& commit, double seconds, int rounds) {
+  using tidemark::append_json_string;
+  auto number = [](double v, int digits) { return fixed(v, digits); };
+  std::string out = "{\n  \"command\": ";
+  append_json_string(&out, command);
+  out += ",\n  \"commit\": ";
+  if (commit.empty()) {
+    out += "null";
+  } else {
+    append_json_string(&out, commit);
+  }
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  out += ",\n  \"date\": ";
+  append_json_string(&out, tidemark::format_utc(static_cast<std::uint64_t>(now.count())));
+  out += ",\n  \"values\": ";
+  append_json_string(&out, g_random_values ? "random" : "repeated");
+  out += ",\n  \"seconds\": " + number(seconds, 3) + ",\n  \"rounds\": " + std::to_string(rounds);
+  out += ",\n  \"clients\": [";
+  for (std::size_t i = 0; i < clients.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(clients[i]);
+  }
+  out += "],\n  \"systems\": [";
+  for (std::size_t i = 0; i < systems.size(); ++i) {
+    if (i) out += ", ";
+    append_json_string(&out, systems[i]);
+  }
+  out += "],\n  \"durability\": [";
+  bool first = true;
+  for (const auto& [s, how] : durability) {
+    out += first ? "\n    {\"system\": " : ",\n    {\"system\": ";
+    first = false;
+    append_json_string(&out, s);
+    out += ", \"settings\": ";
+    append_json_string(&out, how);
+    out += ", \"syncs_per_write\": ";
+    const auto it = syncs.find(s);
+    out += it == syncs.end() ? "null" : number(it->second, 2);
+    out += "}";
+  }
+  out += "\n  ],\n  \"rows\": [";
+  first = true;
+  for (const auto& m : all) {
+    out += first ? "\n    {\"system\": " : ",\n    {\"system\": ";
+    first = false;
+    append_json_string(&out, m.system);
+    out += ", \"clients\": " + std::to_string(m.clients) +
+           ", \"round\": " + std::to_string(m.round) +
+           ", \"records_per_s\": " + number(m.records_per_second, 0) +
+           ", \"p50_ms\": " + number(m.p50_ms, 3) + ", \"p99_ms\": " + number(m.p99_ms, 3) + "}";
+  }
+  out += "\n  ]\n}\n";
+  std::ofstream stream(file);
+  stream << out;
+  stream.flush();
+  if (!stream) fail("cannot write " + file.string());
+}
+
 // ---- Command line
 
 constexpr const char* kUsage =
@@ -885,7 +953,8 @@ constexpr const char* kUsage =
     "       [--seconds S] [--rounds N] [--tidemark HOST:PORT --tidemark-pid PID]\n"
     "       [--tidemark-durability TEXT (how that server makes a write durable)]\n"
     "       [--postgres CONNINFO] [--redis HOST:PORT] [--check-syncs]\n"
-    "       [--markdown FILE] [--svg FILE] [--command TEXT] [--values repeated|random]\n"
+    "       [--markdown FILE] [--svg FILE] [--json FILE] [--command TEXT] [--commit TEXT]\n"
+    "       [--values repeated|random]\n"
     "systems: tidemark-http tidemark-embedded postgres redis rocksdb sqlite\n";
 
 std::vector<std::string> split(const std::string& text) {
@@ -918,20 +987,11 @@ int run(int argc, char** argv) {
     }
   }
   for (const auto& [flag, value] : flags) {
-    static const std::vector<std::string> known{"--dir",
-                                                "--systems",
-                                                "--clients",
-                                                "--seconds",
-                                                "--rounds",
-                                                "--tidemark",
-                                                "--tidemark-pid",
-                                                "--postgres",
-                                                "--redis",
-                                                "--markdown",
-                                                "--svg",
-                                                "--command",
-                                                "--tidemark-durability",
-                                                "--values"};
+    static const std::vector<std::string> known{
+        "--dir",      "--systems",      "--clients",  "--seconds", "--rounds",
+        "--tidemark", "--tidemark-pid", "--postgres", "--redis",   "--markdown",
+        "--svg",      "--json",         "--command",  "--commit",  "--tidemark-durability",
+        "--values"};
     if (std::find(known.begin(), known.end(), flag) == known.end()) {
       std::fprintf(stderr, "unknown option %s\n%s", flag.c_str(), kUsage);
       return 2;
@@ -948,6 +1008,19 @@ int run(int argc, char** argv) {
       return 2;
     }
     g_random_values = flags["--values"] == "random";
+  }
+  // What produced the figures, for the reports: the wrapper's own command
+  // line when it gives one (bench/peers/run.sh), else this one.
+  std::string command = flags["--command"];
+  if (command.empty()) {
+    command = "tidemark-peers";
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) == "--commit") {
+        ++i;  // what ran, not how to run it again
+      } else {
+        command += std::string(" ") + argv[i];
+      }
+    }
   }
   const fs::path scratch = flags["--dir"];
   const auto names = split(flags.contains("--systems")
@@ -1022,10 +1095,13 @@ int run(int argc, char** argv) {
   std::vector<std::string> order;
   for (auto& s : systems) order.push_back(s->name());
   if (flags.contains("--markdown")) {
-    write_markdown(flags["--markdown"], all, order, clients, durability, syncs,
-                   flags.contains("--command") ? flags["--command"] : "tidemark-peers");
+    write_markdown(flags["--markdown"], all, order, clients, durability, syncs, command);
   }
   if (flags.contains("--svg")) write_svg(flags["--svg"], all, order, clients);
+  if (flags.contains("--json")) {
+    write_json(flags["--json"], all, order, clients, durability, syncs, command, flags["--commit"],
+               seconds, rounds);
+  }
   return 0;
 }
 
