@@ -1,22 +1,31 @@
 // tidemark-scenarios: the bounded-memory scenarios (scenarios/README.md).
 //
 //   tidemark-scenarios [--short] [--search [--step MIB]] [--cap MIB] [--seed N]
-//                      [--random-config] [--watchdog] [--keep] [--dir DIR] [--list] [NAME...]
+//                      [--random-config] [--watchdog] [--keep] [--dir DIR] [--list]
+//                      [--json FILE [--commit TEXT]] [NAME...]
+//
+// --json FILE writes every run's result, peak RSS, cap and time, with the
+// command, the commit (--commit, which scenarios/run passes) and the date
+// (scenarios/report.h), after each run.
 //
 // Exit status: 0 when every scenario run passed, 1 when one failed, 2 on
 // usage errors.
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "scenarios/http.h"
+#include "scenarios/report.h"
 #include "scenarios/scenario.h"
+#include "util/process_identity.h"
 
 namespace tidemark::scenarios {
 
@@ -83,12 +92,6 @@ bool Run::kill_and_restart() {
 
 namespace {
 
-struct Verdict {
-  bool passed = false;
-  std::uint64_t peak = 0;
-  double seconds = 0;
-};
-
 struct Settings {
   std::uint64_t seed = 0;
   bool random_config = false;
@@ -97,7 +100,19 @@ struct Settings {
   fs::path dir;
 };
 
-Verdict run_one(const Scenario& scenario, std::uint64_t cap, const Settings& settings) {
+std::string mechanism(const MemoryCap& cap) {
+  switch (cap.kind()) {
+    case MemoryCap::Kind::kCgroupV2:
+      return "cgroup v2";
+    case MemoryCap::Kind::kCgroupV1:
+      return "cgroup v1";
+    case MemoryCap::Kind::kWatchdog:
+      break;
+  }
+  return "watchdog";
+}
+
+RunReport run_one(const Scenario& scenario, std::uint64_t cap, const Settings& settings) {
   const std::string tag = scenario.name + "-" + std::to_string(cap >> 20) + "mib";
   const fs::path dir = settings.dir / tag;
   std::error_code error;
@@ -118,24 +133,31 @@ Verdict run_one(const Scenario& scenario, std::uint64_t cap, const Settings& set
   std::fprintf(stderr, "== %s: cap %s (%s), serve%s\n", scenario.name.c_str(),
                format_mib(cap).c_str(), memory_cap->describe().c_str(), flags.c_str());
 
-  Verdict verdict;
+  RunReport verdict;
+  verdict.scenario = scenario.name;
+  verdict.cap_bytes = cap;
+  verdict.cap_mechanism = mechanism(*memory_cap);
   {
     Run run(scenario.name, dir, settings.seed, *memory_cap, options);
     scenario.body(run);
     if (run.server().running()) run.log_pool_peaks();
     run.server().stop();
     verdict.seconds = run.elapsed();
-    verdict.peak = run.server().peak_bytes();
+    verdict.peak_bytes = run.server().peak_bytes();
     if (auto exit = run.server().unexpected_exit(); !exit.empty()) {
       run.fail("the server died: " + exit);
     }
-    if (verdict.peak > cap) {
-      run.fail("peak RSS " + format_mib(verdict.peak) + " over the cap " + format_mib(cap));
+    if (verdict.peak_bytes > cap) {
+      run.fail("peak RSS " + format_mib(verdict.peak_bytes) + " over the cap " + format_mib(cap));
     }
     verdict.passed = !run.failed();
+    verdict.server_starts = run.server().incarnations();
+    verdict.cap_hits = memory_cap->cap_hits();
+    verdict.notes = run.notes();
+    verdict.failures = run.failures();
     std::printf("%s %-15s peak RSS %10s  cap %s  %6.1f s  %d server starts, cap hit %llu times\n",
                 verdict.passed ? "PASS" : "FAIL", scenario.name.c_str(),
-                format_mib(verdict.peak).c_str(), format_mib(cap).c_str(), verdict.seconds,
+                format_mib(verdict.peak_bytes).c_str(), format_mib(cap).c_str(), verdict.seconds,
                 run.server().incarnations(),
                 static_cast<unsigned long long>(memory_cap->cap_hits()));
     for (const auto& n : run.notes()) std::printf("     %s\n", n.c_str());
@@ -153,7 +175,7 @@ int usage(const char* message) {
   std::fprintf(stderr,
                "tidemark-scenarios: %s\nusage: scenarios/run [--short] [--search [--step MIB]] "
                "[--cap MIB] [--seed N] [--random-config] [--watchdog] [--keep] [--dir DIR] "
-               "[--list] [NAME...]\n",
+               "[--list] [--json FILE [--commit TEXT]] [NAME...]\n",
                message);
   return 2;
 }
@@ -167,6 +189,20 @@ int main(int argc, char** argv) {
   std::uint64_t step = 8 * kMiB;
   std::optional<std::uint64_t> cap_override;
   std::vector<std::string> names;
+  std::optional<fs::path> json_file;
+  Report report;
+  // The command that repeats this run (less --commit, which says what ran).
+  report.command = "scenarios/run";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--commit") == 0) {
+      ++i;
+    } else {
+      report.command += std::string(" ") + argv[i];
+    }
+  }
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  report.date = format_utc(static_cast<std::uint64_t>(now.count()));
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::optional<std::string> {
@@ -186,9 +222,12 @@ int main(int argc, char** argv) {
         settings.watchdog = true;
       } else if (arg == "--keep") {
         settings.keep = true;
-      } else if (arg == "--step" || arg == "--cap" || arg == "--seed" || arg == "--dir") {
+      } else if (arg == "--step" || arg == "--cap" || arg == "--seed" || arg == "--dir" ||
+                 arg == "--json" || arg == "--commit") {
         auto v = value();
         if (!v) return usage((arg + " needs a value").c_str());
+        if (arg == "--json") json_file = *v;
+        if (arg == "--commit") report.commit = *v;
         if (arg == "--step") step = std::stoull(*v) * kMiB;
         if (arg == "--cap") cap_override = std::stoull(*v) * kMiB;
         if (arg == "--seed") settings.seed = std::stoull(*v);
@@ -209,7 +248,12 @@ int main(int argc, char** argv) {
                   s.short_run ? ", short" : "", s.summary.c_str());
     const bool named =
         names.empty() || std::find(names.begin(), names.end(), s.name) != names.end();
-    if (named && (!only_short || s.short_run)) chosen.push_back(&s);
+    if (named && (!only_short || s.short_run)) {
+      chosen.push_back(&s);
+      report.scenarios.push_back(s.name);
+    } else {
+      report.not_run.push_back(s.name);
+    }
   }
   if (list) return 0;
   for (const auto& n : names) {
@@ -230,25 +274,43 @@ int main(int argc, char** argv) {
                static_cast<unsigned long long>(settings.seed),
                settings.random_config ? " --random-config" : "", again.c_str());
 
+  report.seed = settings.seed;
+  report.random_config = settings.random_config;
+  report.search = search;
+  // Written once before the first run, so a file that cannot be written
+  // fails at once, not after the scenarios.
+  if (std::string error; json_file && !write_json_report(*json_file, report, &error)) {
+    std::fprintf(stderr, "tidemark-scenarios: %s\n", error.c_str());
+    return 2;
+  }
   bool all_passed = true;
+  auto record = [&](RunReport run) {
+    report.runs.push_back(std::move(run));
+    std::string error;
+    if (json_file && !write_json_report(*json_file, report, &error)) {
+      std::fprintf(stderr, "tidemark-scenarios: %s\n", error.c_str());
+      all_passed = false;
+    }
+    return report.runs.back();
+  };
   std::vector<std::string> table;
   for (const auto* scenario : chosen) {
     const std::uint64_t start_cap = cap_override.value_or(scenario->cap);
     if (!search) {
-      all_passed &= run_one(*scenario, start_cap, settings).passed;
+      all_passed &= record(run_one(*scenario, start_cap, settings)).passed;
       continue;
     }
     // Lower the cap step by step until the scenario fails.
     std::optional<std::uint64_t> smallest;
     std::uint64_t peak_there = 0, failed_at = 0;
     for (std::uint64_t cap = start_cap; cap >= step; cap -= step) {
-      const Verdict v = run_one(*scenario, cap, settings);
+      const RunReport v = record(run_one(*scenario, cap, settings));
       if (!v.passed) {
         failed_at = cap;
         break;
       }
       smallest = cap;
-      peak_there = v.peak;
+      peak_there = v.peak_bytes;
     }
     char row[256];
     if (smallest) {
