@@ -12,6 +12,7 @@ packages=(
   postgresql
   libclang-rt-14-dev
   chromium  # the console test loads GET / in a headless browser
+  python3-matplotlib  # scripts/plots.py (docs/plots), and plots_test renders with it
 )
 # `install-deps.sh peers`: also the systems bench/peers/run.sh measures
 # Tidemark against (not needed to build or test).
