@@ -18,9 +18,12 @@
 # settings are read back, and strace proves that each acknowledged write
 # at one client followed a sync in the processes serving it; then every
 # system takes the same load (bench/peers/peers.cc). Writes DIR/peers.md
-# (tables) and DIR/peers.svg (chart); DIR defaults to bench/peers/out.
-# --update-docs also puts them into docs/benchmarks.md (between the
-# `peers:begin` and `peers:end` markers) and docs/peers.svg.
+# (tables), DIR/peers.svg (chart) and DIR/peers.json (every round, with the
+# command, commit and date); DIR defaults to bench/peers/out.
+# --update-docs also puts the tables into docs/benchmarks.md (between the
+# `peers:begin` and `peers:end` markers) and the JSON into
+# docs/data/peers.json, then renders docs/plots/peers-throughput.png and
+# docs/plots/peers-latency.png from it (scripts/plots.py).
 # Everything started is stopped and the scratch directory removed at exit.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,11 +45,12 @@ while [ $# -gt 0 ]; do
     --values) values=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --update-docs) update_docs=1; shift ;;
-    *) sed -n '2,24p' "$0" >&2; exit 2 ;;
+    *) sed -n '2,27p' "$0" >&2; exit 2 ;;
   esac
 done
 command_line="bench/peers/run.sh --clients $clients --seconds $seconds --rounds $rounds --systems $systems"
 [ "$values" = repeated ] || command_line="$command_line --values $values"
+commit=$(git -C "$root" describe --always --dirty --exclude '*' 2>/dev/null) || commit=
 
 bash "$root/scripts/install-deps.sh" peers
 [ -f "$root/build/build.ninja" ] ||
@@ -118,23 +122,32 @@ mkdir -p "$out" "$work/scratch"
   --tidemark "127.0.0.1:$port" --tidemark-pid "$tidemark_pid" \
   --postgres "host=127.0.0.1 port=$pg_port user=peers dbname=postgres" \
   --redis "127.0.0.1:$redis_port" \
-  --markdown "$out/peers.md" --svg "$out/peers.svg" --command "$command_line" | tee "$out/peers.tsv"
-echo "tables: $out/peers.md, chart: $out/peers.svg" >&2
+  --markdown "$out/peers.md" --svg "$out/peers.svg" --json "$out/peers.json" \
+  --command "$command_line" --commit "$commit" | tee "$out/peers.tsv"
+echo "tables: $out/peers.md, chart: $out/peers.svg, figures: $out/peers.json" >&2
 
 if [ -n "$update_docs" ]; then
   doc=$root/docs/benchmarks.md
   grep -q '^<!-- peers:begin -->$' "$doc" && grep -q '^<!-- peers:end -->$' "$doc" ||
     { echo "no peers:begin / peers:end markers in $doc" >&2; exit 1; }
-  cp "$out/peers.svg" "$root/docs/peers.svg"
+  mkdir -p "$root/docs/data"
+  cp "$out/peers.json" "$root/docs/data/peers.json"
+  python3 "$root/scripts/plots.py" --data "$root/docs/data" --out "$root/docs/plots"
+  # The PNG charts replace the SVG one in the docs.
+  rm -f "$root/docs/peers.svg"
   {
     sed -n '1,/^<!-- peers:begin -->$/p' "$doc"
-    echo "Measured $(date -u +%Y-%m-%d) at $(git -C "$root" rev-parse --short HEAD)."
+    echo "Measured $(date -u +%Y-%m-%d) at ${commit:-$(git -C "$root" rev-parse --short HEAD)}."
     echo
-    echo "![Durable writes, records/s](peers.svg)"
+    echo "![Durable writes, records/s per system and concurrency](plots/peers-throughput.png)"
+    echo
+    echo "![Latency p50 and p99 per system and concurrency](plots/peers-latency.png)"
+    echo
+    echo "Charts: \`scripts/plots.py\` from \`docs/data/peers.json\` (this run's every round)."
     echo
     cat "$out/peers.md"
     sed -n '/^<!-- peers:end -->$/,$p' "$doc"
   } >"$doc.new"
   mv "$doc.new" "$doc"
-  echo "updated $doc and docs/peers.svg" >&2
+  echo "updated $doc, docs/data/peers.json and docs/plots/peers-*.png" >&2
 fi
