@@ -5,8 +5,8 @@
 // compare_and_set, holding each shard's state. Backends:
 //   Blob:      file (embedded default), mem (tests), s3 (scale-out)
 //   Consensus: sqlite (embedded default), mem (tests), postgres (scale-out)
-// Every backend passes the same conformance suite
-// (src/location/conformance.h).
+// Every backend passes the same conformance suite, installed with the
+// headers for backends of your own (tidemark/testing/conformance.h).
 //
 // Errors: a failed call returns Determinate (certainly not applied) or
 // Indeterminate (may have applied). A backend never reports success or a
@@ -134,9 +134,20 @@ class Consensus {
 
 // Opens a backend by URL:
 //   blob:      file:///abs/dir, mem://,
-//              s3://bucket/prefix?endpoint=http://host:port&region=R
+//              s3://bucket/prefix?endpoint=http://host:port[&NAME=VALUE...]
 //              (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY;
-//              parameters in src/location/s3_client.h)
+//              objects addressed path-style, {endpoint}/{bucket}/{key}).
+//              Parameters: endpoint (required: http[s]://host[:port][/path]),
+//              region (SigV4 signing region, default us-east-1),
+//              multipart_threshold (default 16MiB, at most 5GiB),
+//              part_size (default 8MiB, 5MiB to 5GiB), list_page_size
+//              (1 to 1000, default 1000), list_version (2, the default, or
+//              1 for servers whose ListObjectsV2 paging is broken),
+//              max_attempts (tries per request, 1 to 20, default 8),
+//              stall_timeout (seconds without progress before a transfer
+//              is retried, 1 to 3600, default 30), call_timeout (seconds
+//              after which a call starts no new attempt, 1 to 3600,
+//              default 60). Sizes are bytes or units such as "8MiB".
 //   consensus: sqlite:///abs/path.db, mem://,
 //              postgres://user:password@host:port/db (or postgresql://)
 // An unknown scheme or a malformed URL is InvalidUsage. postgres:// connects

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/cli.h"
+#include "tidemark/version.h"
 
 namespace {
 
@@ -135,7 +136,7 @@ int main(int argc, char** argv) {
   std::string command = rest.front();
   rest.erase(rest.begin());
   if (command == "--version" || command == "version") {
-    std::printf("tidemark %s\n", TIDEMARK_VERSION);
+    std::printf("tidemark %s\n", tidemark::version());
     return kExitOk;
   }
   if (command == "help") {

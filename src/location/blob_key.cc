@@ -1,4 +1,4 @@
-#include "location/blob_key.h"
+#include "tidemark/blob_key.h"
 
 #include <string>
 

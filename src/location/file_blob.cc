@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "location/blob_key.h"
+#include "tidemark/blob_key.h"
 #include "location/posix_io.h"
 #include "util/ids.h"
 

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "location/conformance.h"
+#include "tidemark/testing/conformance.h"
 #include "location/faulty.h"
 #include "location/file_blob.h"
 #include "location/mem_blob.h"

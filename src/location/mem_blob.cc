@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "location/blob_key.h"
+#include "tidemark/blob_key.h"
 
 namespace tidemark {
 

@@ -4,7 +4,7 @@
 #include <string>
 #include <utility>
 
-#include "location/seqno_bounds.h"
+#include "tidemark/seqno_bounds.h"
 
 namespace tidemark {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "location/seqno_bounds.h"
+#include "tidemark/seqno_bounds.h"
 #include "util/number.h"
 
 namespace tidemark {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "location/blob_key.h"
+#include "tidemark/blob_key.h"
 #include "location/s3_listing.h"
 #include "location/s3_multipart_upload.h"
 

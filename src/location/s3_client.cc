@@ -12,7 +12,7 @@
 #include <set>
 #include <type_traits>
 
-#include "location/blob_key.h"
+#include "tidemark/blob_key.h"
 #include "tidemark/retry.h"
 #include "util/size.h"
 

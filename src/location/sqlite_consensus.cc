@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "location/posix_io.h"
-#include "location/seqno_bounds.h"
+#include "tidemark/seqno_bounds.h"
 
 namespace tidemark {
 

@@ -7,12 +7,12 @@
 // shared_ptr (e.g. with the aliasing constructor) so it is released with it.
 //
 // Usage, in exactly ONE test file of a binary (this header defines tests):
-//   #include "location/conformance.h"
+//   #include "tidemark/testing/conformance.h"
 //   INSTANTIATE_TEST_SUITE_P(Mem, BlobConformance,
 //                            ::testing::Values(BlobBackend{"mem", [] { ... }}),
 //                            BackendName());
 //
-// Every key used here is valid under blob_key.h. Each test opens its own
+// Every key used here is valid under tidemark/blob_key.h. Each test opens its own
 // backend instance and keeps under a few thousand operations, so a backend
 // that fsyncs each write still runs the suite in about a second.
 //
@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "location/seqno_bounds.h"
+#include "tidemark/seqno_bounds.h"
 #include "tidemark/location.h"
 
 namespace tidemark {
