@@ -31,6 +31,7 @@
 #include "util/clock.h"
 #include "util/executor.h"
 #include "util/ids.h"
+#include "util/latency_window.h"
 #include "util/thread.h"
 
 namespace tidemark {
@@ -140,6 +141,9 @@ struct Appender::Impl {
     std::shared_ptr<AppendSender::ProducerTag> producer;  // null: none
     std::uint64_t sequence = 0;                           // the producer's number for it
     bool group_end = true;  // false inside a group: no batch ends after it
+    // When push() queued it (one clock read per call, shared by its
+    // records): where its commit latency starts.
+    std::chrono::steady_clock::time_point enqueued;
   };
   struct Built {
     std::vector<Record> records;
@@ -214,6 +218,8 @@ struct Appender::Impl {
   std::optional<Handoff> handoff;          // GUARDED_BY(mu): set while committing
   std::optional<Error> fatal;              // GUARDED_BY(mu)
   AppenderStats stats;                     // GUARDED_BY(mu)
+  LatencyWindow commit_latency;            // GUARDED_BY(mu): enqueue to durable, per record
+  LatencyWindow commit_call;               // GUARDED_BY(mu): compare_and_append, per commit
   // Run on WorkPool::appenders() when there is work: an appender waiting
   // for records holds no thread. Set once by open().
   std::unique_ptr<SerialTask> builder;
@@ -224,6 +230,7 @@ struct Appender::Impl {
   static_assert(sizeof(Record) <= kRecordOverheadBytes);
   static_assert(sizeof(AppendSender::ProducerTag) <= kRecordOverheadBytes);
   static_assert(sizeof(CommitToken::State) + 32 <= kTokenOverheadBytes);  // + the control block
+  static_assert(2 * sizeof(LatencyWindow) <= 4096);  // the bound appender.h states
   static std::uint64_t charge(const AppendRecord& r, bool with_token = false) {
     return r.key.size() + r.value.size() + kRecordOverheadBytes +
            (with_token ? kTokenOverheadBytes : 0);
@@ -272,6 +279,7 @@ struct Appender::Impl {
               std::uint64_t first_sequence = 0, bool group = false, bool commit_here = false) {
     std::vector<Record> staged;
     staged.reserve(records.size());
+    const auto now = std::chrono::steady_clock::now();
     std::uint64_t bytes = 0;
     for (AppendRecord& r : records) {
       bytes += r.key.size() + r.value.size();
@@ -285,6 +293,7 @@ struct Appender::Impl {
       record.producer = producer;
       record.sequence = first_sequence + staged.size();
       record.group_end = !group || last;
+      record.enqueued = now;
       staged.push_back(std::move(record));
     }
     if (!staged.empty()) staged.back().token = std::move(token);
@@ -297,7 +306,7 @@ struct Appender::Impl {
         return closed_error();
       }
       const bool was_empty = queue.empty();
-      if (was_empty) queue_since = std::chrono::steady_clock::now();
+      if (was_empty) queue_since = now;
       for (Record& record : staged) {
         record.seq = next_seq++;
         queued_bytes += record.key.size() + record.value.size();
@@ -673,16 +682,21 @@ struct Appender::Impl {
       std::vector<Batch> batches;
       for (Built& batch : group) batches.push_back(std::move(*batch.batch));
       const std::string attempt_writer = writer->writer_id();
+      const auto call_start = std::chrono::steady_clock::now();
       auto result =
           writer->compare_and_append(batches, upper, Frontier::at(required), a.token, ranges);
       for (std::size_t i = 0; i < group.size(); ++i) group[i].batch = std::move(batches[i]);
       if (result) {
+        const auto durable = std::chrono::steady_clock::now();
+        LatencyHistogram call;
+        call.add(std::chrono::duration_cast<std::chrono::microseconds>(durable - call_start));
         {
           // Counted before any token resolves, so a flushed caller sees it.
           std::lock_guard lock(mu);
           ++stats.commits;
+          commit_call.add(call, durable);
         }
-        for (Built& batch : group) finish(batch, batch.time);
+        for (Built& batch : group) finish(batch, batch.time, durable);
         return true;
       }
       a.failed = Failed{result.error(), attempt_writer};
@@ -1004,7 +1018,10 @@ struct Appender::Impl {
   }
 
   // Resolves a batch's records: leases first, then tokens and canaries.
-  void finish(Built& batch, Result<Time> outcome) {
+  // A batch committed gives `durable`, when its commit was, for the
+  // records' commit latency.
+  void finish(Built& batch, Result<Time> outcome,
+              std::optional<std::chrono::steady_clock::time_point> durable = std::nullopt) {
     std::optional<std::uint64_t> last_seq = batch.last_seq;
     if (!batch.records.empty()) {
       last_seq = std::max(last_seq.value_or(0), batch.records.back().seq);
@@ -1013,9 +1030,14 @@ struct Appender::Impl {
     // One release for the whole batch: each release wakes the pool's
     // waiters, and a batch may hold thousands of records.
     Lease leases;
+    // Gathered here, outside the lock, and added to the window at once.
+    LatencyHistogram latencies;
     for (Record& r : batch.records) {
       leases.merge(std::move(r.lease));
       if (r.token) tokens.push_back(std::move(r.token));
+      if (durable) {
+        latencies.add(std::chrono::duration_cast<std::chrono::microseconds>(*durable - r.enqueued));
+      }
     }
     leases.release();
     std::size_t count = batch.records.size();
@@ -1032,6 +1054,7 @@ struct Appender::Impl {
         last_commit_time = std::max(last_commit_time, *outcome);
         stats.records_committed += count;
         ++stats.batches_committed;
+        if (durable) commit_latency.add(latencies, *durable);
       } else if (count > 0) {
         failures.emplace_back(first_seq, outcome.error());
         if (failures.size() > kMaxRememberedFailures) failures.pop_front();
@@ -1194,11 +1217,31 @@ Status Appender::flush() {
   return {};
 }
 
+namespace {
+
+AppenderLatency summarize(const LatencyWindow& window, LatencyWindow::Clock::time_point now) {
+  const LatencyHistogram recent = window.recent(now);
+  return AppenderLatency{window.count(), window.sum_micros(), recent.count(),
+                         recent.quantile_micros(0.5), recent.quantile_micros(0.99)};
+}
+
+}  // namespace
+
 AppenderStats Appender::stats() const {
-  std::lock_guard lock(impl_->mu);
-  AppenderStats out = impl_->stats;
-  out.queued_records = impl_->in_flight;
-  out.pool = impl_->pool->stats();
+  const auto now = LatencyWindow::Clock::now();
+  AppenderStats out;
+  LatencyWindow latency, call;
+  {
+    // Copied under the lock, read outside it.
+    std::lock_guard lock(impl_->mu);
+    out = impl_->stats;
+    out.queued_records = impl_->in_flight;
+    out.pool = impl_->pool->stats();
+    latency = impl_->commit_latency;
+    call = impl_->commit_call;
+  }
+  out.commit_latency = summarize(latency, now);
+  out.commit_call = summarize(call, now);
   return out;
 }
 

@@ -422,6 +422,54 @@ TEST_F(AppenderTest, BatchedAppendsCommitManyBatchesPerCall) {
   }
 }
 
+// Each record's commit latency runs from its enqueue to its commit being
+// durable, a commit call's from its compare_and_append to that call's
+// return. Neither has a sample before a commit; after, one per record and
+// one per commit, at least what the consensus store makes a commit wait
+// and below what the whole test took.
+TEST_F(AppenderTest, StatsReportEachRecordsCommitLatency) {
+  using std::chrono::microseconds;
+  constexpr auto kConsensus = std::chrono::milliseconds(20);  // each consensus call
+  const auto started = std::chrono::steady_clock::now();
+  consensus_->set_config(FaultConfig{kConsensus});
+  auto appender = open();
+  AppendSender sender = appender->sender();
+  const AppenderStats before = appender->stats();
+  for (const AppenderLatency& latency : {before.commit_latency, before.commit_call}) {
+    EXPECT_EQ(latency.count, 0u);
+    EXPECT_EQ(latency.sum_micros, 0u);
+    EXPECT_EQ(latency.recent, 0u);
+    EXPECT_EQ(latency.p50_micros, 0u);
+    EXPECT_EQ(latency.p99_micros, 0u);
+  }
+  // The first record is cut and committing alone when the other 99 come:
+  // they wait for its commit, then for their own.
+  auto first = sender.enqueue_with_token(record(0));
+  ASSERT_TRUE(first);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 1; i < 100; ++i) ASSERT_TRUE(sender.enqueue(record(i)));
+  ASSERT_TRUE(appender->flush());
+  const auto took =
+      std::chrono::duration_cast<microseconds>(std::chrono::steady_clock::now() - started);
+  const AppenderStats after = appender->stats();
+  EXPECT_EQ(after.records_committed, 100u);
+  EXPECT_GE(after.commits, 2u);
+  EXPECT_EQ(after.commit_latency.count, after.records_committed);
+  EXPECT_EQ(after.commit_call.count, after.commits);
+  for (const AppenderLatency& latency : {after.commit_latency, after.commit_call}) {
+    EXPECT_EQ(latency.recent, latency.count);
+    // Quantiles are within 1/16 of a true sample; every sample is at least
+    // one consensus call.
+    EXPECT_GE(latency.p50_micros, microseconds(kConsensus).count() / 16 * 15);
+    EXPECT_LE(latency.p50_micros, latency.p99_micros);
+    EXPECT_LE(latency.p99_micros, took.count());
+    EXPECT_GE(latency.sum_micros, latency.count * microseconds(kConsensus).count());
+    EXPECT_LE(latency.sum_micros, latency.count * took.count());
+  }
+  // Most records waited for two commits: the wait counts from the enqueue.
+  EXPECT_GE(after.commit_latency.p50_micros, microseconds(kConsensus).count() * 3 / 2);
+}
+
 TEST_F(AppenderTest, BusyAppenderLingersIdleOneCutsAtOnce) {
   // Each part upload and each consensus call takes 100 ms (a small batch's
   // part travels inline, in its commit). The first record finds the
