@@ -179,8 +179,9 @@ const std::string kAppendersText = "document.querySelector('#appenders tbody').i
 const std::string kPoolsText = "document.querySelector('#pools tbody').innerText";
 
 // The page follows the server: a shard created after it opened appears,
-// and managed appends show in the shard's size, its appender's counts, the
-// append rate and the commit latency, with the memory pools beside them.
+// and managed appends show in the shard's size, its appender's counts and
+// own commit latency, the append rate and the commit latency, with the
+// memory pools beside them.
 TEST_F(ConsoleTest, FollowsShardsAndAppendsAsTheyHappen) {
   if (!chromium_binary()) GTEST_SKIP() << "no Chromium (scripts/install-deps.sh installs it)";
   ASSERT_NO_FATAL_FAILURE(start());
@@ -211,6 +212,23 @@ TEST_F(ConsoleTest, FollowsShardsAndAppendsAsTheyHappen) {
       "r.cells[0].innerText + '=' + r.cells[2].innerText).join()",
       "orders=30");
   EXPECT_EQ(appenders, "orders=30");
+  // Its appender's own commit latency, enqueue to durable and the commit
+  // call (the 6th and 7th columns): "p50 / p99 ms", the median above 0
+  // and not above the 99th percentile.
+  EXPECT_NE(page.evaluate("document.querySelector('#appenders thead').innerText")
+                .find("commit latency p50 / p99"),
+            std::string::npos);
+  const std::string latencies = page.wait_for(
+      R"js([...document.querySelectorAll('#appenders tbody tr')].map((r) => {
+        const shown = [r.cells[5].innerText, r.cells[6].innerText];
+        const plausible = shown.every((text) => {
+          const m = /^(\d+\.\d\d) \/ (\d+\.\d\d) ms$/.exec(text);
+          return m && Number(m[1]) > 0 && Number(m[1]) <= Number(m[2]);
+        });
+        return r.cells[0].innerText + '=' + (plausible ? 'plausible' : shown.join(' | '));
+      }).join())js",
+      "orders=plausible");
+  EXPECT_EQ(latencies, "orders=plausible");
   // The charts drew a rate and a latency from those commits.
   const std::string rate = page.evaluate("document.getElementById('rate-now').innerText");
   EXPECT_NE(rate, "–");

@@ -3,11 +3,13 @@
 // every two seconds (/v1/shards, /v1/sinks and /metrics) and shows each
 // shard (frontiers, size, the holds on its since, its writers), the
 // append rate and mean commit latency as small charts of the last two
-// minutes, each shard's appender (queue bytes, records committed, rate),
-// the memory pools (the server's budget and the pools under it: use, peak,
-// capacity) and each sink (status, frontier, lag, the error that stopped
-// it or that its destination keeps retrying). The page keeps 60 samples
-// per chart: its memory is bounded however long it stays open.
+// minutes, each shard's appender (queue bytes, records committed, rate,
+// commits, and its own commit latency: the median and 99th percentile of
+// its last 10 to 20 s, from enqueue to durable and of the commit call
+// alone), the memory pools (the server's budget and the pools under it:
+// use, peak, capacity) and each sink (status, frontier, lag, the error
+// that stopped it or that its destination keeps retrying). The page keeps
+// 60 samples per chart: its memory is bounded however long it stays open.
 //
 // Every value from the server is put in the page as text (textContent),
 // never as markup, so a shard or sink name cannot inject anything. The
@@ -67,7 +69,9 @@ Times are as the shards keep them (milliseconds since 1970 for managed appends).
 </div>
 <table id="appenders">
   <thead><tr><th>shard</th><th>queue bytes</th><th>records committed</th><th>records/s</th>
-  <th>commits</th></tr></thead>
+  <th>commits</th>
+  <th title="From a record's enqueue to its commit being durable, over the last 10 to 20 s">commit latency p50 / p99</th>
+  <th title="The commit's compare_and_append call alone, over the last 10 to 20 s">commit call p50 / p99</th></tr></thead>
   <tbody></tbody>
 </table>
 <h2>Memory pools</h2>
@@ -121,6 +125,22 @@ function parseMetrics(text) {
 const sum = (metrics, name) => (metrics.get(name) || []).reduce((a, s) => a + s.value, 0);
 const byShard = (metrics, name) =>
   new Map((metrics.get(name) || []).map((s) => [s.labels.shard, s.value]));
+// A summary's median and 99th percentile by shard, as "p50 / p99 ms"
+// (absent when the shard's appender had no commit lately).
+function quantiles(metrics, name) {
+  const out = new Map();
+  for (const s of metrics.get(name) || []) {
+    if (s.labels.quantile !== "0.5" && s.labels.quantile !== "0.99") continue;
+    if (!out.has(s.labels.shard)) out.set(s.labels.shard, {});
+    out.get(s.labels.shard)[s.labels.quantile] = s.value;
+  }
+  const text = new Map();
+  for (const [shard, q] of out) {
+    if (q["0.5"] === undefined || q["0.99"] === undefined) continue;
+    text.set(shard, (1000 * q["0.5"]).toFixed(2) + " / " + (1000 * q["0.99"]).toFixed(2) + " ms");
+  }
+  return text;
+}
 
 // The last 60 samples of each chart, and the previous reading to diff.
 const history = { rate: [], latency: [] };
@@ -142,6 +162,8 @@ function showMetrics(metrics) {
   const records = byShard(metrics, "tidemark_appender_records_committed_total");
   const commits = byShard(metrics, "tidemark_appender_commits_total");
   const queue = byShard(metrics, "tidemark_appender_queue_bytes");
+  const waits = quantiles(metrics, "tidemark_appender_commit_latency_seconds");
+  const calls = quantiles(metrics, "tidemark_appender_commit_call_seconds");
   const latencySum = sum(metrics, "tidemark_append_commit_seconds_sum");
   const latencyCount = sum(metrics, "tidemark_append_commit_seconds_count");
   const rates = new Map();
@@ -170,6 +192,8 @@ function showMetrics(metrics) {
     cell(row, records.get(shard), "n");
     cell(row, rates.has(shard) ? rates.get(shard).toFixed(1) : null, "n");
     cell(row, commits.get(shard), "n");
+    cell(row, waits.get(shard), "n");
+    cell(row, calls.get(shard), "n");
   });
   const pools = new Map();
   for (const [name, field] of [["tidemark_pool_used_bytes", "used"],

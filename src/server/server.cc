@@ -463,6 +463,25 @@ struct Server::Impl {
          &AppenderStats::retimed_batches,
          {}},
     };
+    // The appenders' latencies, a summary each: the median and 99th
+    // percentile of the last 10 to 20 s (absent when it had no commit),
+    // and the sum and count since the appender opened.
+    struct Latency {
+      std::string name;
+      const char* help;
+      AppenderLatency AppenderStats::*field;
+      std::string samples;
+    };
+    Latency latencies[] = {
+        {"tidemark_appender_commit_latency_seconds",
+         "From a record's enqueue to its commit being durable: what a producer waits.",
+         &AppenderStats::commit_latency,
+         {}},
+        {"tidemark_appender_commit_call_seconds",
+         "A commit's compare_and_append call alone.",
+         &AppenderStats::commit_call,
+         {}},
+    };
     for (const auto& [name, a] : appender_list) {
       const AppenderStats stats = a->stats();
       const std::string label = "shard=\"" + name + "\"";
@@ -472,11 +491,29 @@ struct Server::Impl {
         append_sample(&counter.samples, counter.name, label,
                       static_cast<double>(stats.*counter.field));
       }
+      for (Latency& latency : latencies) {
+        const AppenderLatency& figures = stats.*latency.field;
+        if (figures.recent > 0) {
+          append_sample(&latency.samples, latency.name, label + ",quantile=\"0.5\"",
+                        static_cast<double>(figures.p50_micros) / 1e6);
+          append_sample(&latency.samples, latency.name, label + ",quantile=\"0.99\"",
+                        static_cast<double>(figures.p99_micros) / 1e6);
+        }
+        append_sample(&latency.samples, latency.name + "_sum", label,
+                      static_cast<double>(figures.sum_micros) / 1e6);
+        append_sample(&latency.samples, latency.name + "_count", label,
+                      static_cast<double>(figures.count));
+      }
     }
     for (const Counter& counter : counters) {
       out.append("# HELP ").append(counter.name).append(" ").append(counter.help).append("\n");
       out.append("# TYPE ").append(counter.name).append(" counter\n");
       out += counter.samples;
+    }
+    for (const Latency& latency : latencies) {
+      out.append("# HELP ").append(latency.name).append(" ").append(latency.help).append("\n");
+      out.append("# TYPE ").append(latency.name).append(" summary\n");
+      out += latency.samples;
     }
     out.append("# HELP tidemark_shard_upper A shard's upper (absent when closed).\n");
     out.append("# TYPE tidemark_shard_upper gauge\n");

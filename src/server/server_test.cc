@@ -1306,6 +1306,46 @@ TEST_F(ServerTest, IdleSinksCloseAndFollowTheNextChangeExactlyOnce) {
   }
 }
 
+// /metrics gives each shard's appender its own commit latency (from a
+// record's enqueue to durable, and the commit call alone): the median and
+// 99th percentile of the last seconds, a sum and a count. A shard without
+// managed appends has none.
+TEST_F(ServerTest, MetricsShowEachAppendersCommitLatency) {
+  const auto started = Clock::now();
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "a"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards", R"({"name": "b"})").status, 201u);
+  const std::string before = get("/metrics").body;
+  EXPECT_EQ(before.find("tidemark_appender_commit_latency_seconds{"), std::string::npos) << before;
+  for (int i = 0; i < 5; ++i) {
+    Reply managed =
+        post("/v1/shards/a/append", "{\"key\": " + std::to_string(i) + ", \"value\": 1}\n");
+    ASSERT_EQ(managed.status, 200u) << managed.body;
+  }
+  Reply explicit_append =
+      post("/v1/shards/b/append?lower=0&upper=1", "{\"key\": 1, \"value\": 1, \"time\": 0}\n");
+  ASSERT_EQ(explicit_append.status, 200u) << explicit_append.body;
+  const std::string text = get("/metrics").body;
+  const double took = std::chrono::duration<double>(Clock::now() - started).count();
+  for (const std::string name :
+       {"tidemark_appender_commit_latency_seconds", "tidemark_appender_commit_call_seconds"}) {
+    EXPECT_NE(text.find("# TYPE " + name + " summary\n"), std::string::npos) << name;
+    const double p50 = metric(text, name + "{shard=\"a\",quantile=\"0.5\"}");
+    const double p99 = metric(text, name + "{shard=\"a\",quantile=\"0.99\"}");
+    EXPECT_GT(p50, 0) << text;
+    EXPECT_LE(p50, p99) << text;
+    EXPECT_LT(p99, took) << text;
+    const double sum = metric(text, name + "_sum{shard=\"a\"}");
+    EXPECT_GT(sum, 0) << text;
+    EXPECT_LT(sum, 5 * took) << text;
+    EXPECT_EQ(text.find(name + "{shard=\"b\""), std::string::npos) << text;
+  }
+  EXPECT_EQ(metric(text, "tidemark_appender_commit_latency_seconds_count{shard=\"a\"}"), 5) << text;
+  EXPECT_EQ(metric(text, "tidemark_appender_commit_call_seconds_count{shard=\"a\"}"),
+            metric(text, "tidemark_appender_commits_total{shard=\"a\"}"))
+      << text;
+}
+
 // Issue 18: every shard a server opened kept its appender's threads and
 // its writer's heartbeat for good (150 shards: 460 threads). Appenders run
 // on a shared pool now, and appenders, writers and shard handles no
