@@ -8,7 +8,8 @@
 // been made or `deadline` has passed since the first one, whichever comes
 // first (0 leaves that bound out; a policy sets at least one). The reads
 // (snapshot, listen, sinks, compaction inputs), the appender, the shard
-// state machine and the S3 client all use it, each with its own policy.
+// state machine, the S3 client and the server's accept loop all use it,
+// each with its own policy.
 //
 // Whether a retry is *safe* is the caller's business: reads always are;
 // writes retry only what cannot apply twice (an idempotency token, a
@@ -20,6 +21,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "tidemark/error.h"
@@ -46,6 +48,10 @@ class Backoff {
   // (or `stop`, asked now and during the wait, says so); otherwise waits
   // (never past the deadline) and returns true.
   bool next(const std::function<bool()>& stop = {});
+  // The same for a caller that waits by itself (on a timer): how long to
+  // wait before the next attempt, which it counts, or nullopt when the
+  // policy allows no more.
+  std::optional<std::chrono::milliseconds> next_wait();
 
   // Attempts made so far (the first call counts as one).
   int attempts() const { return attempts_; }

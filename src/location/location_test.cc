@@ -17,8 +17,8 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "location/postgres_test_schema.h"
-#include "location/s3_test_prefix.h"
+#include "postgres/postgres_test_schema.h"
+#include "s3/s3_test_prefix.h"
 #include "location/scratch_directory.h"
 #include "location/sqlite_consensus.h"
 

@@ -223,11 +223,14 @@ struct Server::Impl {
   std::atomic<std::size_t> connections{0};
   // After a failed accept (out of file descriptors, say) the acceptor
   // waits before trying again: the error persists while the backlog holds
-  // the connection, and retrying at once spun a core. Doubles from
-  // kAcceptBackoffFirst to kAcceptBackoffMost; reset by an accept.
-  static constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
-  static constexpr std::chrono::milliseconds kAcceptBackoffMost{1000};
-  std::chrono::milliseconds accept_backoff{0};  // used by the acceptor's strand only
+  // the connection, and retrying at once spun a core. The waits grow from
+  // 10 ms to a second (kAcceptRetry), for as long as accepts fail; an
+  // accept starts them again.
+  static constexpr RetryPolicy kAcceptRetry{std::chrono::milliseconds(10),
+                                            std::chrono::milliseconds(1000),
+                                            std::numeric_limits<int>::max(),
+                                            {}};
+  std::optional<Backoff> accept_retry;  // used by the acceptor's strand only
   std::optional<net::steady_timer> accept_timer;
   std::atomic<bool> stopping{false};
   std::mutex stop_mutex;
@@ -2731,19 +2734,21 @@ void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, StrandSocket socket) {
     if (!acceptor.is_open()) return;
     if (ec) {
-      accept_backoff = std::clamp(accept_backoff * 2, kAcceptBackoffFirst, kAcceptBackoffMost);
-      if (accept_backoff == kAcceptBackoffFirst) {
+      const bool first = !accept_retry;
+      if (first) accept_retry.emplace(kAcceptRetry);
+      const std::chrono::milliseconds wait = accept_retry->next_wait().value_or(kAcceptRetry.max);
+      if (first) {
         std::fprintf(stderr, "tidemark: accepting a connection failed (%s); retrying in %lld ms\n",
-                     ec.message().c_str(), static_cast<long long>(accept_backoff.count()));
+                     ec.message().c_str(), static_cast<long long>(wait.count()));
       }
       if (!accept_timer) accept_timer.emplace(acceptor.get_executor());
-      accept_timer->expires_after(accept_backoff);
+      accept_timer->expires_after(wait);
       accept_timer->async_wait([this](beast::error_code waited) {
         if (!waited && acceptor.is_open()) accept();
       });
       return;
     }
-    accept_backoff = std::chrono::milliseconds{0};
+    accept_retry.reset();
     const std::size_t limit = options.max_connections;
     if (limit > 0 && connections.load() >= limit) {
       refuse_connection(std::move(socket), limit);

@@ -36,7 +36,7 @@
 #include <string>
 #include <string_view>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "sink/destination.h"
 #include "sink/destination_claim.h"
 #include "sink/envelope.h"

@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "location/s3_listing.h"
-#include "location/s3_multipart_upload.h"
+#include "s3/s3_listing.h"
+#include "s3/s3_multipart_upload.h"
 #include "sink/committed_name.h"
 #include "util/ids.h"
 

@@ -87,7 +87,7 @@
 #include <optional>
 #include <string>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "sink/destination.h"
 #include "sink/destination_claim.h"
 #include "sink/envelope.h"

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "location/s3_test_prefix.h"
+#include "s3/s3_test_prefix.h"
 #include "location/scratch_directory.h"
-#include "location/scripted_http_server.h"
+#include "s3/scripted_http_server.h"
 #include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/file_destination.h"

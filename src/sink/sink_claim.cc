@@ -1,6 +1,6 @@
 #include "sink/sink_claim.h"
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "sink/file_destination.h"
 
 namespace tidemark {

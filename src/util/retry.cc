@@ -35,34 +35,41 @@ std::chrono::milliseconds Backoff::elapsed() const {
 std::string Backoff::describe() const {
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.1f", static_cast<double>(elapsed().count()) / 1000);
-  return "gave up after " + std::to_string(attempts_) + (attempts_ == 1 ? " attempt" : " attempts") +
-         " in " + seconds + " s";
+  return "gave up after " + std::to_string(attempts_) +
+         (attempts_ == 1 ? " attempt" : " attempts") + " in " + seconds + " s";
+}
+
+std::optional<std::chrono::milliseconds> Backoff::next_wait() {
+  using namespace std::chrono;
+  if (policy_.max_attempts > 0 && attempts_ >= policy_.max_attempts) return std::nullopt;
+  if (policy_.max_attempts <= 0 && policy_.deadline.count() <= 0) return std::nullopt;
+  const auto half = ceiling_.count() / 2;
+  std::uniform_int_distribution<long> jitter(0, ceiling_.count() - half);
+  auto wait = milliseconds(half + jitter(jitter_source()));
+  if (policy_.deadline.count() > 0) {
+    const auto left = ceil<milliseconds>(started_ + policy_.deadline - steady_clock::now());
+    if (left.count() <= 0) return std::nullopt;
+    wait = std::min(wait, left);
+  }
+  ceiling_ = std::min(ceiling_ * 2, std::max(policy_.max, milliseconds(1)));
+  ++attempts_;
+  return wait;
 }
 
 bool Backoff::next(const std::function<bool()>& stop) {
   using namespace std::chrono;
-  if (policy_.max_attempts > 0 && attempts_ >= policy_.max_attempts) return false;
-  if (policy_.max_attempts <= 0 && policy_.deadline.count() <= 0) return false;
   if (stop && stop()) return false;
-  const auto now = steady_clock::now();
-  auto until = now;
-  {
-    const auto half = ceiling_.count() / 2;
-    std::uniform_int_distribution<long> jitter(0, ceiling_.count() - half);
-    until += milliseconds(half + jitter(jitter_source()));
-  }
-  if (policy_.deadline.count() > 0) {
-    const auto deadline = started_ + policy_.deadline;
-    if (now >= deadline) return false;
-    until = std::min(until, deadline);
-  }
-  ceiling_ = std::min(ceiling_ * 2, std::max(policy_.max, milliseconds(1)));
+  const auto wait = next_wait();
+  if (!wait) return false;
+  const auto until = steady_clock::now() + *wait;
   while (steady_clock::now() < until) {
-    if (stop && stop()) return false;
-    std::this_thread::sleep_for(std::min<steady_clock::duration>(until - steady_clock::now(),
-                                                                 kStopCheck));
+    if (stop && stop()) {
+      --attempts_;  // the attempt it counted will not be made
+      return false;
+    }
+    std::this_thread::sleep_for(
+        std::min<steady_clock::duration>(until - steady_clock::now(), kStopCheck));
   }
-  ++attempts_;
   return true;
 }
 

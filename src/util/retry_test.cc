@@ -104,5 +104,31 @@ TEST(RetryTest, WaitsGrowWithJitterUpToTheCeiling) {
   }
 }
 
+// next_wait: the same waits for a caller that waits on a timer, with
+// nothing slept here; the attempts it allows and the deadline bound them.
+TEST(RetryTest, NextWaitGivesTheWaitsWithoutSleeping) {
+  using std::chrono::milliseconds;
+  Backoff backoff(RetryPolicy{milliseconds(8), milliseconds(64), 6, {}});
+  const auto start = std::chrono::steady_clock::now();
+  milliseconds ceiling(8);
+  for (int i = 0; i < 5; ++i) {
+    auto wait = backoff.next_wait();
+    ASSERT_TRUE(wait) << i;
+    EXPECT_GE(*wait, ceiling / 2) << i;
+    EXPECT_LE(*wait, ceiling) << i;
+    ceiling = std::min(ceiling * 2, milliseconds(64));
+  }
+  EXPECT_EQ(backoff.attempts(), 6);
+  EXPECT_FALSE(backoff.next_wait());  // six attempts made
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(50));
+
+  Backoff bounded(RetryPolicy{milliseconds(1000), milliseconds(1000), 0, milliseconds(30)});
+  auto first = bounded.next_wait();
+  ASSERT_TRUE(first);
+  EXPECT_LE(*first, milliseconds(30));  // never past the deadline
+  std::this_thread::sleep_for(milliseconds(40));
+  EXPECT_FALSE(bounded.next_wait());
+}
+
 }  // namespace
 }  // namespace tidemark

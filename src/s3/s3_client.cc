@@ -1,4 +1,4 @@
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 
 #include <curl/curl.h>
 #include <openssl/evp.h>

@@ -1,4 +1,4 @@
-#include "location/postgres_consensus.h"
+#include "postgres/postgres_consensus.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "location/postgres_test_schema.h"
+#include "postgres/postgres_test_schema.h"
 
 namespace tidemark {
 namespace {

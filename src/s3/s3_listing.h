@@ -24,7 +24,7 @@
 #include <utility>
 #include <vector>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "tidemark/error.h"
 
 namespace tidemark {

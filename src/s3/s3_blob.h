@@ -67,7 +67,7 @@
 #include <utility>
 #include <vector>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "tidemark/location.h"
 
 namespace tidemark {

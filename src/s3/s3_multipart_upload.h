@@ -35,7 +35,7 @@
 #include <string_view>
 #include <vector>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 #include "tidemark/error.h"
 
 namespace tidemark {

@@ -1,4 +1,4 @@
-#include "location/s3_listing.h"
+#include "s3/s3_listing.h"
 
 #include <charconv>
 

@@ -1,4 +1,4 @@
-#include "location/postgres_consensus.h"
+#include "postgres/postgres_consensus.h"
 
 #include <libpq-fe.h>
 #include <poll.h>

@@ -1,4 +1,4 @@
-#include "location/s3_multipart_upload.h"
+#include "s3/s3_multipart_upload.h"
 
 #include <utility>
 

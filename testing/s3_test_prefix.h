@@ -24,7 +24,7 @@
 
 #include "location/faulty.h"
 #include "location/mem_blob.h"
-#include "location/s3_blob.h"
+#include "s3/s3_blob.h"
 #include "util/ids.h"
 
 namespace tidemark {

@@ -3,7 +3,7 @@
 // paged listings against the S3 server named by TIDEMARK_TEST_S3
 // (s3_test_prefix.h), which the conformance suite also runs against
 // (location_test.cc). Retries and signing are S3Client's (s3_client_test.cc).
-#include "location/s3_blob.h"
+#include "s3/s3_blob.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "location/s3_test_prefix.h"
-#include "location/scripted_http_server.h"
+#include "s3/s3_test_prefix.h"
+#include "s3/scripted_http_server.h"
 
 namespace tidemark {
 namespace {

@@ -1,7 +1,7 @@
 // S3Client against a scripted HTTP server (scripted_http_server.h): URL
 // parsing, signing, retries and what each failure becomes. No S3 server is
 // needed; s3_blob_test.cc covers the blob against a real one.
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 
 #include <gtest/gtest.h>
 #include <openssl/evp.h>
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "location/s3_test_prefix.h"
-#include "location/scripted_http_server.h"
+#include "s3/s3_test_prefix.h"
+#include "s3/scripted_http_server.h"
 
 namespace tidemark {
 namespace {

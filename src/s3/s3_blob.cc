@@ -1,11 +1,11 @@
-#include "location/s3_blob.h"
+#include "s3/s3_blob.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "tidemark/blob_key.h"
-#include "location/s3_listing.h"
-#include "location/s3_multipart_upload.h"
+#include "s3/s3_listing.h"
+#include "s3/s3_multipart_upload.h"
 
 namespace tidemark {
 

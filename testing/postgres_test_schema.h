@@ -27,7 +27,7 @@
 
 #include "location/faulty.h"
 #include "location/mem_consensus.h"
-#include "location/postgres_consensus.h"
+#include "postgres/postgres_consensus.h"
 #include "util/ids.h"
 
 namespace tidemark {

@@ -1,5 +1,7 @@
-// open_blob and open_consensus: the URL -> backend mapping
-// section 9. Paths in file:// and sqlite:// URLs are taken literally (no
+// open_blob and open_consensus: the URL -> backend mapping, over the
+// backends this build has (TIDEMARK_WITH_S3, TIDEMARK_WITH_POSTGRES: a URL
+// of a backend left out is InvalidUsage saying so). Paths in file:// and
+// sqlite:// URLs are taken literally (no
 // percent-decoding); s3:// and postgres:// URLs are parsed by their
 // backends (s3_blob.h, postgres_consensus.h).
 #include <memory>
@@ -9,10 +11,14 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "location/postgres_consensus.h"
-#include "location/s3_blob.h"
 #include "location/sqlite_consensus.h"
 #include "tidemark/location.h"
+#if TIDEMARK_WITH_POSTGRES
+#include "postgres/postgres_consensus.h"
+#endif
+#if TIDEMARK_WITH_S3
+#include "s3/s3_blob.h"
+#endif
 
 namespace tidemark {
 
@@ -51,8 +57,13 @@ Result<std::shared_ptr<Blob>> open_blob(std::string_view url) {
     return std::shared_ptr<Blob>(std::move(blob));
   }
   if (has_scheme(url, "s3")) {
+#if !TIDEMARK_WITH_S3
+    return invalid_usage("location URL \"" + std::string(url) +
+                         "\": this Tidemark was built without S3 (TIDEMARK_WITH_S3=OFF)");
+#else
     TM_ASSIGN(std::unique_ptr<S3Blob> blob, S3Blob::open(url));
     return std::shared_ptr<Blob>(std::move(blob));
+#endif
   }
   if (has_scheme(url, "sqlite") || has_scheme(url, "postgres") || has_scheme(url, "postgresql")) {
     return invalid_usage("location URL \"" + std::string(url) +
@@ -63,35 +74,6 @@ Result<std::shared_ptr<Blob>> open_blob(std::string_view url) {
                        "s3://bucket/prefix?endpoint=http://host:port&region=R or mem://)");
 }
 
-Result<std::vector<std::optional<SeqNo>>> Consensus::head_seqnos(
-    const std::vector<std::string>& keys) {
-  std::vector<std::optional<SeqNo>> out;
-  out.reserve(keys.size());
-  for (const std::string& key : keys) {
-    TM_ASSIGN(auto version, head(key));
-    out.push_back(version ? std::optional(version->seqno) : std::nullopt);
-  }
-  return out;
-}
-
-std::vector<Result<CasOutcome>> Consensus::compare_and_set_many(
-    const std::vector<CasRequest>& requests) {
-  std::vector<Result<CasOutcome>> out;
-  out.reserve(requests.size());
-  for (const CasRequest& request : requests) {
-    out.push_back(compare_and_set(request.key, request.expected, request.next));
-  }
-  return out;
-}
-
-std::vector<Result<std::size_t>> Consensus::truncate_many(
-    const std::vector<std::pair<std::string, SeqNo>>& truncations) {
-  std::vector<Result<std::size_t>> out;
-  out.reserve(truncations.size());
-  for (const auto& [key, seqno] : truncations) out.push_back(truncate(key, seqno));
-  return out;
-}
-
 Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
   if (url == kMemUrl) return std::make_shared<MemConsensus>();
   if (url.starts_with(kSqliteScheme)) {
@@ -100,9 +82,15 @@ Result<std::shared_ptr<Consensus>> open_consensus(std::string_view url) {
     return std::shared_ptr<Consensus>(std::move(consensus));
   }
   if (has_scheme(url, "postgres") || has_scheme(url, "postgresql")) {
+#if !TIDEMARK_WITH_POSTGRES
+    return invalid_usage("location URL \"" + std::string(url) +
+                         "\": this Tidemark was built without PostgreSQL "
+                         "(TIDEMARK_WITH_POSTGRES=OFF)");
+#else
     TM_ASSIGN(std::unique_ptr<PostgresConsensus> consensus,
               PostgresConsensus::open(std::string(url)));
     return std::shared_ptr<Consensus>(std::move(consensus));
+#endif
   }
   if (has_scheme(url, "file") || has_scheme(url, "s3")) {
     return invalid_usage("location URL \"" + std::string(url) +
