@@ -53,6 +53,7 @@
 #include "bench_util.h"
 #include "cli/cli.h"
 #include "shard/state.h"
+#include "testing/forwarding.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 
@@ -81,13 +82,13 @@ struct ConsensusCounts {
 
 // Forwards to a real Consensus and counts what passes through it, as
 // FaultyConsensus (location/faulty.h) does without the faults.
-class CountingConsensus : public Consensus {
+class CountingConsensus : public testing::ForwardingConsensus {
  public:
   explicit CountingConsensus(std::shared_ptr<Consensus> inner)
-      : inner_(std::move(inner)), owner_(std::this_thread::get_id()) {}
+      : ForwardingConsensus(std::move(inner)), owner_(std::this_thread::get_id()) {}
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
-    auto result = inner_->head(key);
+    auto result = ForwardingConsensus::head(key);
     std::lock_guard lock(mu_);
     ++counts_.heads;
     if (result && *result) counts_.bytes_read += (*result)->data.size();
@@ -97,7 +98,7 @@ class CountingConsensus : public Consensus {
   Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
                                      VersionedData next) override {
     const std::uint64_t bytes = next.data.size();
-    auto result = inner_->compare_and_set(key, expected, std::move(next));
+    auto result = ForwardingConsensus::compare_and_set(key, expected, std::move(next));
     if (!result) return result;
     const bool own = std::this_thread::get_id() == owner_;
     std::lock_guard lock(mu_);
@@ -121,7 +122,7 @@ class CountingConsensus : public Consensus {
 
   Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                           std::size_t limit) override {
-    auto result = inner_->scan(key, from, limit);
+    auto result = ForwardingConsensus::scan(key, from, limit);
     std::lock_guard lock(mu_);
     ++counts_.scans;
     if (result) {
@@ -131,17 +132,12 @@ class CountingConsensus : public Consensus {
     return result;
   }
 
-  Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
-    return inner_->truncate(key, seqno);
-  }
-
   ConsensusCounts counts() {
     std::lock_guard lock(mu_);
     return counts_;
   }
 
  private:
-  const std::shared_ptr<Consensus> inner_;
   const std::thread::id owner_;
   std::mutex mu_;
   ConsensusCounts counts_;  // guarded by mu_
@@ -156,15 +152,15 @@ struct BlobCounts {
 
 // Forwards to a real Blob and counts what passes through it, telling the
 // shard's parts from its rollups by their key prefixes.
-class CountingBlob : public Blob {
+class CountingBlob : public testing::ForwardingBlob {
  public:
   CountingBlob(std::shared_ptr<Blob> inner, std::string_view shard)
-      : inner_(std::move(inner)),
+      : ForwardingBlob(std::move(inner)),
         part_prefix_(shard_part_prefix(shard)),
         rollup_prefix_(shard_rollup_prefix(shard)) {}
 
   Result<std::optional<std::string>> get(std::string_view key) override {
-    auto result = inner_->get(key);
+    auto result = ForwardingBlob::get(key);
     std::lock_guard lock(mu_);
     ++counts_.gets;
     if (result && *result) counts_.get_bytes += (*result)->size();
@@ -173,7 +169,7 @@ class CountingBlob : public Blob {
 
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
-    auto result = inner_->get_range(key, offset, length);
+    auto result = ForwardingBlob::get_range(key, offset, length);
     std::lock_guard lock(mu_);
     ++counts_.gets;
     if (result) counts_.get_bytes += result->size();
@@ -181,7 +177,7 @@ class CountingBlob : public Blob {
   }
 
   Status set(std::string_view key, std::string_view bytes) override {
-    auto result = inner_->set(key, bytes);
+    auto result = ForwardingBlob::set(key, bytes);
     if (!result) return result;
     std::lock_guard lock(mu_);
     if (key.starts_with(rollup_prefix_)) {
@@ -195,22 +191,17 @@ class CountingBlob : public Blob {
   }
 
   Status remove(std::string_view key) override {
-    auto result = inner_->remove(key);
+    auto result = ForwardingBlob::remove(key);
     std::lock_guard lock(mu_);
     ++counts_.removes;
     return result;
   }
 
   Status remove_many(const std::vector<std::string>& keys) override {
-    auto result = inner_->remove_many(keys);
+    auto result = ForwardingBlob::remove_many(keys);
     std::lock_guard lock(mu_);
     counts_.removes += keys.size();
     return result;
-  }
-
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view key, std::uint64_t size)>& visit) override {
-    return inner_->list(prefix, visit);
   }
 
   BlobCounts counts() {
@@ -219,7 +210,6 @@ class CountingBlob : public Blob {
   }
 
  private:
-  const std::shared_ptr<Blob> inner_;
   const std::string part_prefix_;
   const std::string rollup_prefix_;
   std::mutex mu_;

@@ -35,7 +35,7 @@
 #include "bench_util.h"
 #include "cli/cli.h"
 #include "server/server.h"
-#include "server/test_client.h"
+#include "testing/server_client.h"
 #include "util/proc_status.h"
 
 namespace tidemark::cli {

@@ -47,7 +47,7 @@
 #include "cli/cli.h"
 #include "sink/destination_url.h"
 #include "sink/kafka_destination.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 #include "sink/runner.h"
 #include "sink/sink_claim.h"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "location/s3_client.h"
+#include "s3/s3_client.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tidemark;

@@ -8,7 +8,7 @@
 #include "scenarios/http.h"
 #include "scenarios/workload.h"
 #include "sink/committed_name.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 
 namespace tidemark::scenarios {

@@ -16,11 +16,11 @@
 #include <sstream>
 #include <thread>
 
-#include "location/s3_test_prefix.h"
-#include "server/silent_listener.h"
-#include "server/test_client.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/silent_listener.h"
+#include "testing/server_client.h"
 #include "server_process.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 
 namespace {
 

@@ -8,13 +8,32 @@
 # what it wrote, and the custom blob backend must pass the installed
 # conformance suite.
 #
-#   tests/examples_test.sh BUILD_DIR SOURCE_DIR
+# With --core it first configures and builds, in a scratch directory, the
+# core engine alone (every TIDEMARK_WITH_* option off) and does all of the
+# above with that, checking also that nothing in it links libcurl,
+# libcrypto, libpq, librdkafka or Boost, and that s3:// and postgres://
+# URLs fail with a clear error naming the option.
+#
+#   tests/examples_test.sh BUILD_DIR SOURCE_DIR [--core]
 set -euo pipefail
-build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
+core=${3:-}
 work=$(mktemp -d "${TMPDIR:-/tmp}/tidemark-examples.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 fail() { echo "examples_test: $*" >&2; exit 1; }
+if [ "$core" = --core ]; then
+  build=$work/core-build
+  cmake -G Ninja -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTIDEMARK_WITH_S3=OFF \
+    -DTIDEMARK_WITH_POSTGRES=OFF -DTIDEMARK_WITH_KAFKA=OFF -DTIDEMARK_WITH_SERVER=OFF \
+    >"$work/core-configure.log" 2>&1 ||
+    { cat "$work/core-configure.log" >&2; fail "configuring the core build failed"; }
+  cmake --build "$build" -j "${JOBS:-2}" >"$work/core-build.log" 2>&1 ||
+    { tail -50 "$work/core-build.log" >&2; fail "building the core engine failed"; }
+elif [ -n "$core" ]; then
+  fail "unknown option $core"
+else
+  build=$(cd "$1" && pwd)
+fi
 
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >"$work/install.log" ||
@@ -27,6 +46,8 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" ||
 private=$(grep -rlE '#include "(util|location|part|shard|sink|server|memory|cli)/' \
   "$prefix/include" || true)
 [ -z "$private" ] || fail "installed headers include private ones: $private"
+into_src=$(grep -rn 'src/' "$prefix/include" || true)
+[ -z "$into_src" ] || fail "installed headers send the reader into src/: $into_src"
 leaks=$(grep -rlF -e "$src" -e "$build" "$prefix/include" "$prefix/lib" --exclude='*.a' || true)
 [ -z "$leaks" ] || fail "installed files name the source or build tree: $leaks"
 pc=$(find "$prefix" -name tidemark.pc | head -1)
@@ -52,6 +73,41 @@ grep -qx "4 changes" "$work/embedded.out" || fail "the embedded example's listen
 grep -E "PASSED +\] [1-9][0-9]* tests?" "$work/custom_blob.out" ||
   fail "the conformance suite ran no test"
 
+if [ "$core" = --core ]; then
+  # The core engine and nothing else.
+  libs=$(cd "$(dirname "$pc")/.." && ls libtidemark_*.a | tr '\n' ' ')
+  [ "$libs" = "libtidemark_location.a libtidemark_memory.a libtidemark_open.a libtidemark_part.a libtidemark_shard.a libtidemark_util.a " ] ||
+    fail "the core build installed: $libs"
+  # Calls into libpq, libcurl, librdkafka or libcrypto are undefined
+  # symbols; Boost is header-only, so its code would be defined in them.
+  foreign=$(nm -C -u "$(dirname "$pc")"/../libtidemark_*.a 2>/dev/null |
+    grep -E ' (PQ[a-zA-Z]+|curl_[a-z_]+|rd_kafka_[a-z_]+|EVP_[A-Za-z_]+)$' | sort -u || true)
+  foreign+=$(nm -C "$(dirname "$pc")"/../libtidemark_*.a 2>/dev/null | grep -m 3 'boost::' || true)
+  [ -z "$foreign" ] || fail "the core libraries use: $foreign"
+  grep -Eq '^Requires: libzstd sqlite3 libxxhash$' "$pc" || fail "tidemark.pc: $(grep Requires "$pc")"
+  if ldd "$work/build/embedded" | grep -E 'libpq|libcurl|librdkafka|libcrypto'; then
+    fail "the core embedded example links more than the core"
+  fi
+  cat >"$work/without.cc" <<'PROGRAM'
+#include <cstdio>
+#include "tidemark/location.h"
+int main() {
+  auto blob = tidemark::open_blob("s3://bucket/p?endpoint=http://127.0.0.1:1");
+  auto consensus = tidemark::open_consensus("postgres://u@127.0.0.1:1/db");
+  if (blob || consensus) return 1;
+  std::printf("%s\n%s\n", blob.error().message.c_str(), consensus.error().message.c_str());
+  return 0;
+}
+PROGRAM
+  # shellcheck disable=SC2046
+  g++ -std=c++23 "$work/without.cc" -o "$work/without" \
+    $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs tidemark) ||
+    fail "building the s3:// and postgres:// check failed"
+  "$work/without" >"$work/without.out" || fail "s3:// or postgres:// opened in a core build"
+  grep -q "TIDEMARK_WITH_S3=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
+  grep -q "TIDEMARK_WITH_POSTGRES=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
+fi
+
 # pkg-config: the same program, compiled and linked by hand.
 flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs tidemark) ||
   fail "pkg-config cannot resolve tidemark.pc"
@@ -59,4 +115,4 @@ flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs tidemark) ||
 g++ -std=c++23 -O1 "$src/examples/embedded.cc" -o "$work/embedded-pc" $flags ||
   fail "building embedded.cc with pkg-config failed"
 "$work/embedded-pc" "$work/data-pc" | grep -qx "4 changes" || fail "the pkg-config build failed"
-echo "examples_test: installed package, CMake and pkg-config builds all work"
+echo "examples_test${core:+ $core}: installed package, CMake and pkg-config builds all work"

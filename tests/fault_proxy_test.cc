@@ -31,10 +31,10 @@
 #include <vector>
 
 #include "fault_proxy_process.h"
-#include "location/postgres_consensus.h"
-#include "location/postgres_test_schema.h"
-#include "location/s3_test_prefix.h"
-#include "server/test_client.h"
+#include "postgres/postgres_consensus.h"
+#include "testing/postgres_test_schema.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/server_client.h"
 #include "server_process.h"
 
 namespace tidemark {

@@ -39,7 +39,7 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "random_config.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"

@@ -17,12 +17,12 @@
 #include <thread>
 #include <vector>
 
-#include "location/postgres_test_schema.h"
-#include "location/s3_test_prefix.h"
-#include "server/test_client.h"
+#include "testing/postgres_test_schema.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/server_client.h"
 #include "server_process.h"
 #include "sink/file_destination.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 
 namespace {
 

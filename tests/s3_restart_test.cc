@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 
-#include "location/s3_test_prefix.h"
+#include "testing/s3_test_prefix.h"
 
 namespace tidemark {
 namespace {

@@ -33,7 +33,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/test_client.h"
+#include "testing/server_client.h"
 #include "server_process.h"
 
 namespace {

@@ -27,7 +27,7 @@
 #include <sstream>
 #include <thread>
 
-#include "server/test_client.h"
+#include "testing/server_client.h"
 #include "server_process.h"
 
 namespace {

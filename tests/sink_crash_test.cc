@@ -63,7 +63,7 @@
 
 #include "server_process.h"
 #include "sink/file_destination.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 
 namespace {

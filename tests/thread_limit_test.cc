@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "server/test_client.h"
+#include "testing/server_client.h"
 #include "server_process.h"
 
 namespace {

@@ -206,7 +206,7 @@ class AppendSender {
 };
 
 // An appender's latency figures, in microseconds: count and sum since it
-// opened, quantiles over the last 10 to 20 seconds (util/latency_window.h:
+// opened, quantiles over the last 10 to 20 seconds (from fixed histograms:
 // within 1/16 of the true values). With no sample in that window, recent
 // is 0 and so are the quantiles.
 struct AppenderLatency {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "location/scratch_directory.h"
+#include "testing/scratch_directory.h"
 
 namespace tidemark {
 namespace {

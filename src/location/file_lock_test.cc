@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "location/scratch_directory.h"
+#include "testing/scratch_directory.h"
 
 namespace tidemark {
 namespace {

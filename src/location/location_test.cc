@@ -17,9 +17,9 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "postgres/postgres_test_schema.h"
-#include "s3/s3_test_prefix.h"
-#include "location/scratch_directory.h"
+#include "testing/postgres_test_schema.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/scratch_directory.h"
 #include "location/sqlite_consensus.h"
 
 namespace tidemark {

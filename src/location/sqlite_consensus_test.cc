@@ -11,7 +11,7 @@
 #include <string>
 #include <thread>
 
-#include "location/scratch_directory.h"
+#include "testing/scratch_directory.h"
 
 namespace tidemark {
 namespace {

@@ -6,7 +6,7 @@
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "location/scratch_directory.h"
+#include "testing/scratch_directory.h"
 #include "location/sqlite_consensus.h"
 #include "tidemark/location.h"
 

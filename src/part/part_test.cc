@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "location/mem_blob.h"
+#include "testing/forwarding.h"
 #include "util/coding.h"
 
 namespace tidemark {
@@ -477,36 +479,16 @@ TEST(PartReaderTest, LargeFooterIsFetchedSeparately) {
   EXPECT_EQ(read_all(*reader), updates);
 }
 
-// A minimal Blob over a map, so this layer's tests need no backend.
-class MapBlob : public Blob {
+// The in-memory backend, counting range reads and failing them on demand.
+class MapBlob : public testing::ForwardingBlob {
  public:
-  Result<std::optional<std::string>> get(std::string_view key) override {
-    auto it = objects.find(std::string(key));
-    if (it == objects.end()) return std::optional<std::string>();
-    return it->second;
-  }
+  MapBlob() : ForwardingBlob(std::make_shared<MemBlob>()) {}
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
     ++range_reads;
-    auto it = objects.find(std::string(key));
-    if (it == objects.end()) return make_error(ErrorKind::kNotFound, std::string(key));
     if (fail_reads) return determinate("injected failure");
-    if (offset >= it->second.size()) return std::string();
-    return it->second.substr(offset, length);
+    return ForwardingBlob::get_range(key, offset, length);
   }
-  Status set(std::string_view key, std::string_view bytes) override {
-    objects[std::string(key)] = std::string(bytes);
-    return {};
-  }
-  Status remove(std::string_view key) override {
-    objects.erase(std::string(key));
-    return {};
-  }
-  Status list(std::string_view,
-              const std::function<void(std::string_view, std::uint64_t)>&) override {
-    return {};
-  }
-  std::map<std::string, std::string> objects;
   int range_reads = 0;
   bool fail_reads = false;
 };

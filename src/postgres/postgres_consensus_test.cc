@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "postgres/postgres_test_schema.h"
+#include "testing/postgres_test_schema.h"
 
 namespace tidemark {
 namespace {

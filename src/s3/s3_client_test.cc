@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "s3/s3_test_prefix.h"
-#include "s3/scripted_http_server.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/scripted_http_server.h"
 
 namespace tidemark {
 namespace {

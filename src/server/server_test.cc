@@ -30,14 +30,15 @@
 #include <thread>
 
 #include "location/faulty.h"
-#include "server/silent_listener.h"
 #include "server/sinks.h"
-#include "server/test_client.h"
-#include "shard/test_util.h"
 #include "sink/file_destination.h"
-#include "sink/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 #include "sink/sink_claim.h"
+#include "testing/forwarding.h"
+#include "testing/kafka_mock_process.h"
+#include "testing/server_client.h"
+#include "testing/shard_util.h"
+#include "testing/silent_listener.h"
 #include "tidemark/write.h"
 #include "util/executor.h"
 #include "util/json.h"
@@ -321,9 +322,9 @@ TEST_F(ServerTest, ReadsStreamSnapshotsAndListens) {
 }
 
 // A blob whose reads fail, Determinate, while `failing` is set: an outage.
-class OutageBlob final : public Blob {
+class OutageBlob final : public testing::ForwardingBlob {
  public:
-  explicit OutageBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
+  explicit OutageBlob(std::shared_ptr<Blob> inner) : ForwardingBlob(std::move(inner)) {}
   std::atomic<bool> failing{false};
   std::atomic<int> reads{0};
   // Once this many more reads have passed, `failing` is set (0: never).
@@ -331,23 +332,12 @@ class OutageBlob final : public Blob {
 
   Result<std::optional<std::string>> get(std::string_view key) override {
     TM_TRY(read());
-    return inner_->get(key);
+    return ForwardingBlob::get(key);
   }
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
     TM_TRY(read());
-    return inner_->get_range(key, offset, length);
-  }
-  Status set(std::string_view key, std::string_view bytes) override {
-    return inner_->set(key, bytes);
-  }
-  Status remove(std::string_view key) override { return inner_->remove(key); }
-  Status remove_many(const std::vector<std::string>& keys) override {
-    return inner_->remove_many(keys);
-  }
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view, std::uint64_t)>& visit) override {
-    return inner_->list(prefix, visit);
+    return ForwardingBlob::get_range(key, offset, length);
   }
 
  private:
@@ -357,7 +347,6 @@ class OutageBlob final : public Blob {
     if (failing) return determinate("blob outage (injected)");
     return {};
   }
-  std::shared_ptr<Blob> inner_;
 };
 
 // Records whose values do not compress: parts far larger than the 64 KiB a
@@ -920,7 +909,7 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   const std::string kafka = "kafka://127.0.0.1:" + port + "/t";
   const std::string s3_other = "s3://bucket/q?endpoint=http://127.0.0.1:" + port;
   // The Kafka sink only where librdkafka can run (not under TSan:
-  // sink/kafka_mock_process.h); CliTest's SIGTERM case has one too.
+  // testing/kafka_mock_process.h); CliTest's SIGTERM case has one too.
   std::vector<std::pair<std::string, std::string>> sinks{{"a", s3}, {"c", s3_other}};
   if (!kUnderTsan) sinks.emplace_back("b", kafka);
   for (const auto& [name, to] : sinks) {

@@ -16,7 +16,7 @@
 #include "location/mem_consensus.h"
 #include "shard/machine.h"
 #include "shard/state.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 

@@ -11,7 +11,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/client.h"
 #include "tidemark/write.h"
 

@@ -23,7 +23,7 @@
 #include "shard/machine.h"
 #include "shard/merge.h"
 #include "shard/state.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "part/part.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/location.h"
 
 namespace tidemark {

@@ -9,7 +9,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "location/mem_consensus.h"
-#include "shard/test_util.h"
+#include "testing/shard_util.h"
 #include "util/clock.h"
 
 namespace tidemark {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "sink/test_util.h"
+#include "testing/sink_util.h"
 
 namespace tidemark {
 namespace {

@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "location/scratch_directory.h"
-#include "sink/test_util.h"
+#include "testing/scratch_directory.h"
+#include "testing/sink_util.h"
 
 namespace tidemark {
 namespace {

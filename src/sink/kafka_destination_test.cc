@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "sink/destination_url.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
-#include "sink/test_util.h"
+#include "testing/sink_util.h"
 
 namespace tidemark {
 namespace {

@@ -16,7 +16,7 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "sink/file_destination.h"
-#include "sink/kafka_mock_process.h"
+#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
 #include "tidemark/write.h"
 

@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "s3/s3_test_prefix.h"
-#include "location/scratch_directory.h"
-#include "s3/scripted_http_server.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/scratch_directory.h"
+#include "testing/scripted_http_server.h"
 #include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/file_destination.h"
-#include "sink/test_util.h"
+#include "testing/sink_util.h"
 
 namespace tidemark {
 namespace {

@@ -6,9 +6,9 @@
 #include <fstream>
 
 #include "location/mem_consensus.h"
-#include "location/scratch_directory.h"
+#include "testing/scratch_directory.h"
 #include "sink/file_destination.h"
-#include "sink/test_util.h"
+#include "testing/sink_util.h"
 
 namespace tidemark {
 namespace {
