@@ -21,6 +21,7 @@
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/json.h"
+#include "util/ndjson_rows.h"
 #include "util/number.h"
 #include "util/size.h"
 
@@ -629,18 +630,16 @@ int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
   if (*as_of_flag) {
     as_of = (*as_of_flag)->time();
   } else {
-    // The latest complete time: just below the upper.
+    // The latest complete time: just below the upper (all of it, closed).
     auto upper = (*shard)->upper();
     if (!upper) return report(upper.error());
-    if (upper->is_closed()) {
-      as_of = UINT64_MAX;
-    } else if (upper->time() == 0) {
+    const std::optional<Time> latest = latest_complete_time(*upper);
+    if (!latest) {
       std::fprintf(stderr, "tidemark: shard %s has no complete time yet (its upper is 0)\n",
                    args->positionals()[0].c_str());
       return kExitError;
-    } else {
-      as_of = upper->time() - 1;
     }
+    as_of = *latest;
   }
   auto cursor = (*shard)->snapshot(as_of);
   if (!cursor) return report(cursor.error());
@@ -652,11 +651,7 @@ int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
       return report(row.error());
     }
     if (!*row) break;
-    std::string& b = out.buffer();
-    b.append("{\"key\":").append((*row)->key).append(",\"value\":").append((*row)->value);
-    b.append(",\"diff\":");
-    append_i64(&b, (*row)->diff);
-    b.append("}\n");
+    append_snapshot_row(&out.buffer(), (*row)->key, (*row)->value, (*row)->diff);
     out.maybe_flush();
   }
   return kExitOk;
@@ -697,17 +692,12 @@ int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
       return report(event.error());
     }
     if (!*event) break;
-    std::string& b = out.buffer();
-    if ((*event)->kind == ListenEvent::Kind::kProgress) {
-      b.append("{\"progress\":").append((*event)->progress.to_json()).append("}\n");
+    const ListenEvent& e = **event;
+    if (e.kind == ListenEvent::Kind::kProgress) {
+      append_progress_row(&out.buffer(), e.progress);
       out.flush();  // a reader waiting on progress sees it now
     } else {
-      b.append("{\"key\":").append((*event)->key).append(",\"value\":").append((*event)->value);
-      b.append(",\"time\":");
-      append_u64(&b, (*event)->time);
-      b.append(",\"diff\":");
-      append_i64(&b, (*event)->diff);
-      b.append("}\n");
+      append_listen_row(&out.buffer(), e.key, e.value, e.time, e.diff);
       out.maybe_flush();
     }
   }

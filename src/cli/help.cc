@@ -70,8 +70,9 @@ constexpr std::string_view kSnapshot = R"(usage: tidemark snapshot NAME [--as-of
 Prints the consolidated contents at time T as NDJSON {"key","value","diff"},
 sorted by key and value: every update at a time <= T, diffs summed, rows
 whose diffs sum to 0 left out.
-  --as-of T  default: the latest final time (upper - 1). T must be at or
-             above the shard's since and below its upper (exit 1 otherwise).
+  --as-of T  default: the latest final time (upper - 1; every time once the
+             shard is closed). T must be at or above the shard's since and
+             below its upper (exit 1 otherwise).
 Never creates the data directory.
 
 Example:

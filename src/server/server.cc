@@ -29,6 +29,7 @@
 #include "tidemark/write.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/ndjson_rows.h"
 #include "util/periodic.h"
 #include "util/thread.h"
 
@@ -2102,10 +2103,12 @@ class Session : public std::enable_shared_from_this<Session> {
           } else {
             auto upper = s->upper();
             if (!upper) return std::unexpected(read_failure(std::move(upper).error()));
-            if (upper->is_closed() || upper->time() == 0) {
+            // As the command line reads: every time once the upper is closed.
+            const std::optional<Time> latest = latest_complete_time(*upper);
+            if (!latest) {
               return make_error(ErrorKind::kNotReady, "shard " + n + " has no complete time yet");
             }
-            t = upper->time() - 1;
+            t = *latest;
           }
           // Its decoded blocks draw from the reads pool.
           auto cursor = s->snapshot(t, ReadMemory{server->reads});
@@ -2153,14 +2156,10 @@ class Session : public std::enable_shared_from_this<Session> {
                     position->drop_kept();
                   }
                   reserve_for_row(out, (*row)->key.size() + (*row)->value.size());
-                  out->append("{\"key\":");
-                  key_at = std::pair{out->size(), (*row)->key.size()};
-                  out->append((*row)->key).append(",\"value\":");
-                  value_at = std::pair{out->size(), (*row)->value.size()};
-                  out->append((*row)->value);
-                  out->append(",\"diff\":");
-                  append_i64(out, (*row)->diff);
-                  out->append("}\n");
+                  const RowOffsets at =
+                      append_snapshot_row(out, (*row)->key, (*row)->value, (*row)->diff);
+                  key_at = std::pair{at.key_at, (*row)->key.size()};
+                  value_at = std::pair{at.value_at, (*row)->value.size()};
                 }
                 remember();
                 return true;
@@ -2268,7 +2267,7 @@ class Session : public std::enable_shared_from_this<Session> {
                   if (!*event) return finish(Result<bool>(!source->done()));
                   if ((*event)->kind == ListenEvent::Kind::kProgress) {
                     const Frontier progress = (*event)->progress;
-                    out->append("{\"progress\":").append(progress.to_json()).append("}\n");
+                    append_progress_row(out, progress);
                     // Progress lines only move forward: resume here.
                     cursor->start = "resume_progress=" + progress.to_json();
                     cursor->after_time.reset();
@@ -2287,12 +2286,7 @@ class Session : public std::enable_shared_from_this<Session> {
                     skip->reset();
                   }
                   reserve_for_row(out, e.key.size() + e.value.size());
-                  out->append("{\"key\":").append(e.key).append(",\"value\":").append(e.value);
-                  out->append(",\"time\":");
-                  append_u64(out, e.time);
-                  out->append(",\"diff\":");
-                  append_i64(out, e.diff);
-                  out->append("}\n");
+                  append_listen_row(out, e.key, e.value, e.time, e.diff);
                   cursor->after_time = e.time;
                   cursor->after = std::pair{std::string(e.key), std::string(e.value)};
                   moved = true;

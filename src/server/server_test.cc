@@ -237,6 +237,27 @@ TEST_F(ServerTest, ShardsAreDeleted) {
   EXPECT_EQ(now.body.find("\"b\""), std::string::npos) << now.body;
 }
 
+// A snapshot that names no time reads the latest complete one, as the
+// command line does: everything, once the shard is closed.
+TEST_F(ServerTest, ASnapshotOfAClosedShardReadsEverything) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  EXPECT_EQ(get("/v1/shards/s/snapshot").status, 409u);  // upper 0: nothing complete
+  ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=3",
+                 "{\"key\":\"a\",\"value\":1,\"time\":0}\n{\"key\":\"b\",\"value\":2,\"time\":2}\n")
+                .status,
+            200u);
+  EXPECT_EQ(get("/v1/shards/s/snapshot").body,
+            "{\"key\":\"a\",\"value\":1,\"diff\":1}\n{\"key\":\"b\",\"value\":2,\"diff\":1}\n");
+  auto writer = *(*client_->open_shard("s"))->open_writer();
+  std::vector<Batch> none;
+  ASSERT_TRUE(writer->compare_and_append(none, Frontier::at(3), Frontier::closed()));
+  Reply closed = get("/v1/shards/s/snapshot");
+  EXPECT_EQ(closed.status, 200u) << closed.body;
+  EXPECT_EQ(closed.body,
+            "{\"key\":\"a\",\"value\":1,\"diff\":1}\n{\"key\":\"b\",\"value\":2,\"diff\":1}\n");
+}
+
 TEST_F(ServerTest, ExplicitAppendsAreAllOrNothing) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
