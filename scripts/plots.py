@@ -96,6 +96,15 @@ def field(obj, name, kind, where, optional=False):
     return value
 
 
+def load_runs(path):
+    """The document at `path` and its non-empty "runs" list."""
+    doc = load(path)
+    runs = field(doc, "runs", list, path)
+    if not runs:
+        raise InputError("%s: \"runs\" is empty" % path)
+    return doc, runs
+
+
 NUMBER = (int, float)
 
 
@@ -253,10 +262,7 @@ def peers_charts(path, out_dir):
 
 
 def engine_chart(path, out_dir):
-    doc = load(path)
-    runs = field(doc, "runs", list, path)
-    if not runs:
-        raise InputError("%s: \"runs\" is empty" % path)
+    doc, runs = load_runs(path)
     points = []
     for i, run in enumerate(runs):
         where = "%s: runs[%d]" % (path, i)
@@ -321,10 +327,7 @@ def engine_chart(path, out_dir):
 
 
 def scenarios_chart(path, out_dir):
-    doc = load(path)
-    runs = field(doc, "runs", list, path)
-    if not runs:
-        raise InputError("%s: \"runs\" is empty" % path)
+    doc, runs = load_runs(path)
     bars = []
     for i, run in enumerate(runs):
         where = "%s: runs[%d]" % (path, i)
