@@ -328,6 +328,10 @@ class Client {
  private:
   // A shard's context, without the change watch or a compactor.
   std::shared_ptr<ShardContext> make_context(std::string_view name);
+  // Applies `edit` to the registry's names with compare-and-set until it
+  // lands (false from `edit`: leave the registry as it is).
+  [[nodiscard]] Status update_registry(
+      const std::function<Result<bool>(std::vector<std::string>&)>& edit);
 
   Location location_;
   ClientOptions options_;

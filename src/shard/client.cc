@@ -90,16 +90,39 @@ Client::Client(Location location, ClientOptions options)
   if (options_.owner.empty()) options_.owner = default_owner();
 }
 
-Status Client::create_shard(std::string_view name) {
-  TM_TRY(validate_shard_name(name));
+Status Client::update_registry(const std::function<Result<bool>(std::vector<std::string>&)>& edit) {
   const std::string key = registry_consensus_key();
-  bool revived = false;
   for (;;) {
     TM_ASSIGN(auto head, location_.consensus->head(key));
     std::vector<std::string> names;
     if (head) {
       TM_ASSIGN(names, decode_registry(head->data));
     }
+    TM_ASSIGN(bool write, edit(names));
+    if (!write) return {};
+    std::optional<SeqNo> expected;
+    SeqNo next = 1;
+    if (head) {
+      expected = head->seqno;
+      next = head->seqno + 1;
+    }
+    const std::string encoded = encode_registry(names);
+    auto cas = location_.consensus->compare_and_set(key, expected, VersionedData{next, encoded});
+    if (cas && *cas == CasOutcome::kCommitted) return {};
+    if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) return std::unexpected(cas.error());
+    // Lost a race or an unknown outcome: only our own bytes at our seqno
+    // prove the write landed; otherwise edit what is there now.
+    if (!cas) {
+      auto again = location_.consensus->head(key);
+      if (again && *again && (*again)->seqno == next && (*again)->data == encoded) return {};
+    }
+  }
+}
+
+Status Client::create_shard(std::string_view name) {
+  TM_TRY(validate_shard_name(name));
+  bool revived = false;
+  return update_registry([&](std::vector<std::string>& names) -> Result<bool> {
     if (std::find(names.begin(), names.end(), name) != names.end()) {
       return make_error(ErrorKind::kAlreadyExists,
                         "shard " + std::string(name) + " already exists");
@@ -118,27 +141,8 @@ Status Client::create_shard(std::string_view name) {
       revived = true;
     }
     names.emplace_back(name);
-    std::optional<SeqNo> expected;
-    SeqNo next = 1;
-    if (head) {
-      expected = head->seqno;
-      next = head->seqno + 1;
-    }
-    auto cas = location_.consensus->compare_and_set(key, expected,
-                                                    VersionedData{next, encode_registry(names)});
-    if (cas && *cas == CasOutcome::kCommitted) return {};
-    if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) return std::unexpected(cas.error());
-    // Lost race or unknown outcome: re-read. If our own write landed, the
-    // next read finds the name and reports AlreadyExists; tell them apart
-    // only for indeterminate writes.
-    if (!cas) {
-      auto again = location_.consensus->head(key);
-      if (again && *again && (*again)->seqno == next) {
-        TM_ASSIGN(auto landed, decode_registry((*again)->data));
-        if (landed == names) return {};
-      }
-    }
-  }
+    return true;
+  });
 }
 
 Result<std::vector<std::string>> Client::list_shards() {
@@ -182,22 +186,14 @@ Result<DeleteReport> Client::delete_shard(std::string_view name, bool force) {
             with_retries(options_.write_retry, [&] { return collect_garbage(*context); }));
   report.objects_deleted = gc.parts_deleted + gc.orphans_deleted + gc.rollups_deleted;
   report.versions_truncated = gc.versions_truncated;
-  // 3. The name.
-  const std::string key = registry_consensus_key();
-  for (;;) {
-    TM_ASSIGN(auto head, location_.consensus->head(key));
-    if (!head) return report;
-    TM_ASSIGN(std::vector<std::string> listed, decode_registry(head->data));
+  // 3. The name (already gone if another delete finished first).
+  TM_TRY(update_registry([&](std::vector<std::string>& listed) -> Result<bool> {
     auto it = std::find(listed.begin(), listed.end(), name);
-    if (it == listed.end()) return report;  // another delete finished first
+    if (it == listed.end()) return false;
     listed.erase(it);
-    auto cas = location_.consensus->compare_and_set(
-        key, head->seqno, VersionedData{head->seqno + 1, encode_registry(listed)});
-    if (cas && *cas == CasOutcome::kCommitted) return report;
-    if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) return std::unexpected(cas.error());
-    // Lost a race or an unknown outcome: read again (a landed write shows
-    // as the name gone).
-  }
+    return true;
+  }));
+  return report;
 }
 
 Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {

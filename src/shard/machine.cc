@@ -119,20 +119,19 @@ Result<StatePtr> ShardMachine::fold_to(const VersionedData& head) {
   return base;
 }
 
+bool ShardMachine::accepts(const ShardState& state) const {
+  return !incarnation_ || (!state.deleted && state.incarnation == *incarnation_);
+}
+
 Result<StatePtr> ShardMachine::checked(Result<StatePtr> state) const {
-  if (!state || !incarnation_) return state;
-  if ((*state)->deleted || (*state)->incarnation != *incarnation_) {
-    refused_.store(true, std::memory_order_relaxed);
-  }
+  if (!state || accepts(**state)) return state;
+  refused_.store(true, std::memory_order_relaxed);
   if ((*state)->deleted) {
     return make_error(ErrorKind::kNotFound, "shard " + shard_ + " was deleted");
   }
-  if ((*state)->incarnation != *incarnation_) {
-    return make_error(ErrorKind::kNotFound, "shard " + shard_ +
-                                                " was deleted and created again since this "
-                                                "handle opened it: open it anew");
-  }
-  return state;
+  return make_error(ErrorKind::kNotFound, "shard " + shard_ +
+                                              " was deleted and created again since this "
+                                              "handle opened it: open it anew");
 }
 
 Result<StatePtr> ShardMachine::fetch() {
@@ -158,9 +157,7 @@ Result<StatePtr> ShardMachine::cached() {
     std::lock_guard lock(mu_);
     // A refused cached state is judged again on a fresh one: the shard
     // may have been created again since.
-    if (cache_ && (!incarnation_ || (!cache_->deleted && cache_->incarnation == *incarnation_))) {
-      return cache_;
-    }
+    if (cache_ && accepts(*cache_)) return cache_;
   }
   return fetch();
 }

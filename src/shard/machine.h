@@ -99,6 +99,8 @@ class ShardMachine {
   // Reads the versions after the cached state (or from the rollup) up to
   // at least `head` and folds them.
   [[nodiscard]] Result<StatePtr> fold_to(const VersionedData& head);
+  // False when expect_incarnation() refuses `state`.
+  bool accepts(const ShardState& state) const;
   // `state`, unless expect_incarnation() refuses it.
   [[nodiscard]] Result<StatePtr> checked(Result<StatePtr> state) const;
 
