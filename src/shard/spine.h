@@ -1,0 +1,89 @@
+// The spine: the batches of a shard as compaction keeps them, in geometric
+// size classes, and the transition that replaces a run of them by its merge.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "shard/state.h"
+#include "tidemark/error.h"
+
+namespace tidemark {
+
+// What a read of the whole shard merges at once (MergeCursor inputs): one
+// per part of an unordered batch, one per ordered batch (its parts open
+// one at a time). Each holds an open block while the read runs, so this is
+// what the write stall (WriteHandle::wait_for_compaction) keeps bounded.
+std::size_t read_inputs(const ShardState& state);
+
+// Batches are kept in geometric size classes: a merge is due when some
+// batch b[i] is at most kSpineGrowth times the total size of the batches
+// after it; it takes b[i] and every batch after it. Once merged, sizes at
+// least triple from the newest batch back, so n appends of similar size
+// leave O(log n) batches, and each byte is rewritten O(log n) times.
+//
+// Sizes are uncompressed payload bytes (HollowBatch::payload_bytes), what
+// a merge decodes and encodes again. Encoded sizes misled it: a part of
+// one small update is mostly its fixed framing, while in a merged part an
+// update that compresses well costs a few bytes, so one append weighed as
+// much as dozens of merged updates and the merged batch was rewritten with
+// every few appends (about 850 updates per merge and over 100 rewrites of
+// each update, for 100-byte appends of one repeated character).
+//
+// Small merges wait for width: a due merge whose run totals less than
+// kSpineMinMergeBytes waits until it spans kSpineMinMergeBatches batches.
+// Without this, a stream of tiny appends merged its tail on nearly every
+// append (each merge a part write, a CaS and later a delete). So the spine
+// holds at most kSpineMinMergeBatches - 1 extra small batches at its tail.
+inline constexpr std::uint64_t kSpineGrowth = 2;
+inline constexpr std::uint64_t kSpineMinMergeBytes = 256 << 10;
+inline constexpr std::size_t kSpineMinMergeBatches = 8;
+// Whatever the sizes and widths, a spine whose whole-shard read would merge
+// more than this many inputs (read_inputs) merges its shortest tail that
+// brings them to half of it: otherwise a tail of wide loose batches (a
+// busy appender's commits) could pass the write stall's trigger
+// (WriteHandle::kStallReadInputs) with no merge due, and every commit would
+// wait out the stall's 10 s.
+inline constexpr std::size_t kSpineMaxReadInputs = 48;
+
+// A run of adjacent batches [begin, end) to merge into one.
+struct MergeRequest {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+// The merge the spine needs next: the oldest batch that breaks the size
+// rule (and whose run is wide or big enough), with every batch after it,
+// or the tail kSpineMaxReadInputs asks for. nullopt when the spine is in
+// shape. Once the state's inline parts reach
+// `inline_drain_bytes`, the oldest batch holding one and every batch after
+// it instead (a merge writes its output to the blob store), even when that
+// is a single batch.
+inline constexpr std::uint64_t kNoInlineDrain = UINT64_MAX;
+std::optional<MergeRequest> next_merge(const ShardState& state,
+                                       std::uint64_t inline_drain_bytes = kNoInlineDrain);
+
+enum class CompactionOutcome : std::uint8_t {
+  kApplied,         // the inputs were replaced by the output
+  kAlreadyApplied,  // the output is registered already (a retried write)
+  kInputsGone,      // the inputs are no longer all there: nothing changed
+};
+
+// Replaces `inputs` (adjacent batches, exactly as the compactor read them)
+// with `output`, if they are still in the state. The writer must be live
+// (its parts would otherwise be orphans GC may delete): NotFound if not.
+// An output of inline parts only has no blob object to orphan: its
+// `writer_id` may be empty (a merge that registered no writer).
+// REQUIRES: output.desc spans the inputs' descriptions.
+[[nodiscard]] Result<CompactionOutcome> apply_compaction(ShardState& state,
+                                                         std::string_view writer_id,
+                                                         std::span<const HollowBatch> inputs,
+                                                         const HollowBatch& output,
+                                                         std::uint64_t now_ms);
+
+}  // namespace tidemark
