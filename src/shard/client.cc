@@ -10,6 +10,7 @@
 #include "shard/change_watch.h"
 #include "shard/compactor.h"
 #include "shard/context.h"
+#include "shard/gc.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"

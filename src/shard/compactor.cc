@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "part/part.h"
+#include "shard/gc.h"
 #include "shard/merge.h"
 #include "shard/run_writer.h"
 #include "shard/state.h"

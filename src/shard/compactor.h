@@ -1,6 +1,6 @@
-// Compaction and garbage collection of one shard.
+// Compaction of one shard (garbage collection is gc.h).
 //
-// compact_shard runs the merges next_merge (state.h) asks for until the
+// compact_shard runs the merges next_merge (spine.h) asks for until the
 // spine is in shape. A merge streams its inputs through a MergeCursor (each
 // input batch one run when its parts are ordered), advances every time t to
 // max(t, since) (clamped into the output's description), consolidates equal
@@ -40,21 +40,6 @@
 // before the first merge that may write to blob, and reads the state again
 // under its hold.
 //
-// collect_garbage (gc.cc):
-//   1. drops expired leases (committed only if any expired);
-//   2. lists the shard's parts and rollups, THEN reads the head state: a
-//      writer that uploaded a listed part registered before the listing,
-//      so it is in the head unless it is gone for good;
-//   3. folds every retained version, oldest first, into the set of parts
-//      referenced at or after seqno_since (live) and before it (retired);
-//   4. deletes listed parts that are retired and not live, and parts no
-//      retained version references whose writer is not in the head (crash
-//      orphans); then truncates consensus below the rollup seqno_since's
-//      version starts from; then deletes the rollups below that one.
-// That order makes a pass that dies midway harmless: parts go while the
-// versions that show them retired are still there, and the oldest
-// retained version always finds its rollup. The next pass finishes.
-//
 // BackgroundCompactor: one per opened shard (when
 // ClientOptions::background_compaction), woken by appends whose state needs
 // a merge. A request queues one pass on the process's compaction pool
@@ -64,8 +49,9 @@
 // queues another if a request came meanwhile. At most one pass of a shard
 // is queued or running at a time.
 //
-// Thread-safety: compact_shard and collect_garbage may run concurrently in
-// any number of threads and processes; lost races cost work, never data.
+// Thread-safety: compact_shard may run concurrently with itself and with
+// collect_garbage (gc.h) in any number of threads and processes; lost races
+// cost work, never data.
 #pragma once
 
 #include <functional>
@@ -97,10 +83,6 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 // in flight is abandoned (what it wrote is deleted) and the pass ends.
 [[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
                                                      const std::function<bool()>& stop = {});
-// `stop` (when given) is asked between steps of deletes: once it returns
-// true the pass ends (what is left, the next pass deletes).
-[[nodiscard]] Result<GcReport> collect_garbage(ShardContext& context,
-                                               const std::function<bool()>& stop = {});
 
 // Does, within `state`, the merges next_merge asks for while their inputs
 // are all inline parts that together fit one inline part

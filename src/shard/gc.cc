@@ -1,5 +1,6 @@
-// collect_garbage: see src/shard/compactor.h for the rules and why they are
-// safe.
+// collect_garbage: see src/shard/gc.h for the rules and why they are safe.
+#include "shard/gc.h"
+
 #include <set>
 #include <tuple>
 #include <unordered_set>
@@ -76,7 +77,7 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
                                                      : TransitionResult::kUnchanged;
   }));
 
-  // 2. List, then read the head (the order matters: see compactor.h).
+  // 2. List, then read the head (the order matters: see gc.h).
   const std::string part_prefix = shard_part_prefix(shard);
   const std::string rollup_prefix = shard_rollup_prefix(shard);
   std::vector<std::string> parts, rollups;
