@@ -12,10 +12,6 @@
 #include "shard/context.h"
 #include "shard/gc.h"
 #include "shard/state.h"
-#include "tidemark/read.h"
-#include "tidemark/write.h"
-#include "util/clock.h"
-#include "util/ids.h"
 #include "util/json.h"
 
 namespace tidemark {
@@ -221,38 +217,6 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   return std::make_shared<Shard>(std::move(context));
 }
 
-Shard::Shard(std::shared_ptr<ShardContext> context) : context_(std::move(context)) {}
-Shard::~Shard() = default;
-
-const std::string& Shard::name() const {
-  return context_->name;
-}
-
-Result<ShardInfo> Shard::inspect() {
-  TM_ASSIGN(StatePtr state_ptr, context_->fetch_for_read());
-  const ShardState& state = *state_ptr;
-  ShardInfo info;
-  info.name = state.name;
-  info.upper = state.upper;
-  info.since = state.since;
-  info.seqno = state.seqno;
-  info.batches = state.batches.size();
-  for (const HollowBatch& batch : state.batches) {
-    info.parts += batch.parts.size();
-    info.updates += batch.count();
-    info.bytes += batch.bytes();
-    for (const PartRef& part : batch.parts) info.inline_parts += part.is_inline() ? 1 : 0;
-  }
-  for (const auto& [id, reader] : state.readers) {
-    info.readers.push_back(
-        ReaderInfo{id, reader.since, reader.critical(), reader.lease_expires_ms, reader.owner});
-  }
-  for (const auto& [id, writer] : state.writers) {
-    info.writers.push_back(WriterInfo{id, writer.lease_expires_ms, writer.owner});
-  }
-  return info;
-}
-
 Subscription::Subscription(Subscription&& other) noexcept
     : watch_(std::move(other.watch_)), id_(std::exchange(other.id_, 0)) {}
 
@@ -273,54 +237,6 @@ void Subscription::reset() {
   if (watch_) watch_->unsubscribe(id_);
   watch_.reset();
   id_ = 0;
-}
-
-Result<Subscription> Shard::subscribe(std::function<void()> wake) {
-  if (!context_->changes) return invalid_usage("this shard has no change watch");
-  Subscription out;
-  TM_ASSIGN(out.id_, context_->changes->subscribe(context_->machine->key(), std::move(wake)));
-  out.watch_ = context_->changes;
-  return out;
-}
-
-bool Shard::deleted() const {
-  return context_->machine->refused();
-}
-
-Result<Frontier> Shard::upper(bool fresh) {
-  TM_ASSIGN(StatePtr state, fresh ? context_->fetch_for_read() : context_->machine->latest_known());
-  return state->upper;
-}
-
-Result<ProducerLookup> Shard::lookup_producer(std::string_view producer, bool fresh) {
-  TM_TRY(validate_producer_id(producer));
-  TM_ASSIGN(StatePtr state, fresh ? context_->fetch_for_read() : context_->machine->latest_known());
-  ProducerLookup out;
-  out.producers = state->producers.size();
-  out.max_producers = context_->options.max_producers;
-  if (auto it = state->producers.find(producer); it != state->producers.end()) {
-    out.producer = ProducerInfo{it->second.sequence, it->second.time, it->second.expires_ms};
-  }
-  return out;
-}
-
-Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
-  std::string writer_id = "w" + random_id();
-  const auto lease = static_cast<std::uint64_t>(context_->options.writer_lease.count());
-  if (lease == 0) return invalid_usage("a writer lease must be positive");
-  // Registering is idempotent (a registered writer's lease is extended).
-  TM_TRY(with_retries(context_->options.write_retry, [&] {
-    return context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      const std::uint64_t now = wall_clock_millis();
-      register_writer(state, writer_id, now + lease, now, context_->options.owner);
-      return TransitionResult::kWrite;
-    });
-  }));
-  // Dropped on a failure below: its destructor removes the writer.
-  auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));
-  TM_TRY(handle->start_heartbeat());
-  TM_TRY(with_retries(context_->options.write_retry, [&] { return handle->fetch_upper(); }));
-  return handle;
 }
 
 }  // namespace tidemark

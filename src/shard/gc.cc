@@ -5,7 +5,6 @@
 #include <tuple>
 #include <unordered_set>
 
-#include "shard/compactor.h"
 #include "shard/state.h"
 #include "util/clock.h"
 
@@ -188,14 +187,6 @@ Result<GcReport> collect_garbage(ShardContext& context, const std::function<bool
   TM_TRY(blob.remove_many(doomed));
   report.rollups_deleted = doomed.size();
   return report;
-}
-
-Result<CompactionReport> Shard::compact() {
-  return compact_shard(*context_);
-}
-
-Result<GcReport> Shard::collect_garbage() {
-  return tidemark::collect_garbage(*context_);
 }
 
 }  // namespace tidemark

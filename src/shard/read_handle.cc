@@ -7,7 +7,6 @@
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "util/clock.h"
-#include "util/ids.h"
 #include "util/periodic.h"
 
 namespace tidemark {
@@ -137,11 +136,9 @@ Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(ListenStart start,
   return open_listener(impl_->context, start, until, std::move(pin), std::move(self), memory);
 }
 
-namespace {
-
-Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardContext>& context,
-                                                std::string id, bool critical,
-                                                const ReaderOptions& options) {
+Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<ShardContext>& context,
+                                                     std::string id, bool critical,
+                                                     const ReaderOptions& options) {
   if (!critical && options.lease.count() <= 0)
     return invalid_usage("a reader lease must be positive");
   auto impl = std::make_unique<ReadHandle::Impl>();
@@ -180,53 +177,6 @@ Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardConte
     }));
   }
   return handle;
-}
-
-}  // namespace
-
-Status Shard::release_reader(std::string_view reader_id) {
-  bool found = false;
-  TM_TRY(context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-    found = state.readers.contains(reader_id);
-    if (!found) return TransitionResult::kUnchanged;
-    remove_reader(state, reader_id, wall_clock_millis());
-    return TransitionResult::kWrite;
-  }));
-  if (!found) {
-    return make_error(ErrorKind::kNotFound, "shard " + context_->name + " has no reader " +
-                                                std::string(reader_id) +
-                                                " (shard inspect lists its readers)");
-  }
-  return {};
-}
-
-Result<std::unique_ptr<ReadHandle>> Shard::open_reader(const ReaderOptions& options) {
-  return open_handle(context_, "r-" + random_id(), false, options);
-}
-
-Result<std::unique_ptr<ReadHandle>> Shard::open_critical_reader(std::string_view reader_id) {
-  if (reader_id.empty() || reader_id.size() > 256) {
-    return invalid_usage("a critical reader id must be 1 to 256 bytes");
-  }
-  return open_handle(context_, "c-" + std::string(reader_id), true, ReaderOptions{});
-}
-
-Result<SnapshotCursor> Shard::snapshot(Time as_of, const ReadMemory& memory) {
-  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
-  ReadHandle* raw = handle.get();
-  return raw->snapshot_owned(as_of, std::move(handle), memory);
-}
-
-Result<std::unique_ptr<Listener>> Shard::listen(ListenStart start, std::optional<Time> until,
-                                                const ReadMemory& memory) {
-  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
-  ReadHandle* raw = handle.get();
-  return raw->listen_owned(start, until, std::move(handle), memory);
-}
-
-Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until,
-                                                const ReadMemory& memory) {
-  return listen(ListenStart::after(from), until, memory);
 }
 
 }  // namespace tidemark

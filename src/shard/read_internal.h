@@ -1,17 +1,26 @@
 // The read path's internals shared by Shard, ReadHandle, snapshot and
-// listen: both kinds of read run under a leased reader's pin (pins.h), and
-// may own the reader they run under (Shard::snapshot and Shard::listen open
-// one for their duration).
+// listen: opening a reader's handle, and the two kinds of read. Both run
+// under a leased reader's pin (pins.h), and may own the reader they run
+// under (Shard::snapshot and Shard::listen open one for their duration).
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "shard/context.h"
 #include "shard/pins.h"
 #include "tidemark/read.h"
 
 namespace tidemark {
+
+// Registers reader `id` (leased, or critical when `critical`) and returns
+// its handle, heartbeating every lease / 3 when options.heartbeat.
+// Registering is idempotent: a reader of this id is found again (a critical
+// reader keeps its hold). Shard::open_reader and open_critical_reader.
+[[nodiscard]] Result<std::unique_ptr<ReadHandle>> open_read_handle(
+    const std::shared_ptr<ShardContext>& context, std::string id, bool critical,
+    const ReaderOptions& options);
 
 [[nodiscard]] Result<SnapshotCursor> open_snapshot(const std::shared_ptr<ShardContext>& context,
                                                    Time as_of, ReaderPins::Pin pin,
