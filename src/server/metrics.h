@@ -1,5 +1,6 @@
 // Metrics: the server's counters and histograms, rendered in the Prometheus
-// text format by the server's /metrics route.
+// text format by the server's /metrics route (Server::Impl::render_metrics,
+// in metrics.cc, which adds the pools, the open shards and the sinks).
 //
 // Memory: one counter per (route, status) seen (routes are the fixed route
 // names, not paths) and a fixed set of histogram buckets.
