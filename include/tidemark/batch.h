@@ -83,12 +83,10 @@ class Batch {
   // REQUIRES: lower <= new_lower <= upper; else InvalidUsage.
   [[nodiscard]] Status truncate(Frontier new_lower);
 
-  // Called by compare_and_append. Committed: the shard owns the parts now.
-  // Maybe committed: the outcome is unknown, so the parts must survive.
-  void mark_committed() { state_ = OwnershipState::kCommitted; }
-  void mark_maybe_committed() { state_ = OwnershipState::kMaybeCommitted; }
-
  private:
+  // The write path's: WriteHandle::compare_and_append hands the parts to
+  // the shard (committed) or keeps them alive (maybe committed).
+  friend struct BatchOwnership;
   enum class OwnershipState : std::uint8_t { kOwned, kCommitted, kMaybeCommitted, kMovedFrom };
   void delete_parts_if_owned();
 

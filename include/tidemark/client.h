@@ -206,9 +206,9 @@ class Subscription {
   std::uint64_t id_ = 0;
 };
 
+// Opened by Client::open_shard.
 class Shard {
  public:
-  explicit Shard(std::shared_ptr<ShardContext> context);
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -287,6 +287,10 @@ class Shard {
   [[nodiscard]] Result<GcReport> collect_garbage();
 
  private:
+  friend class Client;
+  friend class ReadHandle;  // a critical handle reads through its shard
+  explicit Shard(std::shared_ptr<ShardContext> context);
+
   std::shared_ptr<ShardContext> context_;
 };
 

@@ -61,11 +61,9 @@ struct ProducerRange {
   bool operator==(const ProducerRange&) const = default;
 };
 
+// Made by WriteHandle::builder.
 class BatchBuilder {
  public:
-  // Parts are named after `writer_id` (garbage collection deletes the
-  // unreferenced parts of writers that are gone).
-  BatchBuilder(std::shared_ptr<ShardContext> context, std::string writer_id, Frontier lower);
   BatchBuilder(BatchBuilder&&) noexcept;
   BatchBuilder& operator=(BatchBuilder&&) noexcept;
   // Abandons the batch: waits for uploads in flight and deletes every part.
@@ -88,15 +86,18 @@ class BatchBuilder {
   static constexpr std::size_t kRunFanIn = 64;
 
  private:
+  friend class WriteHandle;
+  // Parts are named after `writer_id` (garbage collection deletes the
+  // unreferenced parts of writers that are gone).
+  BatchBuilder(std::shared_ptr<ShardContext> context, std::string writer_id, Frontier lower);
+
   struct State;
   std::unique_ptr<State> state_;
 };
 
+// Opened by Shard::open_writer.
 class WriteHandle {
  public:
-  // REQUIRES: `writer_id` registered (Shard::open_writer does it, and
-  // starts the lease heartbeat).
-  WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id);
   // Stops the heartbeat and removes the writer from the shard (best
   // effort: otherwise its lease runs out).
   ~WriteHandle();
@@ -145,11 +146,11 @@ class WriteHandle {
 
   // The write stall, like LevelDB's when level 0 has too many files: while
   // this process compacts the shard in the background and a read of the
-  // whole shard would merge more than kStallReadInputs inputs at once (each
-  // part of an appended batch is one; each compacted batch one), waits for
-  // compaction to bring that down, polling every kStallPoll; it gives up
-  // after kStallMaxWait without progress, so a failing compactor slows
-  // appends rather than stopping them. Without it, ingest faster than
+  // whole shard would merge more than 64 inputs at once (each part of an
+  // appended batch is one; each compacted batch one), waits for compaction
+  // to bring that down, polling every 10 ms; it gives up after 10 s
+  // without progress, so a failing compactor slows appends rather than
+  // stopping them. Without it, ingest faster than
   // compaction grows the shard's parts without bound, and with them what
   // every snapshot holds (one open block each): a 2 GiB ingest from 200
   // clients left 1,695 parts, and its snapshot needed over 128 MiB.
@@ -157,9 +158,6 @@ class WriteHandle {
   // ends (an appender that is closing commits what it holds at once).
   // Returns how long it waited. The appender calls it before each commit;
   // compare_and_append itself never waits.
-  static constexpr std::size_t kStallReadInputs = 64;
-  static constexpr std::chrono::milliseconds kStallPoll{10};
-  static constexpr std::chrono::milliseconds kStallMaxWait{10'000};
   std::chrono::milliseconds wait_for_compaction(const std::function<bool()>& stop = {});
   // Whether wait_for_compaction would wait now (as far as this process
   // knows the shard); never blocks.
@@ -167,6 +165,9 @@ class WriteHandle {
 
  private:
   friend class Shard;
+  // REQUIRES: `writer_id` registered (Shard::open_writer does it, and
+  // starts the lease heartbeat).
+  WriteHandle(std::shared_ptr<ShardContext> context, std::string writer_id);
   // Starts the lease heartbeat; an error when no thread could be started.
   [[nodiscard]] Status start_heartbeat();
   std::uint64_t lease_expiry() const;

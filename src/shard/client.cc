@@ -214,7 +214,7 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }
-  return std::make_shared<Shard>(std::move(context));
+  return std::shared_ptr<Shard>(new Shard(std::move(context)));
 }
 
 Subscription::Subscription(Subscription&& other) noexcept

@@ -18,6 +18,7 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "part/part.h"
+#include "shard/batch_ownership.h"
 #include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/machine.h"
@@ -144,7 +145,7 @@ TEST(SpineTest, WideLooseBatchesAreMergedBeforeTheWriteStall) {
       EXPECT_FALSE(next_merge(state)) << "a spine in shape, " << read_inputs(state) << " inputs";
     }
   }
-  ASSERT_GT(read_inputs(state), WriteHandle::kStallReadInputs);
+  ASSERT_GT(read_inputs(state), kStallReadInputs);
   auto request = next_merge(state);
   ASSERT_TRUE(request) << "no merge for a read of " << read_inputs(state) << " inputs";
   EXPECT_EQ(request->end, state.batches.size());
@@ -525,7 +526,7 @@ TEST_F(CompactionTest, OrphansAreDeletedOnlyOnceTheirWriterIsGone) {
   auto other = std::move(*shard_->open_writer());
   std::vector<Update> updates{Update{"x", "1", 1, 1}};
   auto batch = *other->batch(updates, Frontier::at(1), Frontier::at(2));
-  batch.mark_maybe_committed();
+  BatchOwnership::maybe_committed(batch);
   const std::size_t orphan_parts = batch.parts().size();
   ASSERT_GT(orphan_parts, 0u);
   { Batch dropped = std::move(batch); }
@@ -1055,12 +1056,12 @@ TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
       EXPECT_GT(waited.count(), 0);
     } else {
       // Far behind, a wait told to stop ends at once, not after kStallMaxWait.
-      EXPECT_LT(writer->wait_for_compaction([] { return true; }), WriteHandle::kStallMaxWait);
+      EXPECT_LT(writer->wait_for_compaction([] { return true; }), kStallMaxWait);
     }
     return most;
   };
-  EXPECT_GT(most_inputs("unstalled", false), WriteHandle::kStallReadInputs + 1);
-  EXPECT_LE(most_inputs("stalled", true), WriteHandle::kStallReadInputs + 1);
+  EXPECT_GT(most_inputs("unstalled", false), kStallReadInputs + 1);
+  EXPECT_LE(most_inputs("stalled", true), kStallReadInputs + 1);
 }
 
 TEST_F(CompactionTest, ClosingAShardAbandonsTheMergeInFlight) {

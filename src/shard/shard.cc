@@ -94,7 +94,7 @@ Result<std::unique_ptr<WriteHandle>> Shard::open_writer() {
     });
   }));
   // Dropped on a failure below: its destructor removes the writer.
-  auto handle = std::make_unique<WriteHandle>(context_, std::move(writer_id));
+  auto handle = std::unique_ptr<WriteHandle>(new WriteHandle(context_, std::move(writer_id)));
   TM_TRY(handle->start_heartbeat());
   TM_TRY(with_retries(context_->options.write_retry, [&] { return handle->fetch_upper(); }));
   return handle;

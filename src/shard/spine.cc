@@ -18,9 +18,6 @@ std::size_t batch_inputs(const HollowBatch& batch) {
 
 }  // namespace
 
-static_assert(kSpineMaxReadInputs < WriteHandle::kStallReadInputs,
-              "compaction must act before appends stall");
-
 std::size_t read_inputs(const ShardState& state) {
   std::size_t inputs = 0;
   for (const HollowBatch& batch : state.batches) inputs += batch_inputs(batch);

@@ -4,6 +4,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -47,9 +48,20 @@ inline constexpr std::size_t kSpineMinMergeBatches = 8;
 // more than this many inputs (read_inputs) merges its shortest tail that
 // brings them to half of it: otherwise a tail of wide loose batches (a
 // busy appender's commits) could pass the write stall's trigger
-// (WriteHandle::kStallReadInputs) with no merge due, and every commit would
-// wait out the stall's 10 s.
+// (kStallReadInputs) with no merge due, and every commit would wait out
+// the stall's 10 s.
 inline constexpr std::size_t kSpineMaxReadInputs = 48;
+
+// The write stall (WriteHandle::wait_for_compaction), like LevelDB's when
+// level 0 has too many files: while this process compacts the shard in the
+// background and a read of the whole shard would merge more than
+// kStallReadInputs inputs (read_inputs), an append waits for compaction to
+// bring that down, polling every kStallPoll, and gives up after
+// kStallMaxWait without progress.
+inline constexpr std::size_t kStallReadInputs = 64;
+inline constexpr std::chrono::milliseconds kStallPoll{10};
+inline constexpr std::chrono::milliseconds kStallMaxWait{10'000};
+static_assert(kSpineMaxReadInputs < kStallReadInputs, "compaction must act before appends stall");
 
 // A run of adjacent batches [begin, end) to merge into one.
 struct MergeRequest {
@@ -76,7 +88,7 @@ enum class CompactionOutcome : std::uint8_t {
 
 // Replaces `inputs` (adjacent batches, exactly as the compactor read them)
 // with `output`, if they are still in the state. The writer must be live
-// (its parts would otherwise be orphans GC may delete): NotFound if not.
+// (its parts would otherwise be orphans GC may delete): LeaseExpired if not.
 // An output of inline parts only has no blob object to orphan: its
 // `writer_id` may be empty (a merge that registered no writer).
 // REQUIRES: output.desc spans the inputs' descriptions.

@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "shard/batch_ownership.h"
 #include "shard/compactor.h"
 #include "shard/context.h"
+#include "shard/spine.h"
 #include "shard/state.h"
 #include "tidemark/write.h"
 #include "util/clock.h"
@@ -244,7 +246,7 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
     }
   }
   if (applied) {
-    for (Batch& batch : batches) batch.mark_committed();
+    for (Batch& batch : batches) BatchOwnership::committed(batch);
     upper_ = new_upper;
     context_->request_compaction(**applied);
     return {};
@@ -259,7 +261,7 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
                         error.message + "; registering again failed too: " + again.error().message);
     }
   } else if (error.is(ErrorKind::kIndeterminate)) {
-    for (Batch& batch : batches) batch.mark_maybe_committed();
+    for (Batch& batch : batches) BatchOwnership::maybe_committed(batch);
   }
   return std::unexpected(error);
 }
