@@ -47,10 +47,10 @@
 #include "cli/cli.h"
 #include "sink/destination_url.h"
 #include "sink/kafka_destination.h"
-#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
-#include "sink/runner.h"
 #include "sink/sink_claim.h"
+#include "testing/kafka_mock_process.h"
+#include "tidemark/sink.h"
 #include "tidemark/write.h"
 
 namespace tidemark::cli {

@@ -5,14 +5,16 @@
 # file names the build or source tree), builds examples/ against the
 # installed package with CMake (find_package(tidemark)) and embedded.cc
 # again with pkg-config, and runs them: the embedded example must read back
-# what it wrote, and the custom blob backend must pass the installed
+# what it wrote, the file sink must write each change once (and nothing
+# on a second run), and the custom blob backend must pass the installed
 # conformance suite.
 #
 # With --core it first configures and builds, in a scratch directory, the
 # core engine alone (every TIDEMARK_WITH_* option off) and does all of the
 # above with that, checking also that nothing in it links libcurl,
 # libcrypto, libpq, librdkafka or Boost, and that s3:// and postgres://
-# URLs fail with a clear error naming the option.
+# URLs, and s3:// and kafka:// sink destinations, fail with a clear error
+# naming the option.
 #
 #   tests/examples_test.sh BUILD_DIR SOURCE_DIR [--core]
 set -euo pipefail
@@ -43,7 +45,7 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" ||
 [ -f "$prefix/include/tidemark/client.h" ] || fail "no include/tidemark/client.h installed"
 [ -f "$prefix/include/tidemark/version.h" ] || fail "no include/tidemark/version.h installed"
 [ -f "$prefix/include/tidemark/testing/conformance.h" ] || fail "no conformance suite installed"
-private=$(grep -rlE '#include "(util|location|part|shard|sink|server|memory|cli)/' \
+private=$(grep -rlE '#include "(util|location|part|shard|sink|server|memory|cli|crypto|s3|postgres|open)/' \
   "$prefix/include" || true)
 [ -z "$private" ] || fail "installed headers include private ones: $private"
 into_src=$(grep -rn 'src/' "$prefix/include" || true)
@@ -72,11 +74,27 @@ grep -qx "4 changes" "$work/embedded.out" || fail "the embedded example's listen
   { cat "$work/custom_blob.out" >&2; fail "the custom blob failed the conformance suite"; }
 grep -E "PASSED +\] [1-9][0-9]* tests?" "$work/custom_blob.out" ||
   fail "the conformance suite ran no test"
+for run in 1 2; do
+  "$work/build/file_sink" "$work/sink" >"$work/file_sink.$run" 2>&1 ||
+    { cat "$work/file_sink.$run" >&2; fail "the file sink example failed (run $run)"; }
+done
+cat "$work/file_sink.1"
+cat >"$work/file_sink.expected" <<'LINES'
+sink wrote 3 pairs in 2 commits
+{"time":0,"key":"order-1","value":{"qty":2}}
+{"time":1,"key":"order-1","value":{"qty":3}}
+{"time":2,"key":"order-1","value":null}
+LINES
+diff "$work/file_sink.expected" "$work/file_sink.1" >&2 || fail "the file sink wrote other lines"
+head -1 "$work/file_sink.2" | grep -qx "sink wrote 0 pairs in 0 commits" ||
+  fail "the file sink wrote again on its second run: $(head -1 "$work/file_sink.2")"
+[ "$(tail -n +2 "$work/file_sink.2")" = "$(tail -n +2 "$work/file_sink.1")" ] ||
+  fail "the file sink's files changed on its second run"
 
 if [ "$core" = --core ]; then
   # The core engine and nothing else.
   libs=$(cd "$(dirname "$pc")/.." && ls libtidemark_*.a | tr '\n' ' ')
-  [ "$libs" = "libtidemark_location.a libtidemark_memory.a libtidemark_open.a libtidemark_part.a libtidemark_shard.a libtidemark_util.a " ] ||
+  [ "$libs" = "libtidemark_location.a libtidemark_memory.a libtidemark_open.a libtidemark_part.a libtidemark_shard.a libtidemark_sink.a libtidemark_util.a " ] ||
     fail "the core build installed: $libs"
   # Calls into libpq, libcurl, librdkafka or libcrypto are undefined
   # symbols; Boost is header-only, so its code would be defined in them.
@@ -91,21 +109,32 @@ if [ "$core" = --core ]; then
   cat >"$work/without.cc" <<'PROGRAM'
 #include <cstdio>
 #include "tidemark/location.h"
+#include "tidemark/sink.h"
 int main() {
   auto blob = tidemark::open_blob("s3://bucket/p?endpoint=http://127.0.0.1:1");
   auto consensus = tidemark::open_consensus("postgres://u@127.0.0.1:1/db");
-  if (blob || consensus) return 1;
-  std::printf("%s\n%s\n", blob.error().message.c_str(), consensus.error().message.c_str());
+  auto objects = tidemark::check_sink_destination("s3://bucket/p?endpoint=http://127.0.0.1:1",
+                                                  tidemark::SinkFormat::kJson);
+  auto topic = tidemark::check_sink_destination("kafka://127.0.0.1:1/t",
+                                                tidemark::SinkFormat::kJson);
+  if (blob || consensus || objects || topic) return 1;
+  std::printf("%s\n%s\n%s\n%s\n", blob.error().message.c_str(), consensus.error().message.c_str(),
+              objects.error().message.c_str(), topic.error().message.c_str());
   return 0;
 }
 PROGRAM
   # shellcheck disable=SC2046
   g++ -std=c++23 "$work/without.cc" -o "$work/without" \
     $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs tidemark) ||
-    fail "building the s3:// and postgres:// check failed"
-  "$work/without" >"$work/without.out" || fail "s3:// or postgres:// opened in a core build"
+    fail "building the s3://, postgres:// and kafka:// check failed"
+  "$work/without" >"$work/without.out" ||
+    fail "s3://, postgres:// or kafka:// opened in a core build: $(cat "$work/without.out")"
   grep -q "TIDEMARK_WITH_S3=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
   grep -q "TIDEMARK_WITH_POSTGRES=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
+  grep -q "no S3 destinations (built with TIDEMARK_WITH_S3=OFF)" "$work/without.out" ||
+    fail "$(cat "$work/without.out")"
+  grep -q "no Kafka destinations (built with TIDEMARK_WITH_KAFKA=OFF)" "$work/without.out" ||
+    fail "$(cat "$work/without.out")"
 fi
 
 # pkg-config: the same program, compiled and linked by hand.

@@ -19,8 +19,8 @@
 #include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/kafka_reader.h"
-#include "sink/runner.h"
 #include "sink/sink_claim.h"
+#include "tidemark/sink.h"
 #include "util/json.h"
 
 namespace tidemark::cli {
@@ -279,22 +279,16 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   auto until = args->frontier("--until", false);
   if (!until) return usage_error(until.error().message);
   const std::string sink_name = args->get("--sink-name").value_or(shard_name);
-  auto url = parse_sink_url(*to, *format);
-  if (!url) return usage_error(url.error().message);
+  auto checked = check_sink_destination(*to, *format);
+  if (!checked) return usage_error(checked.error().message);
 
   auto client = open_client(globals);
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard(shard_name);
   if (!shard) return report(shard.error());
-  // One runner per sink and one sink per destination: claimed before the
-  // destination is opened (which deletes a crashed run's temporaries). A
-  // live holder is named and this run exits 1 at once.
-  auto claim = SinkClaim::acquire((*client)->location().consensus, shard_name, sink_name, *url,
-                                  SinkRunner{"tidemark sink run", ""});
-  if (!claim) return report(claim.error());
-  auto destination = open_sink_destination(*url, *envelope, *format, shard_name, sink_name,
-                                           MemoryPool::create("sink", kSinkPoolBytes), *claim);
-  if (!destination) return report(destination.error());
+  // One runner per sink and one sink per destination: a live holder of
+  // either is named and this run exits 1 at once.
+  SinkTarget target{*to, *envelope, *format, "tidemark sink run", nullptr};
 
   SinkOptions options;
   options.sink_name = sink_name;
@@ -306,7 +300,7 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
   options.stop = [] { return g_interrupted != 0; };
-  auto ran = tidemark::run_sink(**shard, **destination, options);
+  auto ran = tidemark::run_sink(**client, **shard, target, options);
   if (!ran) return report(ran.error());
   reporter.finish(*ran);
   return kExitOk;

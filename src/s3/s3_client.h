@@ -84,6 +84,7 @@
 #include <utility>
 #include <vector>
 
+#include "crypto/digest.h"
 #include "tidemark/error.h"
 #include "util/cancel.h"
 
@@ -216,10 +217,6 @@ std::string s3_canonical_query(std::vector<std::pair<std::string, std::string>> 
 
 // The AWS URI-encoding of `text` (see above); '/' is encoded too.
 std::string s3_uri_encode(std::string_view text);
-
-// Lowercase hex SHA-256, and base64 MD5 (for Content-MD5), of `bytes`.
-std::string sha256_hex(std::string_view bytes);
-std::string md5_base64(std::string_view bytes);
 
 // The contents of each element <name>...</name> (or <name/>) in `xml`, in
 // order, still escaped. S3's answers never nest an element in one of the

@@ -8,10 +8,22 @@
 #include <vector>
 
 #include "sink/file_destination.h"
-#include "sink/s3_destination.h"
 #include "util/number.h"
+#if TIDEMARK_WITH_S3
+#include "sink/s3_destination.h"
+#endif
 
 namespace tidemark {
+namespace {
+
+// What a build without a destination's library says of its URLs.
+[[maybe_unused]] std::unexpected<Error> not_built(std::string_view url, std::string_view option) {
+  return invalid_usage("sink destination " + std::string(url) + ": this build of Tidemark has no " +
+                       std::string(option == "TIDEMARK_WITH_S3" ? "S3" : "Kafka") +
+                       " destinations (built with " + std::string(option) + "=OFF)");
+}
+
+}  // namespace
 
 Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
   constexpr std::string_view kFile = "file://";
@@ -26,11 +38,18 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
     return out;
   }
   if (url.starts_with("s3://")) {
+#if TIDEMARK_WITH_S3
     TM_ASSIGN(S3Url address, parse_s3_url(url));
     out.s3 = std::move(address);
     return out;
+#else
+    return not_built(url, "TIDEMARK_WITH_S3");
+#endif
   }
   if (url.starts_with("kafka://")) {
+#if !TIDEMARK_WITH_KAFKA
+    return not_built(url, "TIDEMARK_WITH_KAFKA");
+#endif
     TM_ASSIGN(KafkaAddress address, KafkaAddress::parse(url));
     if (format != SinkFormat::kJson) {
       return invalid_usage("sink destination " + std::string(url) +
@@ -218,6 +237,9 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     return std::unique_ptr<SinkDestination>(std::move(file));
   }
   if (url.s3) {
+#if !TIDEMARK_WITH_S3
+    return not_built("s3://" + url.s3->bucket, "TIDEMARK_WITH_S3");
+#else
     TM_ASSIGN(S3Credentials credentials, s3_credentials_from_environment());
     S3DestinationOptions options;
     options.pool = std::move(pool);
@@ -227,8 +249,12 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
     TM_ASSIGN(auto objects,
               S3Destination::open(*url.s3, std::move(credentials), envelope, format, options));
     return std::unique_ptr<SinkDestination>(std::move(objects));
+#endif
   }
   if (!url.kafka) return invalid_usage("an empty sink destination");
+#if !TIDEMARK_WITH_KAFKA
+  return not_built("kafka://" + url.kafka->brokers, "TIDEMARK_WITH_KAFKA");
+#else
   KafkaDestinationOptions options;
   // One producer id per (shard, sink): a restarted sink fences its zombie.
   options.sink_id = "tidemark/" + shard + "/" + sink_name;
@@ -243,6 +269,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   if (options.pool) options.queue_bytes = std::min(kKafkaQueueBytes, options.pool->capacity() / 2);
   TM_ASSIGN(auto producer, KafkaDestination::open(*url.kafka, envelope, options));
   return std::unique_ptr<SinkDestination>(std::move(producer));
+#endif
 }
 
 }  // namespace tidemark

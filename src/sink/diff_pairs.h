@@ -44,6 +44,7 @@
 #include <string_view>
 
 #include "tidemark/error.h"
+#include "tidemark/sink.h"
 #include "tidemark/update.h"
 
 namespace tidemark {
@@ -59,15 +60,7 @@ class UpdateSource {
 // sequence.
 using OpenUpdateSource = std::function<Result<std::unique_ptr<UpdateSource>>()>;
 
-struct DiffPair {
-  std::string_view key;
-  Time time = 0;
-  std::optional<std::string_view> before;  // nullopt: an insert
-  std::optional<std::string_view> after;   // nullopt: a delete
-  // 0 for the first pair of its (key, time), then 1, 2, ...: for upsert,
-  // anything above 0 is a primary-key violation.
-  std::uint64_t index_in_group = 0;
-};
+// DiffPair: tidemark/sink.h.
 
 class DiffPairWalker {
  public:

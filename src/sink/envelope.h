@@ -26,15 +26,11 @@
 
 #include "sink/diff_pairs.h"
 #include "tidemark/error.h"
+#include "tidemark/sink.h"
 
 namespace tidemark {
 
-enum class Envelope : std::uint8_t { kUpsert, kDebezium };
-enum class SinkFormat : std::uint8_t { kJson, kCsv };
-
-// "upsert" / "debezium", "json" / "csv"; InvalidUsage otherwise.
-[[nodiscard]] Result<Envelope> parse_envelope(std::string_view text);
-[[nodiscard]] Result<SinkFormat> parse_sink_format(std::string_view text);
+// Envelope, SinkFormat and their parsers: tidemark/sink.h.
 
 struct KafkaMessage {
   std::string key;

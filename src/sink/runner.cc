@@ -1,9 +1,8 @@
-#include "sink/runner.h"
-
 #include <thread>
 
 #include "sink/diff_pairs.h"
 #include "tidemark/read.h"
+#include "tidemark/sink.h"
 
 namespace tidemark {
 namespace {

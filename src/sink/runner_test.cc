@@ -1,7 +1,5 @@
 // run_sink over the in-memory backends: the snapshot once, then the
 // changes, into committed files; a restart resumes without re-emitting.
-#include "sink/runner.h"
-
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,8 +14,9 @@
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
 #include "sink/file_destination.h"
-#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
+#include "testing/kafka_mock_process.h"
+#include "tidemark/sink.h"
 #include "tidemark/write.h"
 
 namespace tidemark {

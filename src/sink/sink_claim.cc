@@ -1,6 +1,8 @@
 #include "sink/sink_claim.h"
 
-#include "s3/s3_client.h"
+#if TIDEMARK_WITH_S3 || TIDEMARK_WITH_KAFKA
+#include "crypto/digest.h"
+#endif
 #include "sink/file_destination.h"
 
 namespace tidemark {
@@ -29,6 +31,10 @@ Result<std::shared_ptr<SinkClaim>> SinkClaim::acquire(std::shared_ptr<Consensus>
     TM_ASSIGN(claim->directory_, FileDestination::lock_directory(*url.directory, line));
     return claim;
   }
+#if !TIDEMARK_WITH_S3 && !TIDEMARK_WITH_KAFKA
+  // parse_sink_url gives only file:// URLs in such a build.
+  return invalid_usage("sink destination " + claim->destination_ + ": not a file:// destination");
+#else
   holder.subject = "destination " + claim->destination_ + " (written by " + holder.subject + ")";
   auto lease = ConsensusLease::acquire(std::move(consensus),
                                        "lease/destination/" + sha256_hex(claim->destination_),
@@ -36,6 +42,7 @@ Result<std::shared_ptr<SinkClaim>> SinkClaim::acquire(std::shared_ptr<Consensus>
   if (!lease) return std::unexpected(lease.error());
   claim->destination_lease_ = std::move(*lease);
   return claim;
+#endif
 }
 
 Status SinkClaim::check() {
