@@ -6,9 +6,7 @@
 // start the broker this way.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,9 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "testing/child_process.h"
 #include "tidemark/error.h"
-
-extern char** environ;
 
 namespace tidemark {
 
@@ -43,40 +40,26 @@ class KafkaMockProcess {
   // Starts `binary` with `args` and waits (up to 10 s) for its address line.
   static Result<std::unique_ptr<KafkaMockProcess>> start(const std::string& binary,
                                                          const std::vector<std::string>& args) {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return determinate("kafka mock: pipe failed");
-    std::vector<std::string> storage{binary};
-    storage.insert(storage.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : storage) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    pid_t pid = -1;
-    const int spawned = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    if (spawned != 0) {
-      ::close(out[0]);
-      return determinate("kafka mock: cannot start " + binary);
-    }
+    std::vector<std::string> all{binary};
+    all.insert(all.end(), args.begin(), args.end());
+    int out = -1;
+    const pid_t pid = testing::spawn_child(std::move(all), testing::ChildOutput::piped(&out));
+    if (pid == -1) return determinate("kafka mock: cannot start " + binary);
     auto process = std::unique_ptr<KafkaMockProcess>(new KafkaMockProcess(pid));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     std::string line;
     char c;
     while (std::chrono::steady_clock::now() < deadline) {
-      ssize_t n = ::read(out[0], &c, 1);
+      ssize_t n = ::read(out, &c, 1);
       if (n <= 0) break;
       if (c == '\n') {
-        ::close(out[0]);
+        ::close(out);
         process->brokers_ = line;
         return process;
       }
       line.push_back(c);
     }
-    ::close(out[0]);
+    ::close(out);
     return determinate("kafka mock: " + binary + " printed no address");
   }
 

@@ -21,7 +21,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,9 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "testing/child_process.h"
 #include "tidemark/error.h"
-
-extern char** environ;
 
 namespace tidemark::testing {
 
@@ -60,29 +58,15 @@ class FaultProxyProcess {
   static Result<std::unique_ptr<FaultProxyProcess>> start(const std::string& binary,
                                                           const std::vector<std::string>& targets,
                                                           std::uint64_t seed = 1) {
-    int out[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) return determinate("fault proxy: pipe failed");
     std::vector<std::string> words{binary, "--seed", std::to_string(seed)};
     words.insert(words.end(), targets.begin(), targets.end());
-    std::vector<char*> argv;
-    for (auto& word : words) argv.push_back(word.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    pid_t pid = -1;
-    const int spawned = posix_spawn(&pid, binary.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    if (spawned != 0) {
-      ::close(out[0]);
-      return determinate("fault proxy: cannot start " + binary);
-    }
+    int out = -1;
+    const pid_t pid = spawn_child(std::move(words), ChildOutput::piped(&out));
+    if (pid == -1) return determinate("fault proxy: cannot start " + binary);
     auto process = std::unique_ptr<FaultProxyProcess>(new FaultProxyProcess(pid));
     std::string text;
-    const bool ready = read_until_ready(out[0], text);
-    ::close(out[0]);
+    const bool ready = read_until_ready(out, text);
+    ::close(out);
     if (!ready) return determinate("fault proxy: no ready line from " + binary + ": " + text);
     // "control 127.0.0.1:P", "listener I 127.0.0.1:P -> TARGET"..., "ready"
     std::size_t at = 0;

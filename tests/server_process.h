@@ -3,9 +3,7 @@
 // with its output captured. Header-only; tests only.
 #pragma once
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "testing/child_process.h"
 
 namespace tidemark::testing {
 
@@ -30,39 +28,13 @@ inline std::string slurp(const std::filesystem::path& path) {
   return s.str();
 }
 
-// How a spawned process is grouped. kOwn: a process group of its own, for
-// a process the test stops (SIGSTOP). Left in the test's group, a stopped
-// server makes that group's orphaning fatal: when the shell that started the
-// test exits (a job started with `&` from a script), the kernel sends the
-// whole group, the test included, SIGHUP. The price: a Ctrl-C of the test
-// does not reach it; the test stops it itself.
-enum class ProcessGroup { kTest, kOwn };
-
 // Starts the program `all[0]` with arguments `all[1..]` (stdin /dev/null,
 // stdout to `out` or /dev/null, stderr to `err`); -1 when it could not
 // start.
 inline pid_t spawn_process(std::vector<std::string> all, const std::filesystem::path& err,
                            const std::filesystem::path& out = "/dev/null",
                            ProcessGroup group = ProcessGroup::kTest) {
-  std::vector<char*> argv;
-  for (auto& w : all) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  if (group == ProcessGroup::kOwn) {
-    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attributes, 0);
-  }
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ) != 0) pid = -1;
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
+  return spawn_child(std::move(all), ChildOutput{out, nullptr, err}, group);
 }
 
 // TIDEMARK_BINARY with `words`, as spawn_process.
