@@ -132,7 +132,21 @@ void Ingest::client_loop() {
     sent_bytes_ += body.size();
     tracker_.set(from, to, Tracker::kInFlight);
     ++requests_;
-    const Reply reply = http(run_.port(), "POST", target, body);
+    Reply reply = http(run_.port(), "POST", target, body);
+    // A refused connection (the server restarting) sent nothing: the same
+    // ids go again instead of new ones, so that only the requests a kill
+    // cut off leave ids in flight, which the tracker's slack must cover.
+    // (Taking new ids, a slow restart once used up large-snapshot's slack
+    // before it reached its goal.)
+    while (!stop_ && reply.status == 0 && reply.error.starts_with("connect: ")) {
+      ++errors_;
+      {
+        std::lock_guard lock(mutex_);
+        last_error_ = reply.error;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      reply = http(run_.port(), "POST", target, body);
+    }
     if (reply.status == 200 && json_integer(reply.body, "count") == std::int64_t(to - from)) {
       tracker_.set(from, to, Tracker::kAcked);
       acked_bytes_ += body.size();
