@@ -61,6 +61,7 @@
 #include "tidemark/appender.h"
 #include "tidemark/read.h"
 #include "util/size.h"
+#include "util/try.h"
 
 namespace tidemark::cli {
 namespace {

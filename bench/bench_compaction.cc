@@ -52,10 +52,11 @@
 
 #include "bench_util.h"
 #include "cli/cli.h"
+#include "location/forwarding.h"
 #include "shard/state.h"
-#include "testing/forwarding.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "util/try.h"
 
 namespace tidemark::cli {
 namespace {
@@ -82,7 +83,7 @@ struct ConsensusCounts {
 
 // Forwards to a real Consensus and counts what passes through it, as
 // FaultyConsensus (location/faulty.h) does without the faults.
-class CountingConsensus : public testing::ForwardingConsensus {
+class CountingConsensus : public ForwardingConsensus {
  public:
   explicit CountingConsensus(std::shared_ptr<Consensus> inner)
       : ForwardingConsensus(std::move(inner)), owner_(std::this_thread::get_id()) {}
@@ -152,7 +153,7 @@ struct BlobCounts {
 
 // Forwards to a real Blob and counts what passes through it, telling the
 // shard's parts from its rollups by their key prefixes.
-class CountingBlob : public testing::ForwardingBlob {
+class CountingBlob : public ForwardingBlob {
  public:
   CountingBlob(std::shared_ptr<Blob> inner, std::string_view shard)
       : ForwardingBlob(std::move(inner)),

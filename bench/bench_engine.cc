@@ -34,6 +34,7 @@
 #include "cli/cli.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "util/try.h"
 
 namespace tidemark::cli {
 namespace {

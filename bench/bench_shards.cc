@@ -34,8 +34,8 @@
 
 #include "bench_util.h"
 #include "cli/cli.h"
-#include "server/server.h"
 #include "testing/server_client.h"
+#include "tidemark/server.h"
 #include "util/proc_status.h"
 
 namespace tidemark::cli {

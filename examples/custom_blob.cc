@@ -22,7 +22,8 @@ namespace {
 class MapBlob final : public tidemark::Blob {
  public:
   tidemark::Result<std::optional<std::string>> get(std::string_view key) override {
-    TM_TRY(tidemark::validate_blob_key(key));
+    if (auto valid = tidemark::validate_blob_key(key); !valid)
+      return std::unexpected(valid.error());
     std::lock_guard lock(mu_);
     auto it = objects_.find(key);
     if (it == objects_.end()) return std::optional<std::string>();
@@ -31,7 +32,8 @@ class MapBlob final : public tidemark::Blob {
 
   tidemark::Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                           std::uint64_t length) override {
-    TM_TRY(tidemark::validate_blob_key(key));
+    if (auto valid = tidemark::validate_blob_key(key); !valid)
+      return std::unexpected(valid.error());
     std::lock_guard lock(mu_);
     auto it = objects_.find(key);
     if (it == objects_.end()) {
@@ -42,14 +44,16 @@ class MapBlob final : public tidemark::Blob {
   }
 
   tidemark::Status set(std::string_view key, std::string_view bytes) override {
-    TM_TRY(tidemark::validate_blob_key(key));
+    if (auto valid = tidemark::validate_blob_key(key); !valid)
+      return std::unexpected(valid.error());
     std::lock_guard lock(mu_);
     objects_.insert_or_assign(std::string(key), std::string(bytes));
     return {};
   }
 
   tidemark::Status remove(std::string_view key) override {
-    TM_TRY(tidemark::validate_blob_key(key));
+    if (auto valid = tidemark::validate_blob_key(key); !valid)
+      return std::unexpected(valid.error());
     std::lock_guard lock(mu_);
     if (auto it = objects_.find(key); it != objects_.end()) objects_.erase(it);
     return {};
@@ -58,7 +62,9 @@ class MapBlob final : public tidemark::Blob {
   tidemark::Status list(
       std::string_view prefix,
       const std::function<void(std::string_view key, std::uint64_t size)>& visit) override {
-    TM_TRY(tidemark::validate_blob_prefix(prefix));
+    if (auto valid = tidemark::validate_blob_prefix(prefix); !valid) {
+      return std::unexpected(valid.error());
+    }
     std::map<std::string, std::uint64_t> found;  // visited outside the lock
     {
       std::lock_guard lock(mu_);

@@ -29,6 +29,7 @@
 #include "location/mem_consensus.h"
 #include "postgres/postgres_consensus.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 

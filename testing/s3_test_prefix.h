@@ -26,6 +26,7 @@
 #include "location/mem_blob.h"
 #include "s3/s3_blob.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -10,11 +10,12 @@
 #include <tuple>
 #include <vector>
 
-#include "testing/forwarding.h"
+#include "location/forwarding.h"
 #include "tidemark/client.h"
 #include "tidemark/location.h"
 #include "tidemark/read.h"
 #include "tidemark/update.h"
+#include "util/try.h"
 
 namespace tidemark::testing {
 

@@ -45,6 +45,12 @@ cmake --install "$build" --prefix "$prefix" >"$work/install.log" ||
 [ -f "$prefix/include/tidemark/client.h" ] || fail "no include/tidemark/client.h installed"
 [ -f "$prefix/include/tidemark/version.h" ] || fail "no include/tidemark/version.h installed"
 [ -f "$prefix/include/tidemark/testing/conformance.h" ] || fail "no conformance suite installed"
+[ -f "$prefix/include/tidemark/sink.h" ] || fail "no include/tidemark/sink.h installed"
+if [ "$core" = --core ]; then
+  [ ! -e "$prefix/include/tidemark/server.h" ] || fail "server.h installed without the server"
+else
+  [ -f "$prefix/include/tidemark/server.h" ] || fail "no include/tidemark/server.h installed"
+fi
 private=$(grep -rlE '#include "(util|location|part|shard|sink|server|memory|cli|crypto|s3|postgres|open)/' \
   "$prefix/include" || true)
 [ -z "$private" ] || fail "installed headers include private ones: $private"

@@ -36,6 +36,7 @@
 
 #include "testing/child_process.h"
 #include "tidemark/error.h"
+#include "util/try.h"
 
 namespace tidemark::testing {
 

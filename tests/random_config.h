@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "shard/random_config.h"
+#include "util/try.h"
 
 namespace tidemark::testing {
 

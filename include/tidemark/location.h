@@ -57,7 +57,9 @@ class Blob {
   // key (garbage collection deletes many objects at once). On an error
   // some may be deleted and some not.
   [[nodiscard]] virtual Status remove_many(const std::vector<std::string>& keys) {
-    for (const std::string& key : keys) TM_TRY(remove(key));
+    for (const std::string& key : keys) {
+      if (auto removed = remove(key); !removed) return removed;
+    }
     return {};
   }
 

@@ -24,6 +24,7 @@
 #include "util/ndjson_rows.h"
 #include "util/number.h"
 #include "util/size.h"
+#include "util/try.h"
 
 namespace tidemark::cli {
 

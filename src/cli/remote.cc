@@ -24,6 +24,7 @@
 #include "cli/cli.h"
 #include "server/http_text.h"
 #include "util/json.h"
+#include "util/try.h"
 
 namespace tidemark::cli {
 namespace {

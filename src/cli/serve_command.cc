@@ -12,8 +12,9 @@
 #include "cli/cli.h"
 #include "location/faulty.h"
 #include "location/file_lock.h"
-#include "server/server.h"
 #include "shard/random_config.h"
+#include "sink/destination_url.h"
+#include "tidemark/server.h"
 #include "util/ids.h"
 #include "util/log.h"
 #include "util/number.h"
@@ -234,10 +235,11 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   }
   // The S3 endpoints and Kafka brokers sinks created over HTTP may reach:
   // none unless listed.
-  auto allowed = DestinationAllowList::parse(args->get("--allow-s3-endpoints").value_or(""),
-                                             args->get("--allow-kafka-brokers").value_or(""));
+  options.allowed_s3_endpoints = args->get("--allow-s3-endpoints").value_or("");
+  options.allowed_kafka_brokers = args->get("--allow-kafka-brokers").value_or("");
+  auto allowed =
+      DestinationAllowList::parse(options.allowed_s3_endpoints, options.allowed_kafka_brokers);
   if (!allowed) return usage_error(allowed.error().message);
-  options.allowed_destinations = std::move(*allowed);
   if (auto text = args->get("--max-producers")) {
     auto n = whole_number(*text, 1, 1'000'000);
     if (!n) return usage_error("--max-producers takes 1 to 1000000, got " + *text);

@@ -1,6 +1,7 @@
 // Consensus's default batch methods: one call per key or request, for
 // backends that cannot do better (location.h).
 #include "tidemark/location.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -65,11 +65,11 @@ std::uint64_t FaultInjector::injected_indeterminate() const {
 }
 
 FaultyBlob::FaultyBlob(std::shared_ptr<Blob> inner, FaultConfig config)
-    : inner_(std::move(inner)), faults_(config) {}
+    : ForwardingBlob(std::move(inner)), faults_(config) {}
 
 Result<std::optional<std::string>> FaultyBlob::get(std::string_view key) {
   if (Fault fault = faults_.next(false); fault != Fault::kNone) return injected(fault, "blob get");
-  return inner_->get(key);
+  return inner().get(key);
 }
 
 Result<std::string> FaultyBlob::get_range(std::string_view key, std::uint64_t offset,
@@ -77,27 +77,27 @@ Result<std::string> FaultyBlob::get_range(std::string_view key, std::uint64_t of
   if (Fault fault = faults_.next(false); fault != Fault::kNone) {
     return injected(fault, "blob get_range");
   }
-  return inner_->get_range(key, offset, length);
+  return inner().get_range(key, offset, length);
 }
 
 Status FaultyBlob::set(std::string_view key, std::string_view bytes) {
   Fault fault = faults_.next(true);
-  if (fault == Fault::kNone) return inner_->set(key, bytes);
-  if (fault == Fault::kIndeterminateApplied) (void)inner_->set(key, bytes);
+  if (fault == Fault::kNone) return inner().set(key, bytes);
+  if (fault == Fault::kIndeterminateApplied) (void)inner().set(key, bytes);
   return injected(fault, "blob set");
 }
 
 Status FaultyBlob::remove(std::string_view key) {
   Fault fault = faults_.next(true);
-  if (fault == Fault::kNone) return inner_->remove(key);
-  if (fault == Fault::kIndeterminateApplied) (void)inner_->remove(key);
+  if (fault == Fault::kNone) return inner().remove(key);
+  if (fault == Fault::kIndeterminateApplied) (void)inner().remove(key);
   return injected(fault, "blob remove");
 }
 
 Status FaultyBlob::remove_many(const std::vector<std::string>& keys) {
   Fault fault = faults_.next(true);
-  if (fault == Fault::kNone) return inner_->remove_many(keys);
-  if (fault == Fault::kIndeterminateApplied) (void)inner_->remove_many(keys);
+  if (fault == Fault::kNone) return inner().remove_many(keys);
+  if (fault == Fault::kIndeterminateApplied) (void)inner().remove_many(keys);
   return injected(fault, "blob remove_many");
 }
 
@@ -105,26 +105,26 @@ Status FaultyBlob::list(
     std::string_view prefix,
     const std::function<void(std::string_view key, std::uint64_t size)>& visit) {
   if (Fault fault = faults_.next(false); fault != Fault::kNone) return injected(fault, "blob list");
-  return inner_->list(prefix, visit);
+  return inner().list(prefix, visit);
 }
 
 FaultyConsensus::FaultyConsensus(std::shared_ptr<Consensus> inner, FaultConfig config)
-    : inner_(std::move(inner)), faults_(config) {}
+    : ForwardingConsensus(std::move(inner)), faults_(config) {}
 
 Result<std::optional<VersionedData>> FaultyConsensus::head(std::string_view key) {
   if (Fault fault = faults_.next(false); fault != Fault::kNone) {
     return injected(fault, "consensus head");
   }
-  return inner_->head(key);
+  return inner().head(key);
 }
 
 Result<CasOutcome> FaultyConsensus::compare_and_set(std::string_view key,
                                                     std::optional<SeqNo> expected,
                                                     VersionedData next) {
   Fault fault = faults_.next(true);
-  if (fault == Fault::kNone) return inner_->compare_and_set(key, expected, std::move(next));
+  if (fault == Fault::kNone) return inner().compare_and_set(key, expected, std::move(next));
   if (fault == Fault::kIndeterminateApplied) {
-    (void)inner_->compare_and_set(key, expected, std::move(next));
+    (void)inner().compare_and_set(key, expected, std::move(next));
   }
   return injected(fault, "consensus compare_and_set");
 }
@@ -134,13 +134,13 @@ Result<std::vector<VersionedData>> FaultyConsensus::scan(std::string_view key, S
   if (Fault fault = faults_.next(false); fault != Fault::kNone) {
     return injected(fault, "consensus scan");
   }
-  return inner_->scan(key, from, limit);
+  return inner().scan(key, from, limit);
 }
 
 Result<std::size_t> FaultyConsensus::truncate(std::string_view key, SeqNo seqno) {
   Fault fault = faults_.next(true);
-  if (fault == Fault::kNone) return inner_->truncate(key, seqno);
-  if (fault == Fault::kIndeterminateApplied) (void)inner_->truncate(key, seqno);
+  if (fault == Fault::kNone) return inner().truncate(key, seqno);
+  if (fault == Fault::kIndeterminateApplied) (void)inner().truncate(key, seqno);
   return injected(fault, "consensus truncate");
 }
 

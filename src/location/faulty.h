@@ -17,6 +17,10 @@
 // The outcomes are a deterministic function of `seed` and the order of
 // calls; set_config restarts the sequence from the new seed.
 //
+// Both derive from the forwarding decorators (forwarding.h): the batched
+// consensus calls keep Consensus's defaults, so each single call of a
+// batch draws its own fault.
+//
 // Thread-safety: safe for concurrent use from many threads when the inner
 // backend is. set_config may be called at any time; each call uses the
 // configuration current when it starts.
@@ -33,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "location/forwarding.h"
 #include "tidemark/location.h"
 
 namespace tidemark {
@@ -74,7 +79,7 @@ class FaultInjector {
   std::uint64_t indeterminate_ = 0;  // guarded by mutex_
 };
 
-class FaultyBlob : public Blob {
+class FaultyBlob : public ForwardingBlob {
  public:
   // REQUIRES: inner != nullptr.
   explicit FaultyBlob(std::shared_ptr<Blob> inner, FaultConfig config = {});
@@ -96,11 +101,10 @@ class FaultyBlob : public Blob {
   std::uint64_t injected_indeterminate() const { return faults_.injected_indeterminate(); }
 
  private:
-  const std::shared_ptr<Blob> inner_;
   FaultInjector faults_;
 };
 
-class FaultyConsensus : public Consensus {
+class FaultyConsensus : public ForwardingConsensus {
  public:
   // REQUIRES: inner != nullptr.
   explicit FaultyConsensus(std::shared_ptr<Consensus> inner, FaultConfig config = {});
@@ -118,7 +122,6 @@ class FaultyConsensus : public Consensus {
   std::uint64_t injected_indeterminate() const { return faults_.injected_indeterminate(); }
 
  private:
-  const std::shared_ptr<Consensus> inner_;
   FaultInjector faults_;
 };
 

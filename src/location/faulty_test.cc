@@ -10,6 +10,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

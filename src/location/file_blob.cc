@@ -14,9 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "tidemark/blob_key.h"
 #include "location/posix_io.h"
+#include "tidemark/blob_key.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <thread>
 
+#include "util/try.h"
+
 namespace tidemark {
 namespace {
 

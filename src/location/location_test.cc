@@ -12,15 +12,16 @@
 #include <memory>
 #include <string>
 
-#include "tidemark/testing/conformance.h"
 #include "location/faulty.h"
 #include "location/file_blob.h"
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "location/sqlite_consensus.h"
 #include "testing/postgres_test_schema.h"
 #include "testing/s3_test_prefix.h"
 #include "testing/scratch_directory.h"
-#include "location/sqlite_consensus.h"
+#include "tidemark/testing/conformance.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

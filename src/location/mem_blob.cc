@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tidemark/blob_key.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "tidemark/seqno_bounds.h"
+#include "util/try.h"
 
 namespace tidemark {
 

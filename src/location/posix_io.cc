@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <system_error>
 
+#include "util/try.h"
+
 namespace tidemark {
 
 FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {

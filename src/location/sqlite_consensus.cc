@@ -11,6 +11,7 @@
 
 #include "location/posix_io.h"
 #include "tidemark/seqno_bounds.h"
+#include "util/try.h"
 
 namespace tidemark {
 

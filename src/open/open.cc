@@ -13,6 +13,7 @@
 #include "location/mem_consensus.h"
 #include "location/sqlite_consensus.h"
 #include "tidemark/location.h"
+#include "util/try.h"
 #if TIDEMARK_WITH_POSTGRES
 #include "postgres/postgres_consensus.h"
 #endif

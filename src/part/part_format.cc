@@ -4,6 +4,7 @@
 #include <zstd.h>
 
 #include "util/coding.h"
+#include "util/try.h"
 
 namespace tidemark {
 

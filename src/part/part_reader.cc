@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "part/part.h"
+#include "util/try.h"
 
 namespace tidemark {
 

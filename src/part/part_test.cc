@@ -11,9 +11,10 @@
 #include <string>
 #include <thread>
 
+#include "location/forwarding.h"
 #include "location/mem_blob.h"
-#include "testing/forwarding.h"
 #include "util/coding.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {
@@ -480,7 +481,7 @@ TEST(PartReaderTest, LargeFooterIsFetchedSeparately) {
 }
 
 // The in-memory backend, counting range reads and failing them on demand.
-class MapBlob : public testing::ForwardingBlob {
+class MapBlob : public ForwardingBlob {
  public:
   MapBlob() : ForwardingBlob(std::make_shared<MemBlob>()) {}
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,

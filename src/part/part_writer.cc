@@ -1,4 +1,5 @@
 #include "part/part.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -13,6 +13,7 @@
 
 #include "tidemark/seqno_bounds.h"
 #include "util/number.h"
+#include "util/try.h"
 
 namespace tidemark {
 

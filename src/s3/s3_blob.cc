@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <utility>
 
-#include "tidemark/blob_key.h"
 #include "s3/s3_listing.h"
 #include "s3/s3_multipart_upload.h"
+#include "tidemark/blob_key.h"
+#include "util/try.h"
 
 namespace tidemark {
 

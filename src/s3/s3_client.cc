@@ -14,6 +14,7 @@
 #include "tidemark/blob_key.h"
 #include "tidemark/retry.h"
 #include "util/size.h"
+#include "util/try.h"
 
 namespace tidemark {
 

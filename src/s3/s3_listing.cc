@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "util/number.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "util/try.h"
+
 namespace tidemark {
 
 namespace {

@@ -27,6 +27,7 @@
 #include "shard/state.h"
 #include "util/json.h"
 #include "util/ndjson_rows.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

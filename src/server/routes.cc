@@ -16,6 +16,7 @@
 #include "server/session.h"
 #include "shard/state.h"
 #include "util/json.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {
@@ -310,7 +311,7 @@ void Session::create_sink() {
   spec->to = std::move(*to);
   auto url = parse_sink_url(spec->to, spec->format);
   if (!url) return respond_error(url.error());
-  if (auto allowed = server_->options.allowed_destinations.check(*url); !allowed) {
+  if (auto allowed = server_->allowed_destinations.check(*url); !allowed) {
     return respond_error(allowed.error());
   }
   blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },

@@ -58,12 +58,16 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     return invalid_usage("--max-record-bytes must be between 1 and a quarter of --memory-limit (" +
                          std::to_string(options.memory_limit / 4) + ")");
   }
+  auto allowed =
+      DestinationAllowList::parse(options.allowed_s3_endpoints, options.allowed_kafka_brokers);
+  if (!allowed) return std::unexpected(allowed.error());
   std::shared_ptr<Impl> impl;
   try {  // the worker pool starts its threads here
     impl = std::make_shared<Impl>(std::move(client), std::move(options));
   } catch (const std::system_error& error) {
     return std::unexpected(thread_start_error("the server's workers", error));
   }
+  impl->allowed_destinations = std::move(*allowed);
   beast::error_code ec;
   auto address = net::ip::make_address(impl->options.host, ec);
   if (ec) {
@@ -99,7 +103,7 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
       impl->client, impl->sink_pool,
       SinkRunner{"tidemark serve on " + impl->options.host + ":" + std::to_string(impl->bound_port),
                  impl->options.sink_owner},
-      impl->options.allowed_destinations, impl->options.idle_close);
+      impl->allowed_destinations, impl->options.idle_close);
   if (auto resumed = impl->sinks->resume_all(); !resumed) {
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());

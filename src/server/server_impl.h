@@ -40,11 +40,12 @@
 #include <boost/beast/http.hpp>
 
 #include "server/metrics.h"
-#include "server/server.h"
 #include "server/shard_registry.h"
 #include "server/sinks.h"
+#include "sink/destination_url.h"
 #include "tidemark/memory_pool.h"
 #include "tidemark/retry.h"
+#include "tidemark/server.h"
 #include "util/periodic.h"
 
 namespace tidemark {
@@ -61,6 +62,8 @@ struct Server::Impl {
 
   std::shared_ptr<Client> client;
   ServerOptions options;
+  // options.allowed_s3_endpoints and allowed_kafka_brokers, parsed.
+  DestinationAllowList allowed_destinations;
   net::io_context ioc;
   // Keeps ioc.run() going while nothing is pending on a socket: an append
   // waiting for its commit has no asio operation outstanding, and once the

@@ -1,7 +1,7 @@
 // The HTTP contract over real sockets: a Server on the
 // embedded default (files + SQLite in a scratch directory) on an ephemeral
 // port, and clients that speak HTTP/1.1 with Boost.Beast.
-#include "server/server.h"
+#include "tidemark/server.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -30,11 +30,11 @@
 #include <thread>
 
 #include "location/faulty.h"
+#include "location/forwarding.h"
 #include "server/sinks.h"
 #include "sink/file_destination.h"
 #include "sink/kafka_reader.h"
 #include "sink/sink_claim.h"
-#include "testing/forwarding.h"
 #include "testing/kafka_mock_process.h"
 #include "testing/server_client.h"
 #include "testing/shard_util.h"
@@ -43,6 +43,7 @@
 #include "util/executor.h"
 #include "util/json.h"
 #include "util/proc_status.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {
@@ -343,7 +344,7 @@ TEST_F(ServerTest, ReadsStreamSnapshotsAndListens) {
 }
 
 // A blob whose reads fail, Determinate, while `failing` is set: an outage.
-class OutageBlob final : public testing::ForwardingBlob {
+class OutageBlob final : public ForwardingBlob {
  public:
   explicit OutageBlob(std::shared_ptr<Blob> inner) : ForwardingBlob(std::move(inner)) {}
   std::atomic<bool> failing{false};
@@ -724,7 +725,7 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
 
 // Fails the first `failures` reads of stored sink definitions (a blob store
 // that stumbles as the server starts).
-class FlakyDefinitions final : public testing::ForwardingBlob {
+class FlakyDefinitions final : public ForwardingBlob {
  public:
   FlakyDefinitions(std::shared_ptr<Blob> inner, std::atomic<int>* failures)
       : ForwardingBlob(std::move(inner)), failures_(failures) {}
@@ -824,10 +825,8 @@ std::pair<std::string, boost::system::error_code> read_until_closed(tcp::socket&
 TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnection) {
   testing::SilentListener target;  // counts the connections made to it
   const std::string port = std::to_string(target.port());
-  auto allowed = DestinationAllowList::parse("https://S3.example.com,http://127.0.0.1:1",
-                                             "Broker.example.com:9092,127.0.0.2");
-  ASSERT_TRUE(allowed) << allowed.error().to_string();
-  options_.allowed_destinations = *allowed;
+  options_.allowed_s3_endpoints = "https://S3.example.com,http://127.0.0.1:1";
+  options_.allowed_kafka_brokers = "Broker.example.com:9092,127.0.0.2";
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   auto create = [&](const std::string& to) {
@@ -887,9 +886,8 @@ TEST_F(ServerTest, ASinkIntoKafkaThatCannotConnectSaysWhy) {
     tcp::acceptor probe(ioc, tcp::endpoint(net::ip::make_address("127.0.0.1"), 0));
     port = probe.local_endpoint().port();
   }
-  auto allowed = DestinationAllowList::parse("", "127.0.0.1");
-  ASSERT_TRUE(allowed) << allowed.error().to_string();
-  options_.allowed_destinations = *allowed;
+  options_.allowed_s3_endpoints = "";
+  options_.allowed_kafka_brokers = "127.0.0.1";
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   ASSERT_EQ(post("/v1/shards/s/append?lower=0&upper=7", "").status, 200u);
@@ -921,9 +919,8 @@ TEST_F(ServerTest, SinksWhoseDestinationsNeverAnswerAreDeletedAndStoppedPromptly
   ::setenv("AWS_SECRET_ACCESS_KEY", "tidemark-test-secret", 0);
   testing::SilentListener silent;
   const std::string port = std::to_string(silent.port());
-  auto allowed = DestinationAllowList::parse("http://127.0.0.1", "127.0.0.1");
-  ASSERT_TRUE(allowed) << allowed.error().to_string();
-  options_.allowed_destinations = *allowed;
+  options_.allowed_s3_endpoints = "http://127.0.0.1";
+  options_.allowed_kafka_brokers = "127.0.0.1";
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   const std::string s3 = "s3://bucket/p?endpoint=http://127.0.0.1:" + port;
@@ -994,9 +991,8 @@ TEST_F(ServerTest, ASinkWhoseBufferDoesNotFitFailsNamingThePool) {
   ::setenv("AWS_ACCESS_KEY_ID", "tidemark-test", 0);
   ::setenv("AWS_SECRET_ACCESS_KEY", "tidemark-test-secret", 0);
   testing::SilentListener silent;  // the first sink holds its buffer, stuck listing
-  auto allowed = DestinationAllowList::parse("http://127.0.0.1", "127.0.0.1");
-  ASSERT_TRUE(allowed) << allowed.error().to_string();
-  options_.allowed_destinations = *allowed;
+  options_.allowed_s3_endpoints = "http://127.0.0.1";
+  options_.allowed_kafka_brokers = "127.0.0.1";
   options_.memory_limit = 64 << 20;  // the sinks' pool: 16 MiB, one S3 buffer of 9 MiB
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
@@ -1080,9 +1076,8 @@ TEST_F(ServerTest, IdleSinksIntoKafkaCloseTheirProducers) {
   }
   auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, args);
   ASSERT_TRUE(mock) << mock.error().message;
-  auto allowed = DestinationAllowList::parse("", "127.0.0.1");
-  ASSERT_TRUE(allowed) << allowed.error().to_string();
-  options_.allowed_destinations = *allowed;
+  options_.allowed_s3_endpoints = "";
+  options_.allowed_kafka_brokers = "127.0.0.1";
   options_.memory_limit = 64 << 20;  // the sinks' pool: 16 MiB, two 8 MiB Kafka queues
   options_.idle_close = std::chrono::milliseconds(1000);
   ASSERT_NO_FATAL_FAILURE(start());
@@ -1504,6 +1499,26 @@ TEST(DestinationAllowListTest, EntriesParseAndMatchHostsAsSpelled) {
     if (!bad) continue;
     EXPECT_TRUE(bad.error().is(ErrorKind::kInvalidUsage)) << bad.error().to_string();
   }
+}
+
+// The allow-lists are checked when the server starts: a malformed entry
+// is a usage error naming it, and nothing is served.
+TEST_F(ServerTest, AMalformedAllowListFailsTheStart) {
+  ASSERT_NO_FATAL_FAILURE(start());  // for the client
+  ServerOptions bad_s3 = options_;
+  bad_s3.allowed_s3_endpoints = "ftp://s3.example.com";
+  auto refused = Server::start(client_, bad_s3);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(ErrorKind::kInvalidUsage)) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("ftp://s3.example.com"), std::string::npos)
+      << refused.error().message;
+  ServerOptions bad_kafka = options_;
+  bad_kafka.allowed_kafka_brokers = "broker:99999";
+  refused = Server::start(client_, bad_kafka);
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(ErrorKind::kInvalidUsage)) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("broker:99999"), std::string::npos)
+      << refused.error().message;
 }
 
 TEST_F(ServerTest, AFileSinkCannotEscapeThroughASymlinkedDataDirectory) {
@@ -1984,7 +1999,7 @@ TEST_F(ServerTest, OnlyWaitsOnTheClientAreCutAfterIdleTimeout) {
 }
 
 // Holds every compare_and_set once armed, until released; counts those held.
-class HeldConsensus final : public testing::ForwardingConsensus {
+class HeldConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   void hold() {

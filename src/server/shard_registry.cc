@@ -1,6 +1,7 @@
 #include "server/shard_registry.h"
 
 #include "shard/state.h"
+#include "util/try.h"
 
 namespace tidemark {
 

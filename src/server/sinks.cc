@@ -7,12 +7,13 @@
 #include "server/metrics.h"
 #include "shard/state.h"
 #include "sink/destination_url.h"
-#include "sink/runner.h"
 #include "tidemark/read.h"
 #include "tidemark/retry.h"
+#include "tidemark/sink.h"
 #include "util/cancel.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -6,7 +6,7 @@
 // destination's progress (run_sink), and its critical reader still holds
 // the shard's since. Sinks share a pool of threads (`threads`, by default
 // max(8, 4 x cores)) whatever their number: each sink is a SinkRun
-// (sink/runner.h) stepped on the pool, and waits between steps on the
+// (tidemark/sink.h) stepped on the pool, and waits between steps on the
 // manager's timers, holding no thread. A step that blocks (a destination
 // call, a read retrying a failing backend) holds one thread until it
 // returns, so that many stuck destinations at once delay the other sinks

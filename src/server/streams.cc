@@ -22,6 +22,7 @@
 #include "tidemark/read.h"
 #include "util/json.h"
 #include "util/ndjson_rows.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

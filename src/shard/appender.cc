@@ -33,6 +33,7 @@
 #include "util/ids.h"
 #include "util/latency_window.h"
 #include "util/thread.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -598,7 +598,7 @@ TEST_F(AppenderTest, RacingRetriesOfOneProducerCommitEachRecordOnce) {
 // A Consensus whose compare_and_sets wait at a gate, so that a test knows
 // which commit is under way: the test lets them through one at a time, or
 // fails them.
-class GatedConsensus : public testing::ForwardingConsensus {
+class GatedConsensus : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
 
@@ -911,7 +911,7 @@ TEST_F(AppenderTest, HandlesWhoseLeaseExpiredRegisterAgain) {
 // answers it Indeterminate (an answer lost on the way back), then fails
 // every call (Determinate) until healed: a commit that landed, seen from a
 // process cut off right after.
-class LandThenCutConsensus : public testing::ForwardingConsensus {
+class LandThenCutConsensus : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
 
@@ -1033,7 +1033,7 @@ TEST_F(AppenderTest, AnExplicitRetryWhoseWriterWasReplacedStaysInDoubt) {
 // counts them and can hold the next at a gate, or fail it (after making it,
 // for an indeterminate failure). Remembers which threads made the calls
 // that succeeded.
-class WatchedConsensus final : public testing::ForwardingConsensus {
+class WatchedConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   enum class Fault : std::uint8_t { kNone, kDeterminate, kIndeterminateApplied };

@@ -8,6 +8,7 @@
 #include "tidemark/write.h"
 #include "util/executor.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -22,7 +22,7 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // Counts the head reads and the batched ones.
-class CountingConsensus final : public testing::ForwardingConsensus {
+class CountingConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> heads{0}, batched{0};

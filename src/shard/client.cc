@@ -13,6 +13,7 @@
 #include "shard/gc.h"
 #include "shard/state.h"
 #include "util/json.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -694,7 +694,7 @@ TEST_F(CompactionTest, CompactorsAndGcRunConcurrently) {
 // place let a reader meet a rollup mid-rewrite, torn), and garbage
 // collection deletes the rollups of the compare_and_sets that lost.
 TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
-  class WriteOnceBlob final : public testing::ForwardingBlob {
+  class WriteOnceBlob final : public ForwardingBlob {
    public:
     using ForwardingBlob::ForwardingBlob;
     Status set(std::string_view key, std::string_view bytes) override {
@@ -771,7 +771,7 @@ TEST_F(CompactionTest, RacingMachinesNeverRewriteARollupAndGcDeletesTheLosers) {
 // not fit still register first (two writes for the pass's first merge) and
 // write their output to blob.
 TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
-  class CountWrites final : public testing::ForwardingConsensus {
+  class CountWrites final : public ForwardingConsensus {
    public:
     using ForwardingConsensus::ForwardingConsensus;
     std::atomic<int> writes{0};
@@ -838,7 +838,7 @@ TEST_F(CompactionTest, InlineMergesAreOneConsensusWriteEach) {
 // need: the next pass succeeds (before, rollups went first and GC failed
 // from then on).
 TEST_F(CompactionTest, FailedTruncateDoesNotStopLaterPasses) {
-  class FailTruncate final : public testing::ForwardingConsensus {
+  class FailTruncate final : public ForwardingConsensus {
    public:
     using ForwardingConsensus::ForwardingConsensus;
     std::atomic<bool> fail{false};
@@ -918,7 +918,7 @@ TEST_F(CompactionTest, RequestsInADeferralScopeWakeTheCompactorAtItsEnd) {
 // appends costs one consensus write each, no pass ever commits, and the
 // spine stays in shape (no merge is left due).
 TEST_F(CompactionTest, SmallInlineMergesRideInTheAppendsCommits) {
-  class CountWrites final : public testing::ForwardingConsensus {
+  class CountWrites final : public ForwardingConsensus {
    public:
     using ForwardingConsensus::ForwardingConsensus;
     std::atomic<int> writes{0};
@@ -1011,7 +1011,7 @@ TEST_F(CompactionTest, InlineTailMergesStayWithinTheirPayloadBound) {
 }
 
 // A Blob whose ranged reads take 20 ms each while `slow`, counting them.
-class SlowReadsBlob final : public testing::ForwardingBlob {
+class SlowReadsBlob final : public ForwardingBlob {
  public:
   using ForwardingBlob::ForwardingBlob;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,

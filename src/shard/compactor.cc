@@ -12,6 +12,7 @@
 #include "util/clock.h"
 #include "util/executor.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "shard/state.h"
 #include "util/clock.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -17,6 +17,7 @@
 #include "shard/read_internal.h"
 #include "shard/state.h"
 #include "tidemark/read.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -5,6 +5,7 @@
 #include "shard/change_watch.h"
 #include "tidemark/retry.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

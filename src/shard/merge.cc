@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "util/executor.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -16,6 +16,7 @@
 #include "part/part.h"
 #include "testing/shard_util.h"
 #include "tidemark/location.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {
@@ -37,7 +38,7 @@ std::string numbered_key(const std::string& prefix, int index) {
 // in order: the reads of a PartReader. Each ranged read may be delayed by
 // `latency`; the most reads in progress at once is kept. Thread-safe (a
 // cursor opens parts concurrently).
-class RecordingBlob final : public testing::ForwardingBlob {
+class RecordingBlob final : public ForwardingBlob {
  public:
   using ForwardingBlob::ForwardingBlob;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,

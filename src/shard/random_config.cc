@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <random>
 
+#include "util/try.h"
+
 namespace tidemark {
 namespace {
 

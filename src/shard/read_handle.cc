@@ -8,6 +8,7 @@
 #include "tidemark/read.h"
 #include "util/clock.h"
 #include "util/periodic.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -4,6 +4,7 @@
 
 #include "shard/state.h"
 #include "tidemark/retry.h"
+#include "util/try.h"
 
 namespace tidemark {
 

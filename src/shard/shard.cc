@@ -21,6 +21,7 @@
 #include "tidemark/write.h"
 #include "util/clock.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -30,7 +30,7 @@ using testing::read_snapshot;
 
 // A consensus that can be told to apply the next compare_and_set and then
 // report it as indeterminate, the worst case for idempotency.
-class ApplyThenFail final : public testing::ForwardingConsensus {
+class ApplyThenFail final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> apply_then_fail{0};
@@ -790,7 +790,7 @@ TEST_F(ShardTest, DeleteRespectsSinkHoldsUnlessForced) {
 }
 
 // A blob store that refuses deletes once armed.
-class RefusingDeletes final : public testing::ForwardingBlob {
+class RefusingDeletes final : public ForwardingBlob {
  public:
   using ForwardingBlob::ForwardingBlob;
   std::atomic<bool> refuse{false};

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "util/coding.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -10,6 +10,7 @@
 #include "util/clock.h"
 #include "util/ids.h"
 #include "util/periodic.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

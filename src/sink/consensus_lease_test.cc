@@ -17,7 +17,7 @@ namespace {
 using std::chrono::milliseconds;
 
 // A Consensus that can be cut off: every call fails (Determinate) while it is.
-class SeveredConsensus final : public testing::ForwardingConsensus {
+class SeveredConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   void sever(bool severed) { severed_ = severed; }
@@ -204,7 +204,7 @@ TEST(ConsensusLeaseTest, RenewalKeepsItAndATakeoverIsNoticedByCheck) {
 
 // Counts the calls it forwards; `lose_next_reply` makes the next
 // compare_and_set land but report Indeterminate.
-class CountingConsensus final : public testing::ForwardingConsensus {
+class CountingConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> heads{0}, writes{0}, truncates{0};
@@ -288,7 +288,7 @@ TEST(ConsensusLeaseTest, ARenewalIsOneWriteAndVersionsStayFew) {
 // Counts compare_and_set_many calls and their requests, forwarding them
 // whole to the inner Consensus; single writes are counted by what became of
 // them, and those to "lease/churn" apart.
-class BatchCountingConsensus final : public testing::ForwardingConsensus {
+class BatchCountingConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   std::atomic<int> singles{0}, batches{0}, batched{0}, largest{0};
@@ -370,7 +370,7 @@ TEST(ConsensusLeaseTest, LeasesOnOneConsensusRenewInBatches) {
 }
 
 // Batched renewals stall (a slow backend) while armed.
-class StallingConsensus final : public testing::ForwardingConsensus {
+class StallingConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
   std::atomic<bool> stall{false};

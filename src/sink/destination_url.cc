@@ -9,6 +9,7 @@
 
 #include "sink/file_destination.h"
 #include "util/number.h"
+#include "util/try.h"
 #if TIDEMARK_WITH_S3
 #include "sink/s3_destination.h"
 #endif

@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "util/try.h"
+
 namespace tidemark {
 namespace {
 

@@ -19,6 +19,8 @@
 #include <tuple>
 #include <vector>
 
+#include "util/try.h"
+
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 // From the ASan and TSan runtimes (GCC 12 ships no
 // <sanitizer/allocator_interface.h> declaring it).

@@ -17,6 +17,7 @@
 #include "sink/committed_name.h"
 #include "util/ids.h"
 #include "util/process_identity.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

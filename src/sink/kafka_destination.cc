@@ -11,6 +11,7 @@
 #include "sink/kafka_reader.h"
 #include "util/json.h"
 #include "util/number.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

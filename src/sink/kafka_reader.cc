@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include "util/try.h"
+
 namespace tidemark {
 namespace {
 

@@ -3,6 +3,7 @@
 #include "sink/diff_pairs.h"
 #include "tidemark/read.h"
 #include "tidemark/sink.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -18,6 +18,7 @@
 #include "testing/kafka_mock_process.h"
 #include "tidemark/sink.h"
 #include "tidemark/write.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -9,6 +9,7 @@
 #include "s3/s3_multipart_upload.h"
 #include "sink/committed_name.h"
 #include "util/ids.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -16,13 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "testing/s3_test_prefix.h"
-#include "testing/scratch_directory.h"
-#include "testing/scripted_http_server.h"
 #include "sink/committed_name.h"
 #include "sink/destination_url.h"
 #include "sink/file_destination.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/scratch_directory.h"
+#include "testing/scripted_http_server.h"
 #include "testing/sink_util.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "sink/destination_url.h"
 #include "sink/sink_claim.h"
+#include "util/try.h"
 
 namespace tidemark {
 

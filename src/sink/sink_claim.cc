@@ -4,6 +4,7 @@
 #include "crypto/digest.h"
 #endif
 #include "sink/file_destination.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -5,6 +5,7 @@
 
 #include "shard/state.h"
 #include "util/json.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -4,6 +4,7 @@
 #include <atomic>
 
 #include "util/thread.h"
+#include "util/try.h"
 
 namespace tidemark {
 namespace {

@@ -17,6 +17,7 @@
 
 #include "tidemark/error.h"
 #include "util/executor.h"
+#include "util/try.h"
 
 namespace tidemark {
 

@@ -57,7 +57,6 @@
 #include <optional>
 #include <string>
 
-#include "sink/destination_url.h"
 #include "tidemark/appender.h"
 #include "tidemark/client.h"
 
@@ -95,18 +94,23 @@ struct ServerOptions {
   // closed, so idle shards cost no threads, no lease heartbeats and no
   // cached state; the next request opens them again. A sink whose shard
   // has not changed for this long closes its destination the same way (a
-  // Kafka producer's threads and queue), and opens it on the next change
-  // (server/sinks.h). 0: never.
+  // Kafka producer's threads and queue), and opens it on the next change.
+  // 0: never.
   std::chrono::milliseconds idle_close{30'000};
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.
   std::optional<std::string> file_sink_root;
   // The S3 endpoints and Kafka brokers that sinks created over HTTP may
-  // reach (destination_url.h); anything else is refused with 400 before a
-  // connection is made. Empty: none. Sinks stored before are resumed
-  // whatever the list says.
-  DestinationAllowList allowed_destinations;
+  // reach; anything else is refused with 400 before a connection is made.
+  // Comma-separated: "http[s]://host[:port]" for S3, "host[:port]" for
+  // Kafka; hosts compare case-insensitively, as spelled (a name and its
+  // address are two entries), and an entry without a port allows every
+  // port of its host. A Kafka URL is allowed when every bootstrap broker it
+  // names is. Empty: none. A malformed entry fails start() with
+  // InvalidUsage. Sinks stored before are resumed whatever the lists say.
+  std::string allowed_s3_endpoints;
+  std::string allowed_kafka_brokers;
   // This server's id among servers sharing one blob store: sinks it creates
   // are its own, and on start it resumes only those (and ownerless ones).
   // Empty: it resumes every stored sink (one server). `tidemark serve`

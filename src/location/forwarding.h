@@ -1,8 +1,9 @@
 // ForwardingBlob and ForwardingConsensus: decorators that forward every
-// call to the backend they wrap (LevelDB's EnvWrapper habit). Every test
-// double that watches, slows down or fails calls derives from one and
+// call to the backend they wrap (LevelDB's EnvWrapper habit). Every
+// decorator that watches, slows down or fails calls derives from one and
 // overrides only those calls, so a call it does not override reaches the
 // backend as it was made: a blob's remove_many stays one batched delete.
+// The fault injectors (faulty.h) and every test double are built on them.
 #pragma once
 
 #include <functional>
@@ -15,10 +16,10 @@
 
 #include "tidemark/location.h"
 
-namespace tidemark::testing {
+namespace tidemark {
 
-// A Blob that forwards every call to `inner`; tests override the calls
-// they watch or slow down.
+// A Blob that forwards every call to `inner`; a decorator overrides the
+// calls it watches, slows down or fails.
 class ForwardingBlob : public Blob {
  public:
   explicit ForwardingBlob(std::shared_ptr<Blob> inner) : inner_(std::move(inner)) {}
@@ -48,8 +49,8 @@ class ForwardingBlob : public Blob {
   std::shared_ptr<Blob> inner_;
 };
 
-// A Consensus that forwards every single call to `inner`; tests override the
-// calls they watch, slow down or fail. The batched calls (head_seqnos,
+// A Consensus that forwards every single call to `inner`; a decorator
+// overrides the calls it watches, slows down or fails. The batched calls (head_seqnos,
 // compare_and_set_many, truncate_many) keep Consensus's defaults, which go
 // through this object's single calls, so an override of a single call sees
 // them too; a test that watches a batch whole overrides it and forwards it
@@ -79,4 +80,4 @@ class ForwardingConsensus : public Consensus {
   std::shared_ptr<Consensus> inner_;
 };
 
-}  // namespace tidemark::testing
+}  // namespace tidemark
