@@ -114,9 +114,13 @@ if [ "$core" = --core ]; then
   fi
   cat >"$work/without.cc" <<'PROGRAM'
 #include <cstdio>
+#include "tidemark/client.h"
 #include "tidemark/location.h"
 #include "tidemark/sink.h"
 int main() {
+  if (tidemark::validate_shard_name("bad/name") || !tidemark::validate_shard_name("orders-1")) {
+    return 2;
+  }
   auto blob = tidemark::open_blob("s3://bucket/p?endpoint=http://127.0.0.1:1");
   auto consensus = tidemark::open_consensus("postgres://u@127.0.0.1:1/db");
   auto objects = tidemark::check_sink_destination("s3://bucket/p?endpoint=http://127.0.0.1:1",
@@ -134,7 +138,7 @@ PROGRAM
     $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs tidemark) ||
     fail "building the s3://, postgres:// and kafka:// check failed"
   "$work/without" >"$work/without.out" ||
-    fail "s3://, postgres:// or kafka:// opened in a core build: $(cat "$work/without.out")"
+    fail "s3://, postgres:// or kafka:// opened in a core build, or shard names judged wrong: $(cat "$work/without.out")"
   grep -q "TIDEMARK_WITH_S3=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
   grep -q "TIDEMARK_WITH_POSTGRES=OFF" "$work/without.out" || fail "$(cat "$work/without.out")"
   grep -q "no S3 destinations (built with TIDEMARK_WITH_S3=OFF)" "$work/without.out" ||

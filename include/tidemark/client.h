@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tidemark/error.h"
@@ -293,6 +294,12 @@ class Shard {
 
   std::shared_ptr<ShardContext> context_;
 };
+
+// Shard names match [A-Za-z0-9._-]{1,128}; ".", ".." and names starting
+// with ".tmp-" (reserved for blob files being written) are refused too:
+// InvalidUsage saying why. Client::create_shard checks it; a program may
+// check a name before it gets that far.
+[[nodiscard]] Status validate_shard_name(std::string_view name);
 
 class Client {
  public:

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "tidemark/batch.h"
+#include "tidemark/client.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
 #include "tidemark/location.h"
@@ -192,9 +193,7 @@ struct RollupRef {
 };
 std::optional<RollupRef> parse_rollup_key(std::string_view key, std::string_view prefix);
 
-// Shard names match [A-Za-z0-9._-]{1,128}; ".", ".." and names starting
-// with ".tmp-" (reserved for blob files being written) are refused too.
-[[nodiscard]] Status validate_shard_name(std::string_view name);
+// validate_shard_name: tidemark/client.h.
 
 // The registry of shard names, one consensus key for the whole location
 // (its encoding: state_codec.h).
