@@ -17,27 +17,23 @@
 #include <functional>
 #include <memory>
 
+#include "location/forwarding.h"
 #include "tidemark/location.h"
 #include "tidemark/retry.h"
 
 namespace tidemark {
 
-class RetryingBlob final : public Blob {
+// Built on ForwardingBlob (forwarding.h): everything but the two reads
+// goes to the wrapped blob as made.
+class RetryingBlob final : public ForwardingBlob {
  public:
-  RetryingBlob(std::shared_ptr<Blob> inner, RetryPolicy policy,
-               std::function<bool()> stop = {});
+  RetryingBlob(std::shared_ptr<Blob> inner, RetryPolicy policy, std::function<bool()> stop = {});
 
   Result<std::optional<std::string>> get(std::string_view key) override;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override;
-  Status set(std::string_view key, std::string_view bytes) override;
-  Status remove(std::string_view key) override;
-  Status remove_many(const std::vector<std::string>& keys) override;
-  Status list(std::string_view prefix,
-              const std::function<void(std::string_view, std::uint64_t)>& visit) override;
 
  private:
-  const std::shared_ptr<Blob> inner_;
   const RetryPolicy policy_;
   const std::function<bool()> stop_;
 };

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Two tidemark binaries taking turns under the same HTTP load, to tell a
+# change from the VM's drift: each round starts a fresh `tidemark serve`
+# of OLD, then of NEW, on the embedded default in a scratch directory,
+# and drives it with tidemark-peers (tidemark-http at 1 and 100 clients,
+# SECONDS each), printing one line per binary, round and client count.
+#
+#   bench/alternate_http.sh OLD_BINARY NEW_BINARY [ROUNDS] [SECONDS]
+#
+# tidemark-peers comes from $PEERS (default build/tidemark-peers; `cmake
+# --build build --target tidemark-peers`). The port is $PORT (27001).
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n '2,12p' "$0" >&2; exit 2; }
+old=$1 new=$2 rounds=${3:-3} seconds=${4:-6}
+peers=${PEERS:-build/tidemark-peers}
+port=${PORT:-27001}
+for binary in "$old" "$new" "$peers"; do
+  [ -x "$binary" ] || { echo "alternate_http.sh: $binary is not an executable" >&2; exit 2; }
+done
+for round in $(seq 1 "$rounds"); do
+  for which in old new; do
+    binary=$old
+    [ "$which" = new ] && binary=$new
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/tidemark-alternate.XXXXXX")
+    "$binary" --data "$dir/data" serve --listen "127.0.0.1:$port" >"$dir/serve.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do curl -sf "127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+    curl -sf -X POST "127.0.0.1:$port/v1/shards" -d '{"name": "peers"}' >/dev/null
+    "$peers" --dir "$dir/scratch" --systems tidemark-http --tidemark "127.0.0.1:$port" \
+      --tidemark-pid "$pid" --clients 1,100 --seconds "$seconds" --rounds 1 \
+      --json "$dir/out.json" >"$dir/peers.out" 2>&1 || { cat "$dir/peers.out" >&2; exit 1; }
+    python3 - "$which" "$round" "$dir/out.json" <<'PY'
+import json, sys
+for row in json.load(open(sys.argv[3]))["rows"]:
+    print("%s round %s: %4d clients %7d records/s  p50 %.3f ms  p99 %.3f ms" %
+          (sys.argv[1], sys.argv[2], row["clients"], row["records_per_s"], row["p50_ms"],
+           row["p99_ms"]))
+PY
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+    rm -rf "$dir"
+  done
+done
