@@ -18,10 +18,11 @@ namespace tidemark {
 namespace {
 
 // What a build without a destination's library says of its URLs.
-[[maybe_unused]] std::unexpected<Error> not_built(std::string_view url, std::string_view option) {
+[[maybe_unused]] std::unexpected<Error> not_built(std::string_view url, std::string_view kind,
+                                                  std::string_view option) {
   return invalid_usage("sink destination " + std::string(url) + ": this build of Tidemark has no " +
-                       std::string(option == "TIDEMARK_WITH_S3" ? "S3" : "Kafka") +
-                       " destinations (built with " + std::string(option) + "=OFF)");
+                       std::string(kind) + " destinations (built with " + std::string(option) +
+                       "=OFF)");
 }
 
 }  // namespace
@@ -44,13 +45,11 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
     out.s3 = std::move(address);
     return out;
 #else
-    return not_built(url, "TIDEMARK_WITH_S3");
+    return not_built(url, "S3", "TIDEMARK_WITH_S3");
 #endif
   }
   if (url.starts_with("kafka://")) {
-#if !TIDEMARK_WITH_KAFKA
-    return not_built(url, "TIDEMARK_WITH_KAFKA");
-#endif
+#if TIDEMARK_WITH_KAFKA
     TM_ASSIGN(KafkaAddress address, KafkaAddress::parse(url));
     if (format != SinkFormat::kJson) {
       return invalid_usage("sink destination " + std::string(url) +
@@ -58,6 +57,9 @@ Result<SinkUrl> parse_sink_url(std::string_view url, SinkFormat format) {
     }
     out.kafka = std::move(address);
     return out;
+#else
+    return not_built(url, "Kafka", "TIDEMARK_WITH_KAFKA");
+#endif
   }
   return invalid_usage("sink destination " + std::string(url) +
                        ": expected file:///dir, s3://bucket/prefix?endpoint=http://host:port or "
@@ -239,7 +241,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   }
   if (url.s3) {
 #if !TIDEMARK_WITH_S3
-    return not_built("s3://" + url.s3->bucket, "TIDEMARK_WITH_S3");
+    return not_built("s3://" + url.s3->bucket, "S3", "TIDEMARK_WITH_S3");
 #else
     TM_ASSIGN(S3Credentials credentials, s3_credentials_from_environment());
     S3DestinationOptions options;
@@ -254,7 +256,7 @@ Result<std::unique_ptr<SinkDestination>> open_sink_destination(
   }
   if (!url.kafka) return invalid_usage("an empty sink destination");
 #if !TIDEMARK_WITH_KAFKA
-  return not_built("kafka://" + url.kafka->brokers, "TIDEMARK_WITH_KAFKA");
+  return not_built("kafka://" + url.kafka->brokers, "Kafka", "TIDEMARK_WITH_KAFKA");
 #else
   KafkaDestinationOptions options;
   // One producer id per (shard, sink): a restarted sink fences its zombie.
