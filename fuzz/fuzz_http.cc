@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "server/http_text.h"
-#include "server/server.h"
+#include "tidemark/server.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace tidemark;

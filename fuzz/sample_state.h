@@ -24,8 +24,8 @@ inline ShardState sample_state() {
   part.upper = Frontier::at(10);
   batch.parts = PartList({part});
   state.batches.push_back(batch);
-  state.writers["w1"] = WriterState{"t", 100};
-  state.readers["r1"] = ReaderState{Frontier::at(0), 100, 6};
+  state.writers["w1"] = WriterState{"t", 100, ""};
+  state.readers["r1"] = ReaderState{Frontier::at(0), 100, 6, ""};
   state.producers["p"] = ProducerState{4, 9, 100};
   return state;
 }
