@@ -38,10 +38,10 @@
 // token fails and the appender closes. No token reports a commit that did
 // not happen.
 //
-// Memory bound: every queued record holds a lease on the appender's pool
+// Memory bound: every queued record is charged to the appender's pool
 // (key + value + kRecordOverheadBytes, + kTokenOverheadBytes with a
-// token: what it really holds) until its commit
-// is durable. enqueue fails with Full while the pool has nothing available
+// token: what it really holds) until its commit is durable and its memory
+// freed. enqueue fails with Full while the pool has nothing available
 // and otherwise charges the actual size (force_reserve), so the queue never
 // exceeds queue_bytes by more than one call's records per sender. Beyond
 // the queue, the batch builders hold at most part_target_bytes x (1 +
@@ -81,8 +81,10 @@ struct AppendRecord {
 };
 
 // Bytes charged per record on top of its key and value: its queue entry
-// (sequence numbers, diff, lease, producer, the strings' own headers).
-inline constexpr std::uint64_t kRecordOverheadBytes = 160;
+// (sequence numbers, diff, charge, producer, the strings' own headers), as
+// the queue really stores it: three to a 512-byte block, plus the block's
+// allocation header.
+inline constexpr std::uint64_t kRecordOverheadBytes = 176;
 // Charged on top of that for a record enqueued with a CommitToken: the
 // token's shared state (a mutex, a condition variable, the outcome). A
 // server that took a token per record held 52 MiB of them for a 24 MiB

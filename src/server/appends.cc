@@ -37,6 +37,9 @@ constexpr std::string_view kProducerHeader = "Tidemark-Producer";
 constexpr std::string_view kSequenceHeader = "Tidemark-Sequence";
 // A partial line longer than this gets room for a whole record at once.
 constexpr std::uint64_t kCarryReserveAbove = 1 << 20;
+// An all-or-nothing body's records are gathered in a vector that starts
+// with room for this many and doubles.
+constexpr std::size_t kFirstGroupCapacity = 1024;
 
 }  // namespace
 
@@ -60,10 +63,8 @@ void Session::start_append() {
   skip_ = 0;
   skipped_ = 0;
   producer_time_.reset();
-  group_.clear();
+  drop_group();
   group_bytes_ = 0;
-  group_charge_ = 0;
-  group_lease_.release();
   const bool has_lower = query_.contains("lower"), has_upper = query_.contains("upper");
   if (has_lower != has_upper) {
     keep_alive_ = false;
@@ -397,15 +398,17 @@ void Session::process_atomic() {
           failed_line = line_;
           return false;
         }
-        group_charge_ += record->key.size() + record->value.size() + sizeof(AppendRecord);
-        if (group_charge_ > group_lease_.size()) {
-          const std::uint64_t missing = group_charge_ - group_lease_.size();
-          if (group_lease_.pool()) {
-            group_lease_.force_grow(missing);
-          } else {
-            group_lease_ = server_->requests->force_reserve(missing);
-          }
+        if (group_.size() == group_.capacity()) {
+          // Grown by doubling: while the records move, both arrays exist,
+          // and the lease keeps that high-water mark.
+          const std::size_t old_capacity = group_.capacity();
+          const std::size_t capacity = std::max<std::size_t>(kFirstGroupCapacity, 2 * old_capacity);
+          charge_group(group_charge_ + sizeof(AppendRecord) * capacity);
+          group_.reserve(capacity);
+          group_charge_ += sizeof(AppendRecord) * (capacity - old_capacity);
         }
+        group_charge_ += record->key.size() + record->value.size();
+        charge_group(group_charge_);
         group_.push_back(
             AppendRecord{std::move(record->key), std::move(record->value), record->diff});
         return true;
@@ -416,8 +419,7 @@ void Session::process_atomic() {
   if (failure) {
     // Nothing was enqueued: nothing of the body is appended.
     keep_alive_ = false;
-    group_.clear();
-    group_lease_.release();
+    drop_group();
     std::string body = "{\"error\":";
     append_json_string(&body, "line " + std::to_string(failed_line) + ": " + failure->message +
                                   "; nothing was appended");
@@ -428,10 +430,25 @@ void Session::process_atomic() {
   enqueue_group();
 }
 
+void Session::drop_group() {
+  std::vector<AppendRecord>().swap(group_);
+  group_charge_ = 0;
+  group_lease_.release();
+}
+
+void Session::charge_group(std::uint64_t bytes) {
+  if (bytes <= group_lease_.size()) return;
+  const std::uint64_t missing = bytes - group_lease_.size();
+  if (group_lease_.pool()) {
+    group_lease_.force_grow(missing);
+  } else {
+    group_lease_ = server_->requests->force_reserve(missing);
+  }
+}
+
 void Session::atomic_too_large() {
   keep_alive_ = false;
-  group_.clear();
-  group_lease_.release();
+  drop_group();
   respond(413, error_json("a managed append without a producer is committed all at once, so "
                           "its body is at most " +
                           std::to_string(*server_->options.max_record_bytes) +
@@ -465,14 +482,12 @@ void Session::enqueue_group() {
       });
     }
     if (token.error().is(ErrorKind::kTooLarge)) return atomic_too_large();
-    group_.clear();
-    group_lease_.release();
+    drop_group();
     keep_alive_ = false;
     return respond_error(token.error());
   }
   last_token_ = *token;
-  group_.clear();
-  group_lease_.release();
+  drop_group();
   finish_managed();
 }
 

@@ -370,8 +370,7 @@ bool Session::end_client_wait(std::uint64_t id, std::uint64_t bytes) {
   if (evicted_) {
     evicted_ = false;
     keep_alive_ = false;
-    group_.clear();
-    group_lease_.release();
+    drop_group();
     respond(503, error_json("this request's body paused for " +
                             std::to_string(kEvictIdleHolderAfter.count()) +
                             " s while holding memory other requests waited for; nothing of it "
@@ -385,8 +384,7 @@ bool Session::end_client_wait(std::uint64_t id, std::uint64_t bytes) {
   // Bytes that came just as the window ended count for it.
   if (window_bytes_ >= body_quota()) return true;
   keep_alive_ = false;
-  group_.clear();
-  group_lease_.release();
+  drop_group();
   respond(408, error_json("the request body came slower than " +
                           std::to_string(server_->options.min_body_rate) +
                           " bytes a second (the server's --min-body-rate); nothing more of it "
@@ -421,8 +419,7 @@ void Session::reserve_then(std::uint64_t bytes, std::function<void(Lease)> then)
       if (ec || id != self->reservation_) return;
       ++self->reservation_;  // the grant, when it comes, is dropped
       self->keep_alive_ = false;
-      self->group_.clear();
-      self->group_lease_.release();
+      self->drop_group();
       self->respond(503, error_json("the server's memory for requests stayed full for " +
                                     std::to_string(kHoldingWait.count()) +
                                     " s while this request held part of its body; nothing of it "

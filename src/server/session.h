@@ -165,6 +165,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void read_managed();
   void process_managed();
   void start_atomic();
+  // Frees group_'s memory (its capacity too) and returns its charge.
+  void drop_group();
+  // Makes group_lease_ hold at least `bytes`, forcing what is missing.
+  void charge_group(std::uint64_t bytes);
   void process_atomic();
   void atomic_too_large();
   void enqueue_group();
@@ -266,9 +270,11 @@ class Session : public std::enable_shared_from_this<Session> {
   bool atomic_ = false;
   bool reserved_ = false;  // group_lease_ is the reservation of its whole body
   bool evicted_ = false;   // gave the reservation up (arm_pace_timer)
+  // Its capacity is charged, not just its size (grown by doubling, it may
+  // hold twice what it uses), and dropped with it (drop_group()).
   std::vector<AppendRecord> group_;
   std::uint64_t group_bytes_ = 0;   // of its lines
-  std::uint64_t group_charge_ = 0;  // of its records, held by group_lease_
+  std::uint64_t group_charge_ = 0;  // of group_ and its strings, held by group_lease_
   Lease group_lease_;
   // Explicit (?lower=L&upper=U): one batch, committed once the body is read.
   std::shared_ptr<ShardRegistry::SharedWriter> shared_writer_;

@@ -7,9 +7,10 @@
 // parts; the committer takes every built batch (or one, without
 // batch_appends), makes sure their times still lie at or above the shard's
 // upper (re-building any that do not), and commits them with one
-// compare_and_append. Records keep their leases until that commit is
-// durable; then the leases are released and the tokens resolved, in that
-// order. A small batch (kBuildHereMaxBytes) is built on the builder's own
+// compare_and_append. Records stay charged to the appender's pool (one
+// lease for the queue, one per batch) until that commit is durable and
+// their memory freed; then the charge is released and the tokens resolved,
+// in that order. A small batch (kBuildHereMaxBytes) is built on the builder's own
 // thread, and the builder runs the committer there too when it is idle
 // (SerialTask::run_here): one thread hop from the request to its commit
 // instead of three. A sender set to commit here (AppendSender::
@@ -137,7 +138,10 @@ struct Appender::Impl {
     std::string key;
     std::string value;
     Diff diff = 1;
-    Lease lease;
+    // What it is charged (charge()): bytes of the lease of whatever holds
+    // it, the queue or its batch. One lease per container, not per record:
+    // a record stays small and queuing it touches no shared counter.
+    std::uint64_t charge = 0;
     std::shared_ptr<CommitToken::State> token;
     std::shared_ptr<AppendSender::ProducerTag> producer;  // null: none
     std::uint64_t sequence = 0;                           // the producer's number for it
@@ -148,6 +152,7 @@ struct Appender::Impl {
   };
   struct Built {
     std::vector<Record> records;
+    Lease lease;  // the charges of `records`
     // Of the last record cut into it (its records may be settled early).
     std::optional<std::uint64_t> last_seq;
     Time time = 0;
@@ -197,6 +202,7 @@ struct Appender::Impl {
   std::condition_variable capacity_cv;  // records-mode senders wait for room
   std::deque<Record> queue;             // GUARDED_BY(mu)
   std::uint64_t queued_bytes = 0;       // GUARDED_BY(mu): keys and values in queue
+  Lease queued_lease;                   // GUARDED_BY(mu): the charges of the records in queue
   // GUARDED_BY(mu): when the oldest record in queue arrived (or was left
   // behind by a full batch).
   std::chrono::steady_clock::time_point queue_since;
@@ -228,7 +234,9 @@ struct Appender::Impl {
 
   Time now() const { return options.clock ? options.clock() : wall_clock_millis(); }
 
-  static_assert(sizeof(Record) <= kRecordOverheadBytes);
+  // The queue (a std::deque) stores records in 512-byte blocks: three to a
+  // block at this size, which kRecordOverheadBytes charges.
+  static_assert(sizeof(Record) <= 512 / 3 && (512 + 16) / 3 <= kRecordOverheadBytes);
   static_assert(sizeof(AppendSender::ProducerTag) <= kRecordOverheadBytes);
   static_assert(sizeof(CommitToken::State) + 32 <= kTokenOverheadBytes);  // + the control block
   static_assert(2 * sizeof(LatencyWindow) <= 4096);  // the bound appender.h states
@@ -278,41 +286,41 @@ struct Appender::Impl {
               std::shared_ptr<CommitToken::State> token,
               const std::shared_ptr<AppendSender::ProducerTag>& producer = nullptr,
               std::uint64_t first_sequence = 0, bool group = false, bool commit_here = false) {
-    std::vector<Record> staged;
-    staged.reserve(records.size());
     const auto now = std::chrono::steady_clock::now();
     std::uint64_t bytes = 0;
-    for (AppendRecord& r : records) {
-      bytes += r.key.size() + r.value.size();
-      Record record;
-      const bool last = &r == &records.back();
-      const bool with_token = token && last;
-      record.lease = lease.split(std::min(lease.size(), charge(r, with_token)));
-      record.key = std::move(r.key);
-      record.value = std::move(r.value);
-      record.diff = r.diff;
-      record.producer = producer;
-      record.sequence = first_sequence + staged.size();
-      record.group_end = !group || last;
-      record.enqueued = now;
-      staged.push_back(std::move(record));
-    }
-    if (!staged.empty()) staged.back().token = std::move(token);
     bool wake = false, here = false;
     {
+      // Built in place in the queue, under the lock (moving two strings
+      // per record, as the builder's cut does): a staged copy would hold
+      // every record of the call twice while it moved.
       std::lock_guard lock(mu);
       if (closing) {
-        in_flight -= staged.size();
+        in_flight -= records.size();
         capacity_cv.notify_all();
         return closed_error();
       }
       const bool was_empty = queue.empty();
       if (was_empty) queue_since = now;
-      for (Record& record : staged) {
+      std::uint64_t charged = 0;
+      for (std::size_t i = 0; i < records.size(); ++i) {
+        AppendRecord& r = records[i];
+        const bool last = i + 1 == records.size();
+        Record& record = queue.emplace_back();
         record.seq = next_seq++;
-        queued_bytes += record.key.size() + record.value.size();
-        queue.push_back(std::move(record));
+        record.charge = std::min(lease.size() - charged, charge(r, token && last));
+        charged += record.charge;
+        bytes += r.key.size() + r.value.size();
+        record.key = std::move(r.key);
+        record.value = std::move(r.value);
+        record.diff = r.diff;
+        record.producer = producer;
+        record.sequence = first_sequence + i;
+        record.group_end = !group || last;
+        record.enqueued = now;
+        if (last) record.token = std::move(token);
       }
+      queued_bytes += bytes;
+      queued_lease.merge(lease.split(charged));
       // The builder waits for the first record, or lingers until a batch
       // is full; other arrivals need not wake it.
       wake = was_empty || queue_full();
@@ -389,6 +397,7 @@ struct Appender::Impl {
     const bool here = committing_here == this;
     for (bool cut_one = false;; cut_one = true) {
       std::vector<Record> records;
+      Lease lease;              // their charges
       std::uint64_t bytes = 0;  // of the records' keys and values
       bool alone = false;       // the batch took every queued record, none was built before
       {
@@ -414,12 +423,15 @@ struct Appender::Impl {
         // grown by doubling, it held up to twice the records' charged
         // overhead (and three times while it moved), outside the pool.
         std::size_t take = 0;
+        std::uint64_t charges = 0;
         while (take < queue.size() &&
                ((take < options.batch_max_records && bytes < options.batch_max_bytes) ||
                 (take > 0 && !queue[take - 1].group_end))) {
           bytes += queue[take].key.size() + queue[take].value.size();
+          charges += queue[take].charge;
           ++take;
         }
+        lease = queued_lease.split(charges);
         records.reserve(take);
         for (std::size_t i = 0; i < take; ++i) {
           records.push_back(std::move(queue.front()));
@@ -432,6 +444,7 @@ struct Appender::Impl {
       auto batch = std::make_shared<Built>();
       batch->last_seq = records.back().seq;
       batch->records = std::move(records);
+      batch->lease = std::move(lease);
       batch->time = take_time(0);
       Built* raw = batch.get();
       const bool small = bytes <= kBuildHereMaxBytes;
@@ -795,15 +808,17 @@ struct Appender::Impl {
   // rebuilds (or retires) the batches that held them.
   void fail_unproduced(std::vector<Built>& group, const Error& error) {
     for (auto batch = group.begin(); batch != group.end();) {
-      std::vector<Record> kept;
+      std::size_t kept = 0;  // kept in place: no second vector of the batch
       for (Record& r : batch->records) {
         if (r.producer) {
-          kept.push_back(std::move(r));
+          if (&batch->records[kept] != &r) batch->records[kept] = std::move(r);
+          ++kept;
         } else {
-          settle(r, std::unexpected(error));
+          settle(*batch, r, std::unexpected(error));
         }
       }
-      batch->records = std::move(kept);
+      batch->records.erase(batch->records.begin() + static_cast<std::ptrdiff_t>(kept),
+                           batch->records.end());
       batch->batch.reset();
       if (batch->records.empty()) {
         retire_empty(*batch);
@@ -821,8 +836,8 @@ struct Appender::Impl {
   }
 
   void settle_all(Built& batch, const Error& error) {
-    for (Record& r : batch.records) settle(r, std::unexpected(error));
-    batch.records.clear();
+    for (Record& r : batch.records) settle(batch, r, std::unexpected(error));
+    std::vector<Record>().swap(batch.records);
   }
 
   // The producers' records in `group`, as the ranges the commit records:
@@ -888,41 +903,48 @@ struct Appender::Impl {
     std::size_t new_producers = 0;
     for (auto batch = group.begin(); batch != group.end();) {
       const auto here = static_cast<std::size_t>(batch - group.begin());
-      std::vector<Record> kept;
-      kept.reserve(batch->records.size());
+      // Records kept move down in place, to records[kept]: a second vector
+      // would hold the batch twice.
+      std::vector<Record>& records = batch->records;
+      std::size_t kept = 0;
+      auto keep = [&](Record& r) {
+        if (&records[kept] != &r) records[kept] = std::move(r);
+        ++kept;
+      };
       bool changed = false;
-      for (Record& r : batch->records) {
+      for (Record& r : records) {
         if (!r.producer) {
-          kept.push_back(std::move(r));
+          keep(r);
           continue;
         }
         Expected& e = expected.find(r.producer->id)->second;
         if (r.sequence < e.committed) {
           ++r.producer->duplicates;
-          settle(r, e.time, /*duplicate=*/true);
+          settle(*batch, r, e.time, /*duplicate=*/true);
           changed = true;
           continue;
         }
         if (r.sequence < e.next) {
           const auto [in_batch, at] = e.kept_at[r.sequence - e.committed];
-          Record& original = in_batch == here ? kept[at] : group[in_batch].records[at];
+          Record& original = in_batch == here ? records[at] : group[in_batch].records[at];
           if (!original.token) original.token = std::make_shared<CommitToken::State>();
-          follow(r, original.token);
+          follow(*batch, r, original.token);
           changed = true;
           continue;
         }
         if (r.sequence > e.next) {
-          settle(r, make_error(ErrorKind::kSequenceMismatch,
-                               "producer " + r.producer->id + ": record " +
-                                   std::to_string(r.sequence) + " does not follow what shard " +
-                                   shard->name() + " has committed (it expects " +
-                                   std::to_string(e.next) + ")"));
+          settle(
+              *batch, r,
+              make_error(ErrorKind::kSequenceMismatch,
+                         "producer " + r.producer->id + ": record " + std::to_string(r.sequence) +
+                             " does not follow what shard " + shard->name() +
+                             " has committed (it expects " + std::to_string(e.next) + ")"));
           changed = true;
           continue;
         }
         if (!e.known && !e.counted) {
           if (max_producers > 0 && producers + new_producers >= max_producers) {
-            settle(r,
+            settle(*batch, r,
                    make_error(ErrorKind::kFull,
                               "shard " + shard->name() + " keeps " + std::to_string(max_producers) +
                                   " producers already (its most): producer " + r.producer->id +
@@ -934,10 +956,10 @@ struct Appender::Impl {
           ++new_producers;
         }
         ++e.next;
-        e.kept_at.emplace_back(here, kept.size());
-        kept.push_back(std::move(r));
+        e.kept_at.emplace_back(here, kept);
+        keep(r);
       }
-      batch->records = std::move(kept);
+      records.erase(records.begin() + static_cast<std::ptrdiff_t>(kept), records.end());
       if (!changed) {
         ++batch;
         continue;
@@ -968,8 +990,9 @@ struct Appender::Impl {
   // Resolves one record ahead of its batch (a producer's duplicate, or a
   // record refused): its lease, then its token. The batch still counts it
   // for canaries when it finishes.
-  void settle(Record& r, Result<Time> outcome, bool duplicate = false) {
-    r.lease.release();
+  void settle(Built& batch, Record& r, Result<Time> outcome, bool duplicate = false) {
+    batch.lease.shrink(r.charge);
+    r.charge = 0;
     {
       std::lock_guard lock(mu);
       --in_flight;
@@ -986,8 +1009,9 @@ struct Appender::Impl {
   // Takes `copy`, a second copy of a producer's record, out of its batch:
   // it resolves as `original` (the token of the copy kept) does, counted as
   // a duplicate, with a failure remembered for canaries if it fails.
-  void follow(Record& copy, const std::shared_ptr<CommitToken::State>& original) {
-    copy.lease.release();
+  void follow(Built& batch, Record& copy, const std::shared_ptr<CommitToken::State>& original) {
+    batch.lease.shrink(copy.charge);
+    copy.charge = 0;
     {
       std::lock_guard lock(mu);
       --in_flight;
@@ -1028,23 +1052,22 @@ struct Appender::Impl {
       last_seq = std::max(last_seq.value_or(0), batch.records.back().seq);
     }
     std::vector<std::shared_ptr<CommitToken::State>> tokens;
-    // One release for the whole batch: each release wakes the pool's
-    // waiters, and a batch may hold thousands of records.
-    Lease leases;
     // Gathered here, outside the lock, and added to the window at once.
     LatencyHistogram latencies;
     for (Record& r : batch.records) {
-      leases.merge(std::move(r.lease));
       if (r.token) tokens.push_back(std::move(r.token));
       if (durable) {
         latencies.add(std::chrono::duration_cast<std::chrono::microseconds>(*durable - r.enqueued));
       }
     }
-    leases.release();
     std::size_t count = batch.records.size();
     std::uint64_t first_seq = batch.records.empty() ? 0 : batch.records.front().seq;
-    batch.records.clear();
+    // The records' memory is freed before their charge returns to the pool
+    // (one release for the whole batch: each wakes the pool's waiters), so
+    // the pool never counts as free what is still held.
+    std::vector<Record>().swap(batch.records);
     batch.batch.reset();
+    batch.lease.release();
     // Figures first, so whoever a token wakes sees them; then the tokens;
     // only then do these records count as done for canaries, so a canary
     // never resolves before the tokens of the records ahead of it.
@@ -1105,12 +1128,14 @@ struct Appender::Impl {
   // held by the calling thread outside the queues.
   void set_fatal(const Error& error, Built* current, std::vector<Built>* group = nullptr) {
     std::deque<Record> queued;
+    Built rest;
     {
       std::lock_guard lock(mu);
       if (!fatal) fatal = error;
       closing = true;
       queued.swap(queue);
       queued_bytes = 0;
+      rest.lease = std::move(queued_lease);
       // Built batches stay: the committer fails them once their uploads end.
     }
     builder->notify();
@@ -1123,7 +1148,6 @@ struct Appender::Impl {
       for (Built& batch : *group) finish(batch, std::unexpected(failed));
     }
     if (!queued.empty()) {
-      Built rest;
       rest.records.assign(std::make_move_iterator(queued.begin()),
                           std::make_move_iterator(queued.end()));
       finish(rest, std::unexpected(failed));
