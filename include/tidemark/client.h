@@ -63,7 +63,12 @@ struct ClientOptions {
   // Listen orders each batch's updates by time within this buffer; a batch
   // larger than this is emitted in several passes over time ranges.
   std::uint64_t listen_buffer_bytes = 8ull << 20;
-  // How often a listener polls consensus for a new upper.
+  // How soon a listener learns of a change another process commits: while
+  // anything listens, the heads of the shards listened to are read this
+  // often, in one batched read for all of them whatever the number of
+  // listeners. A change this process commits or reads wakes its listeners
+  // at once; a listener reads its shard only when woken (and every
+  // kListenFallback, read.h).
   std::chrono::milliseconds listen_poll_interval{50};
   // How soon Shard::subscribe's subscribers learn of a change another
   // process commits: one read of every subscribed shard's head per

@@ -7,6 +7,11 @@
 //
 // Listener streams the updates after a ListenStart in time order, and a
 // progress event each time the upper advances; it waits for new appends.
+// It reads the shard's state only when woken by a change (the Client's
+// change watch: at once for a change this process commits or reads, within
+// ClientOptions::listen_poll_interval for one another process commits,
+// whatever the number of listeners), and every kListenFallback regardless,
+// so an idle listener costs no reads of its own.
 //
 // ReadHandle holds a reader's lease and since hold: the shard's since (below
 // which history may be compacted) never passes an active hold. A leased
@@ -19,6 +24,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,16 +107,29 @@ class ListenStart {
   Frontier claimed_;
 };
 
+// A listener that is never woken still looks at its shard this often.
+inline constexpr std::chrono::seconds kListenFallback{30};
+
 class Listener {
  public:
   virtual ~Listener() = default;
   // The next event, waiting for new appends when there is none yet.
   // nullopt once `until` is reached. Views stay valid until the next call.
   [[nodiscard]] virtual Result<std::optional<ListenEvent>> next() = 0;
-  // The next event if one is available without waiting longer than the
-  // poll interval; nullopt inside the Result means "nothing yet".
+  // The next event if one is ready now, reading the shard only if it may
+  // have changed; nullopt inside the Result means "nothing yet".
   [[nodiscard]] virtual Result<std::optional<ListenEvent>> poll() = 0;
   virtual bool done() const = 0;
+  // For a caller that polls: `wake` is called (from any thread; it must be
+  // quick and must not call into the listener) whenever poll() may have
+  // something new after returning nothing, until the listener is
+  // destroyed; it replaces any earlier one. True when wakes will come, so
+  // that a poll every kListenFallback is enough; false when the caller
+  // must poll on its own (say every 50 ms).
+  virtual bool set_wake(std::function<void()> wake) {
+    (void)wake;
+    return false;
+  }
 };
 
 // What a read's decoded blocks are charged to. A snapshot holds one block

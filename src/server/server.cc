@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "server/server_impl.h"
+#include "server/session.h"
 #include "util/thread.h"
 
 namespace tidemark {
@@ -151,6 +152,13 @@ void Server::stop(std::chrono::milliseconds grace) {
   });
   const auto deadline = Clock::now() + grace;
   impl.idle_sweeper.stop();
+  {
+    // Listen streams waiting for a change end now, with their error line.
+    std::lock_guard lock(impl.waiting_streams_mu);
+    for (auto& [raw, weak] : impl.waiting_streams) {
+      if (auto session = weak.lock()) session->post_wake();
+    }
+  }
   // Sinks stop first, each committing what it wrote (its progress).
   impl.sinks->stop_all(grace);
   // Requests in flight are answered: managed appends once durable, streams

@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -49,6 +50,8 @@
 #include "util/periodic.h"
 
 namespace tidemark {
+
+class Session;
 
 // Short names for the server's files.
 namespace beast = boost::beast;
@@ -99,6 +102,10 @@ struct Server::Impl {
   std::optional<Backoff> accept_retry;  // used by the acceptor's strand only
   std::optional<net::steady_timer> accept_timer;
   std::atomic<bool> stopping{false};
+  // Listen streams waiting for a change between fills: stop() wakes them,
+  // so that they end at once rather than at their fallback timer.
+  std::mutex waiting_streams_mu;
+  std::map<Session*, std::weak_ptr<Session>> waiting_streams;  // GUARDED_BY(waiting_streams_mu)
   std::mutex stop_mutex;
   std::condition_variable stop_cv;
   bool stopped = false;

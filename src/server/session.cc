@@ -96,6 +96,10 @@ Session::Session(StrandSocket socket, Server::Impl* server)
 }
 
 Session::~Session() {
+  if (stream_waiting_) {
+    std::lock_guard lock(server_->waiting_streams_mu);
+    server_->waiting_streams.erase(this);
+  }
   end_request();
   server_->connections.fetch_sub(1);
 }

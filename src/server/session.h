@@ -78,6 +78,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Reads the first request.
   void start();
+  // From any thread: wakes a listen stream waiting for a change (below).
+  void post_wake();
 
  private:
   using Parser = http::request_parser<http::buffer_body>;
@@ -194,6 +196,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void write_chunk(Fill fill, bool more);
   void end_stream();
   void watch_peer();
+  // A listen stream's listener may have something new: fill the next
+  // chunk now rather than at the fallback timer (on the strand).
+  void wake_stream();
   enum class Peer : std::uint8_t { kQuiet, kSent, kGone };
   Peer peek_peer();
 
@@ -213,6 +218,13 @@ class Session : public std::enable_shared_from_this<Session> {
   bool counted_ = false;         // in server_->in_flight
   bool counted_append_ = false;  // in server_->appends_in_flight
   bool peer_gone_ = false;       // the client of a stream closed its end
+  // A listen stream between fills: woken by its listener's change
+  // subscription (stream_wakes_), else looked at again by stream_timer_
+  // every kListenFallback (every 50 ms without wakes).
+  bool stream_wakes_ = false;
+  bool stream_woken_ = false;
+  std::optional<StrandTimer> stream_timer_;
+  bool stream_waiting_ = false;  // registered in server_->waiting_streams
 
   // --- the request ---------------------------------------------------------
   std::string route_;

@@ -274,6 +274,11 @@ void Session::listen() {
        after_time](Result<std::shared_ptr<Listener>> listener) {
         if (!listener) return self->respond_error(listener.error());
         auto source = *listener;
+        // Woken by the listener's change subscription (on this strand),
+        // the stream fills its next chunk at once.
+        self->stream_wakes_ = source->set_wake([weak = std::weak_ptr<Session>(self)] {
+          if (auto session = weak.lock()) session->post_wake();
+        });
         // The query that resumes the stream: at the last progress, after
         // the last update since it.
         struct Cursor {
@@ -378,7 +383,22 @@ void Session::stream(Fill fill, std::shared_ptr<StreamPosition> position) {
       });
 }
 
+void Session::post_wake() {
+  net::post(socket_.get_executor(), [self = shared_from_this()] { self->wake_stream(); });
+}
+
+void Session::wake_stream() {
+  stream_woken_ = true;
+  if (stream_timer_) stream_timer_->cancel();
+}
+
 void Session::next_chunk(Fill fill) {
+  stream_woken_ = false;  // a wake from here on is seen by this fill or runs another
+  if (stream_waiting_) {
+    stream_waiting_ = false;
+    std::lock_guard lock(server_->waiting_streams_mu);
+    server_->waiting_streams.erase(this);
+  }
   if (position_) {
     std::lock_guard lock(position_->mu);
     position_->take_chunk(&out_data_);
@@ -388,6 +408,16 @@ void Session::next_chunk(Fill fill) {
     // Said in the stream, so a cut snapshot never looks whole.
     out_data_ = stream_error_line("the server is shutting down; the stream ends here");
     return write_chunk(fill, false);
+  }
+  if (out_lease_.empty()) {
+    // Back from idle: the chunk's memory again, waiting for room if need be.
+    auto lease = server_->reads->try_reserve(Server::kStreamChunkBytes);
+    if (!lease) {
+      return server_->reads->when_available([self = shared_from_this(), fill] {
+        net::post(self->socket_.get_executor(), [self, fill] { self->next_chunk(fill); });
+      });
+    }
+    out_lease_ = std::move(*lease);
   }
   blocking<bool>(
       [self = shared_from_this(), fill]() -> Result<bool> {
@@ -406,10 +436,20 @@ void Session::next_chunk(Fill fill) {
       [self = shared_from_this(), fill](Result<bool> more) {
         if (self->out_data_.empty()) {
           if (!*more) return self->end_stream();
-          auto timer =
-              std::make_shared<net::steady_timer>(self->socket_.get_executor(), kListenRetry);
-          return timer->async_wait(
-              [self, fill, timer](beast::error_code) { self->next_chunk(fill); });
+          if (self->stream_woken_ || self->peer_gone_) return self->next_chunk(fill);
+          // Idle until a wake (or the fallback): no chunk held meanwhile.
+          std::string().swap(self->out_data_);
+          self->out_lease_.release();
+          {
+            std::lock_guard lock(self->server_->waiting_streams_mu);
+            self->server_->waiting_streams.emplace(self.get(), self);
+            self->stream_waiting_ = true;
+          }
+          if (self->server_->stopping) return self->next_chunk(fill);
+          if (!self->stream_timer_) self->stream_timer_.emplace(self->socket_.get_executor());
+          self->stream_timer_->expires_after(self->stream_wakes_ ? kListenFallback : kListenRetry);
+          return self->stream_timer_->async_wait(
+              [self, fill](beast::error_code) { self->next_chunk(fill); });
         }
         self->write_chunk(fill, *more);
       });
@@ -461,7 +501,10 @@ void Session::watch_peer() {
     if (ec == net::error::operation_aborted) return;
     const Peer peer = ec ? Peer::kGone : self->peek_peer();
     if (peer == Peer::kQuiet) return self->watch_peer();
-    if (peer == Peer::kGone) self->peer_gone_ = true;
+    if (peer == Peer::kGone) {
+      self->peer_gone_ = true;
+      self->wake_stream();  // an idle listen ends now, not at its fallback
+    }
   });
   // The wait notices only what comes after it starts: a client gone
   // just before is seen here.

@@ -1,11 +1,15 @@
 #include "shard/change_watch.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace tidemark {
 
-ChangeWatch::ChangeWatch(std::shared_ptr<Consensus> consensus, std::chrono::milliseconds poll)
-    : consensus_(std::move(consensus)), poll_interval_(poll) {}
+ChangeWatch::ChangeWatch(std::shared_ptr<Consensus> consensus, std::chrono::milliseconds poll,
+                         std::chrono::milliseconds fast_poll)
+    : consensus_(std::move(consensus)),
+      poll_interval_(poll),
+      tick_interval_(std::max(std::chrono::milliseconds(1), std::min(poll, fast_poll))) {}
 
 ChangeWatch::~ChangeWatch() {
   poller_.stop();
@@ -18,13 +22,19 @@ ChangeWatch::Wakes ChangeWatch::wakes_of(const Watched& watched) {
   return out;
 }
 
-Result<ChangeWatch::Id> ChangeWatch::subscribe(const std::string& key, std::function<void()> wake) {
+Result<ChangeWatch::Id> ChangeWatch::subscribe(const std::string& key, std::function<void()> wake,
+                                               bool fast) {
   bool start = false;
   Id id;
   {
     std::lock_guard lock(mu_);
     id = next_id_++;
-    watched_[key].wakes.emplace(id, std::make_shared<std::function<void()>>(std::move(wake)));
+    Watched& watched = watched_[key];
+    watched.wakes.emplace(id, std::make_shared<std::function<void()>>(std::move(wake)));
+    if (fast) {
+      if (watched.fast++ == 0) ++fast_keys_;
+      fast_ids_.insert(id);
+    }
     keys_.emplace(id, key);
     start = !polling_;
     polling_ = true;
@@ -32,10 +42,10 @@ Result<ChangeWatch::Id> ChangeWatch::subscribe(const std::string& key, std::func
   if (start) {
     // The task holds the watch weakly: a Client that goes away ends it.
     std::weak_ptr<ChangeWatch> weak = weak_from_this();
-    auto started = poller_.start(poll_interval_, [weak] {
+    auto started = poller_.start(tick_interval_, [weak] {
       auto self = weak.lock();
       if (!self) return false;
-      self->poll();
+      self->tick();
       return true;
     });
     if (!started) {
@@ -55,6 +65,7 @@ void ChangeWatch::unsubscribe(Id id) {
   auto watched = watched_.find(it->second);
   if (watched != watched_.end()) {
     watched->second.wakes.erase(id);
+    if (fast_ids_.erase(id) > 0 && --watched->second.fast == 0) --fast_keys_;
     if (watched->second.wakes.empty()) watched_.erase(watched);
   }
   keys_.erase(it);
@@ -79,11 +90,29 @@ void ChangeWatch::observe(const std::string& key, SeqNo seqno, const Frontier& u
 
 void ChangeWatch::poll() {
   std::lock_guard one(poll_mu_);
+  poll_keys(/*fast_only=*/false);
+}
+
+void ChangeWatch::tick() {
+  std::lock_guard one(poll_mu_);
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= next_full_) {
+    next_full_ = now + poll_interval_;
+    return poll_keys(/*fast_only=*/false);
+  }
+  poll_keys(/*fast_only=*/true);
+}
+
+// REQUIRES: poll_mu_ held.
+void ChangeWatch::poll_keys(bool fast_only) {
   std::vector<std::string> keys;
   {
     std::lock_guard lock(mu_);
-    keys.reserve(watched_.size());
-    for (const auto& [key, watched] : watched_) keys.push_back(key);
+    if (fast_only && fast_keys_ == 0) return;
+    keys.reserve(fast_only ? fast_keys_ : watched_.size());
+    for (const auto& [key, watched] : watched_) {
+      if (!fast_only || watched.fast > 0) keys.push_back(key);
+    }
   }
   if (keys.empty()) return;
   auto seqnos = consensus_->head_seqnos(keys);

@@ -9,6 +9,9 @@
 // the subscribers of each shard whose seqno moved past what this process
 // knew (another process committed: an append, but also a heartbeat or a
 // compaction, so a wake means "look again", not "the upper moved").
+// Shards with a fast subscriber (a listener: its reader waits on the next
+// change) are read every `fast_poll` instead; the task then ticks every
+// `fast_poll`, reading only the fast shards until `poll` has passed.
 //
 // A wake is a call to the subscriber's function, from whichever thread
 // learned of the change (a writer's, a reader's, the timers' pool): it must
@@ -16,7 +19,8 @@
 //
 // Memory: per watched shard its key, two numbers and its subscribers'
 // functions; nothing per change. CPU while nothing changes: one batched
-// head read per `poll`, whatever the number of subscribers.
+// head read per `poll` (per `fast_poll` of the fast shards), whatever the
+// number of subscribers.
 //
 // Thread-safety: every method is safe from any thread.
 #pragma once
@@ -28,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "tidemark/frontier.h"
@@ -40,7 +45,8 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
  public:
   using Id = std::uint64_t;
 
-  ChangeWatch(std::shared_ptr<Consensus> consensus, std::chrono::milliseconds poll);
+  ChangeWatch(std::shared_ptr<Consensus> consensus, std::chrono::milliseconds poll,
+              std::chrono::milliseconds fast_poll);
   ~ChangeWatch();
   ChangeWatch(const ChangeWatch&) = delete;
   ChangeWatch& operator=(const ChangeWatch&) = delete;
@@ -48,7 +54,9 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
   // Calls `wake` after each change of the shard stored under consensus key
   // `key` (see above) until unsubscribe(). An error only when the polling
   // task cannot be started.
-  [[nodiscard]] Result<Id> subscribe(const std::string& key, std::function<void()> wake);
+  // A `fast` subscriber has its shard read every `fast_poll`.
+  [[nodiscard]] Result<Id> subscribe(const std::string& key, std::function<void()> wake,
+                                     bool fast = false);
   // After it returns `wake` is not called again, except by a call already
   // in progress on another thread.
   void unsubscribe(Id id);
@@ -59,6 +67,10 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
   // Reads the watched shards' head seqnos once and wakes those that moved
   // (what the polling task does every `poll`).
   void poll();
+  // What the polling task does every tick: poll() once `poll` has passed
+  // since the last, else the same for the fast shards alone (nothing when
+  // there is none).
+  void tick();
 
   std::size_t subscribers() const;
 
@@ -68,19 +80,25 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
     std::optional<SeqNo> seqno;  // the newest this process knows of
     std::optional<Frontier> upper;
     std::map<Id, std::shared_ptr<std::function<void()>>> wakes;
+    std::size_t fast = 0;  // of the subscribers
   };
+  void poll_keys(bool fast_only);
   using Wakes = std::vector<std::shared_ptr<std::function<void()>>>;
   static Wakes wakes_of(const Watched& watched);
 
   const std::shared_ptr<Consensus> consensus_;
   const std::chrono::milliseconds poll_interval_;
+  const std::chrono::milliseconds tick_interval_;  // min(poll, fast_poll)
   mutable std::mutex mu_;
-  std::map<std::string, Watched> watched_;  // GUARDED_BY(mu_)
-  std::map<Id, std::string> keys_;          // GUARDED_BY(mu_)
-  Id next_id_ = 1;                          // GUARDED_BY(mu_)
-  bool polling_ = false;                    // GUARDED_BY(mu_)
-  std::mutex poll_mu_;                      // one poll at a time
-  PeriodicTask poller_;                     // last: stopped first
+  std::map<std::string, Watched> watched_;           // GUARDED_BY(mu_)
+  std::map<Id, std::string> keys_;                   // GUARDED_BY(mu_)
+  Id next_id_ = 1;                                   // GUARDED_BY(mu_)
+  std::set<Id> fast_ids_;                            // GUARDED_BY(mu_)
+  std::size_t fast_keys_ = 0;                        // GUARDED_BY(mu_): watched with fast > 0
+  std::chrono::steady_clock::time_point next_full_;  // GUARDED_BY(poll_mu_)
+  bool polling_ = false;                             // GUARDED_BY(mu_)
+  std::mutex poll_mu_;                               // one poll at a time
+  PeriodicTask poller_;                              // last: stopped first
 };
 
 }  // namespace tidemark

@@ -13,6 +13,7 @@
 #include "location/mem_consensus.h"
 #include "testing/shard_util.h"
 #include "tidemark/client.h"
+#include "tidemark/read.h"
 #include "tidemark/write.h"
 
 namespace tidemark {
@@ -25,11 +26,16 @@ using Clock = std::chrono::steady_clock;
 class CountingConsensus final : public ForwardingConsensus {
  public:
   using ForwardingConsensus::ForwardingConsensus;
-  std::atomic<int> heads{0}, batched{0};
+  std::atomic<int> heads{0}, batched{0}, writes{0};
 
   Result<std::optional<VersionedData>> head(std::string_view key) override {
     ++heads;
     return ForwardingConsensus::head(key);
+  }
+  Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
+                                     VersionedData next) override {
+    ++writes;
+    return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
   }
   Result<std::vector<std::optional<SeqNo>>> head_seqnos(
       const std::vector<std::string>& keys) override {
@@ -144,6 +150,132 @@ TEST_F(ChangeWatchTest, IdleSubscribersCostOneBatchedReadPerPoll) {
   ASSERT_NO_FATAL_FAILURE(advance(*elsewhere_, "s42", 0));
   wait_for(woken, 1, 5s);
   EXPECT_EQ(woken.load(), 1);
+}
+
+// Idle listeners read nothing of their own: one batched head read per
+// listen_poll_interval serves all of them, whatever their number (with the
+// change poll itself an hour), and an append here or elsewhere wakes every
+// one, which then reads the update.
+TEST_F(ChangeWatchTest, IdleListenersAreWokenNotPolling) {
+  ClientOptions options;
+  options.change_poll_interval = std::chrono::hours(1);
+  options.listen_poll_interval = 100ms;
+  options.background_compaction = false;
+  auto here = *Client::open(location_, options);
+  auto elsewhere = *Client::open(location_, options);
+  auto shard = here->open_shard("a");
+  ASSERT_TRUE(shard);
+  constexpr int kListeners = 50;
+  std::atomic<int> wakes{0};
+  std::vector<std::unique_ptr<Listener>> listeners;
+  for (int i = 0; i < kListeners; ++i) {
+    auto listener = (*shard)->listen(ListenStart::at_progress(Frontier::at(0)));
+    ASSERT_TRUE(listener) << listener.error().to_string();
+    EXPECT_TRUE((*listener)->set_wake([&] { ++wakes; }));
+    // Caught up: nothing to emit until an append.
+    auto event = (*listener)->poll();
+    ASSERT_TRUE(event);
+    EXPECT_FALSE(event->has_value());
+    listeners.push_back(std::move(*listener));
+  }
+  // Opening them committed their readers: a poll may have seen one of
+  // those commits before this process did and woken the listeners open
+  // then. Each looks once more, then all are idle.
+  auto idle = [&] {
+    for (auto& listener : listeners) {
+      auto event = listener->poll();
+      ASSERT_TRUE(event);
+      EXPECT_FALSE(event->has_value());
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(idle());
+  const int heads = counting_->heads, batched = counting_->batched, woken = wakes;
+  std::this_thread::sleep_for(1s);
+  ASSERT_NO_FATAL_FAILURE(idle());
+  EXPECT_EQ(counting_->heads - heads, 0);  // not one read of their own
+  EXPECT_GE(counting_->batched - batched, 4);
+  EXPECT_LE(counting_->batched - batched, 20);
+  EXPECT_EQ(wakes.load(), woken);
+
+  // An append wakes every listener, and each reads its update.
+  auto expect_update = [&](Time time) {
+    for (auto& listener : listeners) {
+      std::optional<ListenEvent> update;
+      const auto deadline = Clock::now() + 10s;
+      while (!update && Clock::now() < deadline) {
+        auto event = listener->next();
+        ASSERT_TRUE(event) << event.error().to_string();
+        ASSERT_TRUE(event->has_value());
+        if ((*event)->kind == ListenEvent::Kind::kUpdate) update = **event;
+      }
+      ASSERT_TRUE(update);
+      EXPECT_EQ(update->time, time);
+    }
+  };
+  auto append_one = [&](Client& client, Time time) {
+    auto s = client.open_shard("a");
+    ASSERT_TRUE(s);
+    auto writer = (*s)->open_writer();
+    ASSERT_TRUE(writer);
+    BatchBuilder builder = (*writer)->builder(Frontier::at(time));
+    ASSERT_TRUE(builder.add("k", "v", time, 1));
+    auto batch = builder.finish(Frontier::at(time + 1));
+    ASSERT_TRUE(batch) << batch.error().to_string();
+    std::vector<Batch> batches;
+    batches.push_back(std::move(*batch));
+    ASSERT_TRUE((*writer)->compare_and_append(batches, Frontier::at(time), Frontier::at(time + 1)));
+  };
+  ASSERT_NO_FATAL_FAILURE(append_one(*here, 0));
+  wait_for(wakes, woken + kListeners, 10s);
+  EXPECT_GE(wakes.load(), woken + kListeners);
+  ASSERT_NO_FATAL_FAILURE(expect_update(0));
+  // Another process's append: only the listeners' batched poll can see it
+  // (the change poll is an hour).
+  const int before = wakes;
+  ASSERT_NO_FATAL_FAILURE(append_one(*elsewhere, 1));
+  wait_for(wakes, before + kListeners, 10s);
+  EXPECT_GE(wakes.load(), before + kListeners);
+  ASSERT_NO_FATAL_FAILURE(expect_update(1));
+}
+
+// The leased readers of a shard opened here with the default lease (every
+// listen's and snapshot's) share one heartbeat: fifty idle readers cost
+// one consensus write per beat, not fifty, and each keeps its hold well
+// past its lease.
+TEST_F(ChangeWatchTest, ReadersOfOneShardShareOneHeartbeat) {
+  ClientOptions options;
+  options.reader_lease = 600ms;  // a beat every 200 ms
+  options.background_compaction = false;
+  auto client = *Client::open(location_, options);
+  auto shard = client->open_shard("a");
+  ASSERT_TRUE(shard);
+  constexpr std::size_t kReaders = 50;
+  std::vector<std::unique_ptr<ReadHandle>> readers;
+  for (std::size_t i = 0; i < kReaders; ++i) {
+    auto reader = (*shard)->open_reader(ReaderOptions{options.reader_lease, true});
+    ASSERT_TRUE(reader) << reader.error().to_string();
+    readers.push_back(std::move(*reader));
+  }
+  const int writes = counting_->writes;
+  std::this_thread::sleep_for(2s);  // over three leases
+  const int beats = counting_->writes - writes;
+  EXPECT_GE(beats, 4);
+  EXPECT_LE(beats, 15);  // about ten beats of one write each, not 500
+  auto info = (*shard)->inspect();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->readers.size(), kReaders);  // none expired
+  // A reader with a lease of its own beats alone, and still holds.
+  auto alone = (*shard)->open_reader(ReaderOptions{300ms, true});
+  ASSERT_TRUE(alone);
+  std::this_thread::sleep_for(1s);
+  info = (*shard)->inspect();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->readers.size(), kReaders + 1);
+  readers.clear();
+  alone->reset();
+  info = (*shard)->inspect();
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->readers.empty());
 }
 
 }  // namespace

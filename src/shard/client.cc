@@ -11,6 +11,7 @@
 #include "shard/compactor.h"
 #include "shard/context.h"
 #include "shard/gc.h"
+#include "shard/read_internal.h"
 #include "shard/state.h"
 #include "util/json.h"
 #include "util/try.h"
@@ -84,7 +85,8 @@ Result<std::shared_ptr<Client>> Client::open(std::string_view blob_url,
 Client::Client(Location location, ClientOptions options)
     : location_(std::move(location)),
       options_(std::move(options)),
-      changes_(std::make_shared<ChangeWatch>(location_.consensus, options_.change_poll_interval)) {
+      changes_(std::make_shared<ChangeWatch>(location_.consensus, options_.change_poll_interval,
+                                             options_.listen_poll_interval)) {
   if (options_.owner.empty()) options_.owner = default_owner();
 }
 
@@ -212,6 +214,7 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->machine->expect_incarnation(state->incarnation);
   context->changes = changes_;
   context->machine->report_to(changes_);
+  context->reader_heartbeats = make_reader_heartbeats(options_.reader_lease);
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }

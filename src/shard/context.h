@@ -23,6 +23,7 @@ namespace tidemark {
 
 class BackgroundCompactor;
 class ChangeWatch;
+class ReaderHeartbeats;
 
 struct ShardContext {
   ShardContext();
@@ -34,6 +35,9 @@ struct ShardContext {
   std::shared_ptr<ShardMachine> machine;
   // The Client's watch, which the machine tells of every state it learns.
   std::shared_ptr<ChangeWatch> changes;
+  // One heartbeat for the leased readers of this shard opened here with
+  // the default lease (read_handle.cc).
+  std::shared_ptr<ReaderHeartbeats> reader_heartbeats;
   // location.blob with its reads retried (retrying_blob.h).
   std::shared_ptr<Blob> read_blob;
   // Set when the shard closes: retries on the read path stop.

@@ -9,9 +9,12 @@
 // read again, so memory stays bounded for any batch (at the price of
 // re-reading a very large multi-time batch O(log times) times).
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <mutex>
 #include <thread>
 
+#include "shard/change_watch.h"
 #include "shard/context.h"
 #include "shard/merge.h"
 #include "shard/read_internal.h"
@@ -40,6 +43,7 @@ class ShardListener final : public Listener {
   }
 
   ~ShardListener() override {
+    if (watch_id_) context_->changes->unsubscribe(*watch_id_);
     merge_.reset();
     windows_.clear();
     pin_ = ReaderPins::Pin();
@@ -50,11 +54,43 @@ class ShardListener final : public Listener {
     for (;;) {
       TM_ASSIGN(auto event, poll());
       if (event || done_) return event;
-      std::this_thread::sleep_for(context_->options.listen_poll_interval);
+      if (!watch_id_) {
+        std::this_thread::sleep_for(context_->options.listen_poll_interval);
+        continue;
+      }
+      std::unique_lock lock(wakes_->mu);
+      wakes_->cv.wait_until(lock, next_look_, [&] { return wakes_->changed; });
     }
   }
 
   bool done() const override { return done_; }
+
+  bool set_wake(std::function<void()> wake) override {
+    std::lock_guard lock(wakes_->mu);
+    wakes_->caller = std::move(wake);
+    return watch_id_.has_value();
+  }
+
+  // Subscribes to the shard's changes (before the first read, so none is
+  // missed). Without a watch it polls every listen_poll_interval.
+  [[nodiscard]] Status watch() {
+    if (!context_->changes) return {};
+    TM_ASSIGN(ChangeWatch::Id id, context_->changes->subscribe(
+                                      context_->machine->key(),
+                                      [wakes = wakes_] {
+                                        std::function<void()> caller;
+                                        {
+                                          std::lock_guard lock(wakes->mu);
+                                          wakes->changed = true;
+                                          caller = wakes->caller;
+                                        }
+                                        wakes->cv.notify_all();
+                                        if (caller) caller();
+                                      },
+                                      /*fast=*/true));
+    watch_id_ = id;
+    return {};
+  }
 
   Result<std::optional<ListenEvent>> poll() override {
     for (;;) {
@@ -111,6 +147,14 @@ class ShardListener final : public Listener {
   // reported and the new upper (capped at `until`). False when the upper
   // has not moved.
   Result<bool> refresh() {
+    if (watch_id_) {
+      // Only when the shard may have changed (or as a fallback).
+      const auto now = std::chrono::steady_clock::now();
+      std::lock_guard lock(wakes_->mu);
+      if (!wakes_->changed && now < next_look_) return false;
+      wakes_->changed = false;
+      next_look_ = now + kListenFallback;
+    }
     // Nothing of an older state is read any more.
     pin_.renew();
     TM_ASSIGN(StatePtr state, context_->fetch_for_read());
@@ -206,7 +250,19 @@ class ShardListener final : public Listener {
     TimeWindow window;
   };
 
+  // What a wake of the change watch leaves for the listener (shared: a
+  // wake may be running as the listener goes).
+  struct Wakes {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool changed = true;           // GUARDED_BY(mu): the first look reads
+    std::function<void()> caller;  // GUARDED_BY(mu): set_wake's
+  };
+
   std::shared_ptr<ShardContext> context_;
+  const std::shared_ptr<Wakes> wakes_ = std::make_shared<Wakes>();
+  std::optional<ChangeWatch::Id> watch_id_;
+  std::chrono::steady_clock::time_point next_look_;  // the fallback's next look
   const ReadMemory memory_;
   const ListenStart start_;  // lower is never closed past the constructor
   const std::optional<Time> until_;
@@ -234,6 +290,7 @@ Result<std::unique_ptr<Listener>> open_listener(const std::shared_ptr<ShardConte
                                                 const ReadMemory& memory) {
   auto listener = std::make_unique<ShardListener>(context, start, until, std::move(pin),
                                                   std::move(owner), memory);
+  TM_TRY(listener->watch());
   TM_TRY(listener->check_since());
   return std::unique_ptr<Listener>(std::move(listener));
 }

@@ -1,9 +1,14 @@
 // ReadHandle: a reader's lease, since hold and seqno hold
 // (include/tidemark/read.h, src/shard/pins.h).
+#include <map>
+#include <mutex>
+#include <vector>
+
 #include "shard/context.h"
 #include "shard/pins.h"
 #include "shard/read_internal.h"
 #include "shard/state.h"
+#include "shard/transitions.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "util/clock.h"
@@ -18,7 +23,12 @@ struct ReadHandle::Impl {
   bool critical = false;
   std::chrono::milliseconds lease{0};
   std::shared_ptr<ReaderPins> pins;  // leased readers only
+  // Heartbeats: the shard's shared one when this reader has its default
+  // lease, else a task of its own.
+  std::shared_ptr<ReaderHeartbeats> group;
   PeriodicTask heartbeats;
+
+  void stop_heartbeats();
 
   std::uint64_t expiry() const {
     return wall_clock_millis() + static_cast<std::uint64_t>(lease.count());
@@ -58,10 +68,93 @@ struct ReadHandle::Impl {
   }
 };
 
+// One heartbeat for many readers: every leased reader of a shard opened in
+// this process with the default lease (Shard::snapshot and Shard::listen
+// among them) is heartbeaten by one transition every lease / 3, so 10,000
+// idle listens cost one consensus write per interval, not 10,000. A reader
+// with another lease beats on its own.
+class ReaderHeartbeats : public std::enable_shared_from_this<ReaderHeartbeats> {
+ public:
+  explicit ReaderHeartbeats(std::chrono::milliseconds lease) : lease_(lease) {}
+  ~ReaderHeartbeats() { task_.stop(); }
+
+  std::chrono::milliseconds lease() const { return lease_; }
+
+  [[nodiscard]] Status join(ReadHandle::Impl* reader) {
+    std::lock_guard lock(mu_);
+    if (!started_) {
+      std::weak_ptr<ReaderHeartbeats> weak = weak_from_this();
+      TM_TRY(task_.start(std::max(lease_ / 3, std::chrono::milliseconds(1)), [weak] {
+        auto self = weak.lock();
+        return self && self->beat();
+      }));
+      started_ = true;
+    }
+    members_.emplace(reader->id, reader);
+    return {};
+  }
+  // Once it returns, no beat uses `reader`.
+  void leave(ReadHandle::Impl* reader) {
+    std::lock_guard lock(mu_);
+    members_.erase(reader->id);
+  }
+
+ private:
+  // Extends every member's lease and records its hold in one transition
+  // (with the members' heartbeat locks held, as one reader's beat holds
+  // its own); a member that expired meanwhile registers again.
+  bool beat() {
+    std::lock_guard lock(mu_);
+    if (members_.empty()) return true;
+    std::vector<std::unique_lock<std::mutex>> held;
+    std::vector<ReaderBeat> beats;
+    held.reserve(members_.size());
+    beats.reserve(members_.size());
+    for (const auto& [id, reader] : members_) {
+      held.push_back(reader->pins->lock_for_heartbeat());
+      beats.push_back(ReaderBeat{reader->id, reader->expiry(), reader->pins->least_pinned()});
+    }
+    std::vector<std::string> expired;
+    const auto& context = members_.begin()->second->context;
+    auto state = context->machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+      expired.clear();
+      heartbeat_readers(s, beats, wall_clock_millis(), &expired);
+      return TransitionResult::kWrite;
+    });
+    if (!state) return true;  // the next beat tries again, as a reader's own would
+    for (const auto& [id, reader] : members_) reader->record_hold(*state);
+    held.clear();
+    // Expired (this process was paused or cut off past the lease): hold
+    // again from the shard's since now (see open_read_handle).
+    for (const std::string& id : expired) {
+      if (auto it = members_.find(id); it != members_.end()) (void)it->second->reregister();
+    }
+    return true;
+  }
+
+  const std::chrono::milliseconds lease_;
+  std::mutex mu_;                                                  // held across a beat
+  std::map<std::string, ReadHandle::Impl*, std::less<>> members_;  // GUARDED_BY(mu_)
+  bool started_ = false;                                           // GUARDED_BY(mu_)
+  PeriodicTask task_;
+};
+
+std::shared_ptr<ReaderHeartbeats> make_reader_heartbeats(std::chrono::milliseconds lease) {
+  return std::make_shared<ReaderHeartbeats>(lease);
+}
+
+void ReadHandle::Impl::stop_heartbeats() {
+  heartbeats.stop();
+  if (group) {
+    group->leave(this);
+    group.reset();
+  }
+}
+
 ReadHandle::ReadHandle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ReadHandle::~ReadHandle() {
-  impl_->heartbeats.stop();
+  impl_->stop_heartbeats();
   if (!impl_->critical) {
     // Best effort: a hold that cannot be dropped now expires with its lease.
     (void)impl_->apply([&](ShardState& state, std::uint64_t now) -> Status {
@@ -99,7 +192,7 @@ Status ReadHandle::heartbeat() {
 }
 
 Status ReadHandle::expire() {
-  impl_->heartbeats.stop();
+  impl_->stop_heartbeats();
   TM_TRY(impl_->apply([&](ShardState& state, std::uint64_t now) -> Status {
     remove_reader(state, impl_->id, now);
     return {};
@@ -166,7 +259,11 @@ Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<Shard
   // The handle first: if its heartbeat cannot start, dropping it removes the
   // reader it registered.
   auto handle = std::make_unique<ReadHandle>(std::move(impl));
-  if (options.heartbeat) {
+  if (options.heartbeat && context->reader_heartbeats &&
+      context->reader_heartbeats->lease() == raw->lease) {
+    TM_TRY(context->reader_heartbeats->join(raw));
+    raw->group = context->reader_heartbeats;
+  } else if (options.heartbeat) {
     TM_TRY(raw->heartbeats.start(std::max(raw->lease / 3, std::chrono::milliseconds(1)), [raw] {
       auto beat = raw->heartbeat();
       // Expired (this process was paused or cut off past the lease): hold

@@ -4,6 +4,7 @@
 // under (Shard::snapshot and Shard::listen open one for their duration).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,8 +15,13 @@
 
 namespace tidemark {
 
+// The heartbeat the leased readers of one shard with `lease` share
+// (ShardContext::reader_heartbeats; read_handle.cc).
+std::shared_ptr<ReaderHeartbeats> make_reader_heartbeats(std::chrono::milliseconds lease);
+
 // Registers reader `id` (leased, or critical when `critical`) and returns
-// its handle, heartbeating every lease / 3 when options.heartbeat.
+// its handle, heartbeating every lease / 3 when options.heartbeat (with
+// the shard's other readers of the same lease, in one transition).
 // Registering is idempotent: a reader of this id is found again (a critical
 // reader keeps its hold). Shard::open_reader and open_critical_reader.
 [[nodiscard]] Result<std::unique_ptr<ReadHandle>> open_read_handle(

@@ -100,6 +100,23 @@ Status heartbeat_reader(ShardState& state, std::string_view reader_id,
   return {};
 }
 
+void heartbeat_readers(ShardState& state, std::span<const ReaderBeat> beats, std::uint64_t now_ms,
+                       std::vector<std::string>* expired) {
+  expire_leases(state, now_ms);
+  for (const ReaderBeat& beat : beats) {
+    auto it = state.readers.find(beat.reader_id);
+    if (it == state.readers.end()) {
+      expired->emplace_back(beat.reader_id);
+      continue;
+    }
+    if (!it->second.critical()) {
+      it->second.lease_expires_ms = std::max(it->second.lease_expires_ms, beat.lease_expires_ms);
+      it->second.seqno = std::max(it->second.seqno, beat.pinned.value_or(state.seqno + 1));
+    }
+  }
+  advance_since(state);
+}
+
 Status downgrade_reader_since(ShardState& state, std::string_view reader_id, Frontier since,
                               std::uint64_t now_ms) {
   expire_leases(state, now_ms);

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "shard/state.h"
 #include "tidemark/batch.h"
@@ -54,6 +55,15 @@ void register_reader(ShardState& state, std::string_view reader_id, bool critica
 [[nodiscard]] Status heartbeat_reader(ShardState& state, std::string_view reader_id,
                                       std::uint64_t lease_expires_ms, std::uint64_t now_ms,
                                       std::optional<SeqNo> pinned = std::nullopt);
+// heartbeat_reader for several readers in one transition (one expiry pass,
+// one advance of since). The ids of those that expired go to `expired`.
+struct ReaderBeat {
+  std::string_view reader_id;
+  std::uint64_t lease_expires_ms = 0;
+  std::optional<SeqNo> pinned;
+};
+void heartbeat_readers(ShardState& state, std::span<const ReaderBeat> beats, std::uint64_t now_ms,
+                       std::vector<std::string>* expired);
 // Moves a reader's hold forward to `since` (a hold never moves back: an
 // earlier frontier leaves it). NotFound when the reader has expired.
 [[nodiscard]] Status downgrade_reader_since(ShardState& state, std::string_view reader_id,

@@ -186,12 +186,18 @@ TEST(ConsensusLeaseTest, RenewalKeepsItAndATakeoverIsNoticedByCheck) {
   EXPECT_TRUE((*lease)->check());
   EXPECT_GT(head_record(*consensus, "lease/x").expires_at_ms, first_expiry);
 
-  // Someone takes it (as after an expiry): check() names them.
-  auto head = consensus->head("lease/x");
-  ASSERT_TRUE(head && *head);
-  LeaseRecord usurper = elsewhere(wall_clock_millis() + 60'000);
-  ASSERT_TRUE(consensus->compare_and_set("lease/x", (*head)->seqno,
-                                         {(*head)->seqno + 1, usurper.to_json()}));
+  // Someone takes it (as after an expiry): check() names them. A renewal
+  // may land between the read and the write (a slow machine, a sanitizer):
+  // then the write is refused, and the usurper reads again.
+  for (;;) {
+    auto head = consensus->head("lease/x");
+    ASSERT_TRUE(head && *head);
+    LeaseRecord usurper = elsewhere(wall_clock_millis() + 60'000);
+    auto taken = consensus->compare_and_set("lease/x", (*head)->seqno,
+                                            {(*head)->seqno + 1, usurper.to_json()});
+    ASSERT_TRUE(taken);
+    if (*taken == CasOutcome::kCommitted) break;
+  }
   auto checked = (*lease)->check();
   ASSERT_FALSE(checked);
   EXPECT_EQ(checked.error().kind, ErrorKind::kHeld);
