@@ -293,6 +293,9 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   }
   if (!argv.empty() && argv[0] == "appender") return run_bench_appender(globals, argv);
   if (!argv.empty() && argv[0] == "shards") return run_bench_shards(globals, argv);
+  if (!argv.empty() && (argv[0] == "listen" || argv[0] == "listen-child")) {
+    return run_bench_listen(globals, argv);
+  }
   if (!argv.empty() && (argv[0] == "compaction" || argv[0] == "compaction-child")) {
     return run_bench_compaction(globals, argv);
   }
@@ -312,7 +315,8 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
         "compaction [--appends N] [--background-compaction on|off] [--dir DIR] [--json] | bench "
         "sink [--diff N] [--envelope upsert|debezium] [--dir DIR] [--json] | bench shards "
         "[--shards "
-        "N] [--sinks M] [--idle-close S] [--dir DIR] [--json]");
+        "N] [--sinks M] [--idle-close S] [--dir DIR] [--json] | bench listen [--updates N] "
+        "[--times T] [--rounds R] [--dir DIR] [--json]");
   }
   std::uint64_t updates = 10'000'000;
   int appends = 200;

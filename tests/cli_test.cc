@@ -16,11 +16,11 @@
 #include <sstream>
 #include <thread>
 
-#include "testing/s3_test_prefix.h"
-#include "testing/silent_listener.h"
-#include "testing/server_client.h"
 #include "server_process.h"
 #include "testing/kafka_mock_process.h"
+#include "testing/s3_test_prefix.h"
+#include "testing/server_client.h"
+#include "testing/silent_listener.h"
 
 namespace {
 
@@ -627,7 +627,8 @@ TEST_F(CliTest, BenchDirKeepsWhatWasThere) {
   std::ofstream(dir / "mine" / "nested.txt") << "me too\n";
   std::set<std::string> expected = {"mine", "precious.txt"};
   for (const std::string bench :
-       {"engine --updates 1000 --appends 2", "compaction --appends 20", "sink --diff 100"}) {
+       {"engine --updates 1000 --appends 2", "compaction --appends 20", "sink --diff 100",
+        "listen --updates 1000 --times 10 --rounds 1"}) {
     Outcome run = tidemark("bench " + bench + " --json --dir " + shell_quote(dir.string()));
     ASSERT_EQ(run.status, 0) << bench << ": " << run.err;
     EXPECT_EQ(slurp(dir / "precious.txt"), "keep me\n") << bench;

@@ -112,5 +112,7 @@ int run_bench_compaction(const Globals& globals, const std::vector<std::string>&
 // `bench sink`, dispatched by run_bench (bench/bench_sink.cc).
 int run_bench_sink(const Globals& globals, const std::vector<std::string>& args);
 int run_bench_shards(const Globals& globals, const std::vector<std::string>& args);
+// `bench listen`, dispatched by run_bench (bench/bench_listen.cc).
+int run_bench_listen(const Globals& globals, const std::vector<std::string>& args);
 
 }  // namespace tidemark::cli

@@ -181,8 +181,8 @@ constexpr std::string_view kBench = R"(usage: tidemark bench MODE [options]
 
 Benchmarks that print figures (docs/benchmarks.md has them, with the
 command beside each row); --json prints them as JSON. Each works in a
-fresh temporary directory, removed after; engine, compaction, sink and
-shards take --dir DIR to work in DIR and keep it.
+fresh temporary directory, removed after; engine, compaction, sink,
+shards and listen take --dir DIR to work in DIR and keep it.
   engine      [--updates N] [--appends N]: ingest, snapshot, listen, sizes
   appender    [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
               [--batch-appends on|off] [--blob-latency-ms L]
@@ -193,6 +193,8 @@ shards take --dir DIR to work in DIR and keep it.
               messages a second, memory
   shards      [--shards N] [--sinks M] [--idle-close S]: threads and CPU of
               many open, idle shards and sinks
+  listen      [--updates N] [--times T] [--rounds R]: a listen over one
+              batch of N updates over T times against a snapshot of it
 
 Example:
   tidemark bench engine --updates 1000000
