@@ -60,9 +60,20 @@ struct ClientOptions {
   // or object); a larger one is first written to the blob store. 0: always
   // the blob store.
   std::uint64_t inline_rollup_max_bytes = 1 << 20;
-  // Listen orders each batch's updates by time within this buffer; a batch
-  // larger than this is emitted in several passes over time ranges.
+  // Listen orders each batch's updates by time within this buffer. A
+  // batch whose updates span several times and do not fit it is sorted
+  // externally: runs of this size are written to scratch files and merged
+  // (at most 64 at once), so a listen holds about this plus up to 4 MiB of
+  // merge buffers (less for a smaller buffer), whatever the batch.
   std::uint64_t listen_buffer_bytes = 8ull << 20;
+  // Where those scratch files go; made if missing. They have no name
+  // (O_TMPFILE, or unlinked as soon as made): closed when merged or when
+  // the listener is done, freed by the kernel if the process dies. A
+  // listen that cannot write there fails with an error naming the
+  // directory. Empty: the system's temporary directory (TMPDIR, else
+  // /tmp). The command line and `tidemark serve` use DATA/scratch in the
+  // data directory.
+  std::string scratch_directory;
   // How soon a listener learns of a change another process commits: while
   // anything listens, the heads of the shards listened to are read this
   // often, in one batched read for all of them whatever the number of

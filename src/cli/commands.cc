@@ -139,6 +139,11 @@ Result<std::shared_ptr<Client>> open_client(const Globals& globals, DataDir data
   // done when it exits.
   ClientOptions options;
   options.background_compaction = false;
+  // A listen's scratch files go in the data directory, when there is one.
+  if (!globals.blob_url || !globals.consensus_url) {
+    options.scratch_directory =
+        (std::filesystem::absolute(globals.data_dir).lexically_normal() / "scratch").string();
+  }
   return Client::open(urls.first, urls.second, options);
 }
 

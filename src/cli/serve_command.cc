@@ -76,12 +76,15 @@ Result<std::string> server_id(const std::string& data_dir) {
   return id;
 }
 
-// The client's buffers that no pool accounts for, sized from the server's
-// memory limit so that a small --memory-limit shrinks them too: each batch
-// builder holds part_target_bytes x (1 + uploads in flight), and each
-// snapshot, listen or sink reading a batch orders it in listen_buffer_bytes.
-// Each takes at most limit / 32 (8 MiB at the default 256 MiB; 2 MiB at
-// 64 MiB), never less than 64 KiB.
+// The client's buffers, sized from the server's memory limit so that a
+// small --memory-limit shrinks them too: each batch builder holds
+// part_target_bytes x (1 + uploads in flight), which no pool accounts for,
+// and each listen or sink reading a batch of many times orders it in
+// listen_buffer_bytes, plus merge buffers of at most the same again (up
+// to 4 MiB) when it spills, charged to its read memory (the reads pool
+// for an HTTP listen, the sinks' pool for a sink). Each takes at most
+// limit / 32 (8 MiB at the default 256 MiB; 2 MiB at 64 MiB), never less
+// than 64 KiB.
 ClientOptions fit_to_memory_limit(ClientOptions client, std::uint64_t memory_limit) {
   const std::uint64_t share = std::max<std::uint64_t>(memory_limit / 32, 64 << 10);
   const std::uint64_t builders = 1 + std::max<std::size_t>(client.max_uploads_in_flight, 1);
@@ -298,6 +301,8 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
   // holds a block per input, and compaction keeps the inputs few. A drawn
   // "off" applies to the engine's own tests.
   client_options.background_compaction = true;
+  client_options.scratch_directory =
+      (std::filesystem::absolute(globals.data_dir).lexically_normal() / "scratch").string();
   if (lease) client_options.writer_lease = client_options.reader_lease = *lease;
   if (producer_expiry) client_options.producer_expiry = *producer_expiry;
   if (max_producers) client_options.max_producers = *max_producers;

@@ -1,13 +1,20 @@
 // Shard::listen: updates after a ListenStart in time order, with progress.
 //
 // The listener walks the shard's batches in order. For each batch it emits
-// the updates in the part of the batch it has not emitted yet, in time
-// order: a window of one time streams straight from the merge (already
-// sorted by key and value); a wider window is gathered in a buffer of at
-// most listen_buffer_bytes, consolidated and sorted by time. When a window
-// does not fit the buffer it is split in two halves by time and each half is
-// read again, so memory stays bounded for any batch (at the price of
-// re-reading a very large multi-time batch O(log times) times).
+// the updates in the part of the batch it has not emitted yet (its window),
+// in (time, key, value) order, consolidated: a window of one time streams
+// straight from the merge (already sorted by key and value); a wider one
+// is read once through the merge into a TimeSorter (time_sorter.h), an
+// external sort: runs of at most listen_buffer_bytes, spilled to scratch
+// files in ClientOptions::scratch_directory when the window does not fit
+// one run, then merged at most 64 at a time. So a batch of any size costs
+// O(n log n) time and bounded memory: the merge's blocks, plus the
+// sorter's listen_buffer_bytes and at most 65 x 64 KiB of merge buffers
+// (time_sorter.h gives the bound), charged to the listen's ReadMemory.
+// A wider window whose read or sort fails has emitted nothing, and the
+// next poll reads it again from its start; a failure while its updates go
+// out (reading a scratch file back) is returned by every later poll, so a
+// stream never skips.
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -19,6 +26,7 @@
 #include "shard/merge.h"
 #include "shard/read_internal.h"
 #include "shard/state.h"
+#include "shard/time_sorter.h"
 #include "tidemark/read.h"
 #include "util/try.h"
 
@@ -45,22 +53,25 @@ class ShardListener final : public Listener {
   ~ShardListener() override {
     if (watch_id_) context_->changes->unsubscribe(*watch_id_);
     merge_.reset();
+    sorted_.reset();
     windows_.clear();
     pin_ = ReaderPins::Pin();
     owner_.reset();
   }
 
   Result<std::optional<ListenEvent>> next() override {
-    for (;;) {
-      TM_ASSIGN(auto event, poll());
-      if (event || done_) return event;
+    // One result, returned as it is: poll() makes each event in place.
+    Result<std::optional<ListenEvent>> event = poll();
+    while (event && !*event && !done_) {
       if (!watch_id_) {
         std::this_thread::sleep_for(context_->options.listen_poll_interval);
-        continue;
+      } else {
+        std::unique_lock lock(wakes_->mu);
+        wakes_->cv.wait_until(lock, next_look_, [&] { return wakes_->changed; });
       }
-      std::unique_lock lock(wakes_->mu);
-      wakes_->cv.wait_until(lock, next_look_, [&] { return wakes_->changed; });
+      event = poll();
     }
+    return event;
   }
 
   bool done() const override { return done_; }
@@ -101,9 +112,11 @@ class ShardListener final : public Listener {
         if (event) return event;
         continue;
       }
-      if (buffer_index_ < buffer_.size()) {
-        const Update& u = buffer_[buffer_index_++];
-        return update_event(u.key, u.value, u.time, u.diff);
+      if (sorted_) {
+        TM_ASSIGN(const UpdateView* update, sorted_->next());
+        if (update) return update_event(update->key, update->value, update->time, update->diff);
+        sorted_.reset();  // its memory and scratch files go now
+        continue;
       }
       // 2. Start the next window of the planned batches.
       if (!windows_.empty()) {
@@ -185,9 +198,10 @@ class ShardListener final : public Listener {
     return true;
   }
 
+  // Opens the next window: a merge to stream (one time), or the whole
+  // window read into a sorter. On failure the window stays first in line.
   Status start_window() {
-    Window next = std::move(windows_.front());
-    windows_.pop_front();
+    const Window& next = windows_.front();
     const TimeWindow window = next.window;
     TM_ASSIGN(MergeCursor merge,
               MergeCursor::open(context_->read_blob, std::vector<MergeCursor::PartRun>{next.parts},
@@ -195,29 +209,19 @@ class ShardListener final : public Listener {
     if (window.min == window.max) {
       merge_.emplace(std::move(merge));
       streaming_ = true;
+      windows_.pop_front();
       return {};
     }
-    buffer_.clear();
-    buffer_index_ = 0;
-    std::uint64_t bytes = 0;
+    auto sorter = std::make_unique<TimeSorter>(context_->options.listen_buffer_bytes,
+                                               context_->options.scratch_directory, memory_);
     for (;;) {
       TM_ASSIGN(auto update, merge.next());
       if (!update) break;
-      bytes += update->key.size() + update->value.size() + sizeof(Update);
-      if (bytes > context_->options.listen_buffer_bytes) {
-        // Too big for one pass: split the window and read each half again.
-        buffer_.clear();
-        buffer_.shrink_to_fit();
-        Time mid = window.min + (window.max - window.min) / 2;
-        windows_.push_front(Window{next.parts, TimeWindow{mid + 1, window.max}});
-        windows_.push_front(Window{std::move(next.parts), TimeWindow{window.min, mid}});
-        return {};
-      }
-      buffer_.push_back(update->to_owned());
+      TM_TRY(sorter->add(*update));
     }
-    consolidate(buffer_);
-    std::stable_sort(buffer_.begin(), buffer_.end(),
-                     [](const Update& a, const Update& b) { return a.time < b.time; });
+    TM_TRY(sorter->finish());
+    sorted_ = std::move(sorter);
+    windows_.pop_front();
     return {};
   }
 
@@ -235,13 +239,15 @@ class ShardListener final : public Listener {
   static Result<std::optional<ListenEvent>> update_event(std::string_view key,
                                                          std::string_view value, Time time,
                                                          Diff diff) {
-    ListenEvent event;
+    // Made in place in the result: a listen returns one per update.
+    Result<std::optional<ListenEvent>> out(std::in_place, std::in_place);
+    ListenEvent& event = **out;
     event.kind = ListenEvent::Kind::kUpdate;
     event.key = key;
     event.value = value;
     event.time = time;
     event.diff = diff;
-    return std::optional<ListenEvent>{event};
+    return out;
   }
 
   // A time range of one batch still to emit.
@@ -275,8 +281,7 @@ class ShardListener final : public Listener {
   std::deque<Window> windows_;
   bool streaming_ = false;
   std::optional<ConsolidatingCursor> merge_;  // the one-time window streaming
-  std::vector<Update> buffer_;
-  std::size_t buffer_index_ = 0;
+  std::unique_ptr<TimeSorter> sorted_;        // the wider window being emitted
   ReaderPins::Pin pin_;
   std::unique_ptr<ReadHandle> owner_;
 };

@@ -1,9 +1,13 @@
 // Unit tests of the shard layer over the in-memory backends: state
 // encoding, the rules of compare_and_append, snapshots and listens.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -1380,6 +1384,187 @@ TEST_F(ShardTest, ListenEmitsInTimeOrderWithProgress) {
     ASSERT_FALSE(out->progress.empty());
     EXPECT_EQ(out->progress.back(), Frontier::at(9));
   }
+}
+
+// --- A listen over a batch larger than its buffer ----------------------------
+
+// A listen's events in order, one line each: "TIME KEY VALUE DIFF" for an
+// update, "progress P" for a progress.
+Result<std::vector<std::string>> listen_lines(Listener& listener) {
+  std::vector<std::string> out;
+  for (;;) {
+    TM_ASSIGN(auto event, listener.next());
+    if (!event) break;
+    if (event->kind == ListenEvent::Kind::kProgress) {
+      out.push_back("progress " + event->progress.to_string());
+    } else {
+      out.push_back(std::to_string(event->time) + " " + std::string(event->key) + " " +
+                    std::string(event->value) + " " + std::to_string(event->diff));
+    }
+  }
+  return out;
+}
+
+class ListenSortTest : public ShardTest {
+ protected:
+  void SetUp() override {
+    ShardTest::SetUp();
+    std::string path =
+        (std::filesystem::temp_directory_path() / "tidemark-listen-sort-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(path.data()), nullptr);
+    dir_ = path;
+    // Parts of 16 KiB: the batch below is a few loose parts, so equal
+    // updates in different parts meet only in the listen's merge.
+    ClientOptions options = client_->options();
+    options.part_target_bytes = 16 << 10;
+    reopen(options);
+    append_wide_batches();
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  // One batch [0, 50) of about 4,000 updates over 49 times, with repeats
+  // of one (key, value, time) in other parts (cancelling ones too), a sum
+  // past i64, and one update of 2,000 bytes; then a batch [50, 60).
+  void append_wide_batches() {
+    std::vector<Update> updates;
+    for (int i = 0; i < 3000; ++i) {
+      // Values of several lengths, so that runs end at varying places.
+      updates.push_back(Update{"k" + std::to_string(i % 300),
+                               "v" + std::to_string(i % 7) + std::string(i % 11, '.'),
+                               Time(1 + i % 49), 1});
+    }
+    updates.push_back(Update{"max", "", 5, INT64_MAX});
+    updates.push_back(Update{"big", std::string(2000, 'b'), 20, 1});
+    for (int i = 0; i < 3000; i += 5) {
+      Update u = updates[i];
+      u.diff = i % 2 == 0 ? -1 : 1;  // cancels, or makes a 2
+      updates.push_back(u);
+      if (i % 3 == 0) updates.push_back(u);  // makes a -1, or a 3
+    }
+    updates.push_back(Update{"max", "", 5, INT64_MAX});
+    // Through a builder, which cuts a part every 16 KiB in the order given
+    // (a batch made from a vector is consolidated whole).
+    BatchBuilder builder = writer_->builder(Frontier::at(0));
+    for (const Update& u : updates) ASSERT_TRUE(builder.add(u.key, u.value, u.time, u.diff));
+    auto built = builder.finish(Frontier::at(50));
+    ASSERT_TRUE(built) << built.error().to_string();
+    std::vector<Batch> batches;
+    batches.push_back(std::move(*built));
+    ASSERT_GT(batches[0].parts().size(), 1u);
+    ASSERT_LE(batches[0].parts().size(), BatchBuilder::kMaxLooseParts);
+    ASSERT_TRUE(append(batches, 0, 50));
+    std::vector<Update> second = numbered(30, 55, "q");
+    batches.clear();
+    batches.push_back(make_batch(second, 50, 60));
+    ASSERT_TRUE(append(batches, 50, 60));
+
+    updates.insert(updates.end(), second.begin(), second.end());
+    std::erase_if(updates, [](const Update& u) { return u.time == 0; });  // listen --from 0
+    consolidate(updates);
+    std::stable_sort(updates.begin(), updates.end(),
+                     [](const Update& a, const Update& b) { return a.time < b.time; });
+    for (const Update& u : updates) {
+      expected_.push_back(std::to_string(u.time) + " " + u.key + " " + u.value + " " +
+                          std::to_string(u.diff));
+    }
+    expected_.push_back("progress 60");
+  }
+
+  // A shard handle whose listens have this buffer and scratch directory.
+  std::shared_ptr<Shard> open_with(std::uint64_t listen_buffer_bytes, std::string scratch) {
+    ClientOptions options = client_->options();
+    options.listen_buffer_bytes = listen_buffer_bytes;
+    options.scratch_directory = std::move(scratch);
+    auto client = *Client::open(client_->location(), options);
+    return *client->open_shard("orders");
+  }
+
+  // Files this process has open in dir_.
+  std::size_t open_scratch_files() const {
+    std::size_t n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      std::error_code error;
+      const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+      if (!error && target.starts_with(dir_ + "/")) ++n;
+    }
+    return n;
+  }
+
+  std::string dir_;
+  std::vector<std::string> expected_;
+};
+
+// A 600-byte buffer sorts the batch in hundreds of spilled runs, merged 64
+// at a time and then once more: the events are exactly those of a buffer
+// that holds it all (and of consolidating it whole and sorting it by time).
+TEST_F(ListenSortTest, ATinyBufferGivesTheSameEventsAsAHugeOne) {
+  for (std::uint64_t buffer : {std::uint64_t{1} << 30, std::uint64_t{600}}) {
+    auto listener = open_with(buffer, dir_)->listen(0, 60);
+    ASSERT_TRUE(listener) << listener.error().to_string();
+    auto lines = listen_lines(**listener);
+    ASSERT_TRUE(lines) << lines.error().to_string();
+    EXPECT_EQ(*lines, expected_) << "buffer " << buffer;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+// Scratch files have no name, and close with the listener.
+TEST_F(ListenSortTest, ScratchFilesGoWithTheListener) {
+  auto listener = open_with(600, dir_)->listen(0, 60);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  auto first = (*listener)->next();
+  ASSERT_TRUE(first && *first) << (first ? "" : first.error().to_string());
+  EXPECT_GT(open_scratch_files(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+  listener->reset();
+  EXPECT_EQ(open_scratch_files(), 0u);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+// A scratch directory that cannot be made fails the listen with an error
+// naming it, before any event; a listen whose buffer holds the batch never
+// needs it.
+TEST_F(ListenSortTest, AnUnwritableScratchDirectoryIsAnErrorNamingIt) {
+  std::ofstream(dir_ + "/file") << "not a directory\n";
+  const std::string scratch = dir_ + "/file/scratch";
+  auto listener = open_with(600, scratch)->listen(0, 60);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  auto event = (*listener)->next();
+  ASSERT_FALSE(event);
+  EXPECT_EQ(event.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(event.error().message.find(scratch), std::string::npos) << event.error().message;
+
+  auto roomy = open_with(1 << 20, scratch)->listen(0, 60);
+  ASSERT_TRUE(roomy) << roomy.error().to_string();
+  auto lines = listen_lines(**roomy);
+  ASSERT_TRUE(lines) << lines.error().to_string();
+  EXPECT_EQ(*lines, expected_);
+}
+
+// A scratch write that fails (past RLIMIT_FSIZE here, as on a full disk)
+// fails the poll with an error naming the directory; once writes work
+// again the same listener reads that window again and goes on exactly.
+TEST_F(ListenSortTest, AFailedScratchWriteFailsThePollAndTheListenGoesOnExactly) {
+  auto listener = open_with(600, dir_)->listen(0, 60);
+  ASSERT_TRUE(listener) << listener.error().to_string();
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  auto* previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = saved;
+  small.rlim_cur = 4 << 10;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  auto failed = (*listener)->poll();
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, previous);
+  ASSERT_FALSE(failed);
+  EXPECT_EQ(failed.error().kind, ErrorKind::kDeterminate);
+  EXPECT_NE(failed.error().message.find(dir_), std::string::npos) << failed.error().message;
+  auto lines = listen_lines(**listener);
+  ASSERT_TRUE(lines) << lines.error().to_string();
+  EXPECT_EQ(*lines, expected_);
 }
 
 TEST_F(ShardTest, ListenWaitsForNewAppends) {
