@@ -227,6 +227,29 @@ TEST_F(CliTest, AppendSnapshotListen) {
   EXPECT_EQ(none.out, "");
   EXPECT_EQ(tidemark("listen s --from 0 --resume-progress 1").status, 2);
   EXPECT_EQ(tidemark("listen s --resume-progress x").status, 2);
+
+  // --snapshot: the snapshot at --as-of as updates at that time, its
+  // progress, then the changes after it.
+  Outcome both = tidemark("listen s --snapshot --as-of 1 --until 3");
+  EXPECT_EQ(both.status, 0) << both.err;
+  EXPECT_EQ(both.out,
+            "{\"key\":\"a\",\"value\":1,\"time\":1,\"diff\":2}\n"
+            "{\"key\":\"b\",\"value\":{\"x\":[1,2]},\"time\":1,\"diff\":1}\n"
+            "{\"progress\":2}\n"
+            "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":-1}\n"
+            "{\"progress\":3}\n");
+  Outcome latest_both = tidemark("listen s --snapshot --until 3");
+  EXPECT_EQ(latest_both.status, 0) << latest_both.err;
+  EXPECT_EQ(latest_both.out,
+            "{\"key\":\"a\",\"value\":1,\"time\":2,\"diff\":1}\n"
+            "{\"key\":\"b\",\"value\":{\"x\":[1,2]},\"time\":2,\"diff\":1}\n"
+            "{\"progress\":3}\n");
+  EXPECT_EQ(tidemark("listen s --snapshot --from 0").status, 2);
+  EXPECT_EQ(tidemark("listen s --snapshot --resume-progress 0").status, 2);
+  EXPECT_EQ(tidemark("listen s --from 0 --as-of 1").status, 2);
+  Outcome early = tidemark("listen s --snapshot --as-of 3");
+  EXPECT_EQ(early.status, 1);
+  EXPECT_NE(early.err.find("not complete"), std::string::npos) << early.err;
 }
 
 // The poison update: two diffs of i64::MAX for one (key, value) in
@@ -917,6 +940,13 @@ TEST_F(CliTest, TheCommandsDriveARunningServer) {
   ASSERT_EQ(listened.size(), 1001u);
   EXPECT_EQ(listened.back(), "{\"progress\":3}");
   EXPECT_EQ(remote("listen orders --from 0 --resume-progress 2").status, 2);
+  Outcome with_snapshot = remote("listen orders --snapshot --as-of 1 --until 3");
+  EXPECT_EQ(with_snapshot.status, 0) << with_snapshot.err;
+  auto both_lines = tidemark::testing::lines_of(with_snapshot.out);
+  ASSERT_EQ(both_lines.size(), 3002u);  // 2,000 rows, progress 2, 1,000 rows, progress 3
+  EXPECT_EQ(both_lines[2000], "{\"progress\":2}");
+  EXPECT_EQ(both_lines.back(), "{\"progress\":3}");
+  EXPECT_EQ(remote("listen orders --snapshot --from 0").status, 2);
 
   Outcome inspect = remote("shard inspect orders");
   EXPECT_NE(inspect.out.find("upper:   3\n"), std::string::npos) << inspect.out;

@@ -293,6 +293,12 @@ class Shard {
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt,
                                                          const ReadMemory& memory = {});
+  // The consolidated snapshot at `as_of` (default: the latest complete
+  // time), then every change after it, in one listener (read.h,
+  // SnapshotListen); under a leased reader of its own like listen.
+  [[nodiscard]] Result<SnapshotListen> listen_snapshot(std::optional<Time> as_of = std::nullopt,
+                                                       std::optional<Time> until = std::nullopt,
+                                                       const ReadMemory& memory = {});
 
   // Runs the merges the spine needs until it is in shape,
   // each streaming in bounded memory and registered only if its inputs are

@@ -132,6 +132,21 @@ class Listener {
   }
 };
 
+// A snapshot and the changes after it, in one stream (what Materialize
+// calls SUBSCRIBE): the consolidated contents at `as_of`, each row as an
+// update at time as_of, then every update at a time after as_of in time
+// order with progress events, as a Listener after as_of would give them.
+// No time is missing between the two and none is read twice: the snapshot
+// covers every time <= as_of, the changes every time > as_of, both under
+// one reader's hold. A consumer resumes at a progress value it saw with a
+// plain listen (ListenStart::at_progress).
+struct SnapshotListen {
+  // The snapshot's time. nullopt when the shard had no complete time yet
+  // (an upper of 0): the snapshot is empty and the changes start at 0.
+  std::optional<Time> as_of;
+  std::unique_ptr<Listener> listener;
+};
+
 // What a read's decoded blocks are charged to. A snapshot holds one block
 // per part it merges (a listen, per part of the batch it reads), each up to
 // the part's block size (64 KiB of payload by default), or one whole update
@@ -190,12 +205,23 @@ class ReadHandle {
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(Time from,
                                                          std::optional<Time> until = std::nullopt,
                                                          const ReadMemory& memory = {});
+  // The snapshot at `as_of` (default: the latest complete time, upper - 1)
+  // and then the changes after it (SnapshotListen). NotReady when as_of is
+  // not final yet, SinceViolation when it is below the since,
+  // InvalidUsage when `until` is not after as_of.
+  [[nodiscard]] Result<SnapshotListen> listen_snapshot(std::optional<Time> as_of,
+                                                       std::optional<Time> until = std::nullopt,
+                                                       const ReadMemory& memory = {});
 
  private:
   friend class Shard;
   // Reads that own `self` (this handle) and drop its hold when done.
   [[nodiscard]] Result<SnapshotCursor> snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
                                                       const ReadMemory& memory);
+  [[nodiscard]] Result<SnapshotListen> listen_snapshot_owned(std::optional<Time> as_of,
+                                                             std::optional<Time> until,
+                                                             std::unique_ptr<ReadHandle> self,
+                                                             const ReadMemory& memory);
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen_owned(ListenStart start,
                                                                std::optional<Time> until,
                                                                std::unique_ptr<ReadHandle> self,

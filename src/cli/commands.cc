@@ -665,34 +665,13 @@ int run_snapshot(const Globals& globals, const std::vector<std::string>& argv) {
 
 // --- listen -----------------------------------------------------------------
 
-int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"--from", "--resume-progress", "--until"}, {});
-  if (!args) return usage_error(args.error().message);
-  if (args->positionals().size() != 1) return usage_error("listen takes one NAME");
-  auto from = args->frontier("--from", false);
-  if (!from) return usage_error(from.error().message);
-  // The progress value a stream printed last, "null" included.
-  auto resume = args->get("--resume-progress") == "null"
-                    ? Result<std::optional<Frontier>>(std::optional<Frontier>{Frontier::closed()})
-                    : args->frontier("--resume-progress", false);
-  if (!resume) return usage_error(resume.error().message);
-  if (from->has_value() == resume->has_value()) {
-    return usage_error(
-        "listen needs one of --from T (times after T) and --resume-progress P (times from P on)");
-  }
-  const ListenStart start =
-      *from ? ListenStart::after((*from)->time()) : ListenStart::at_progress(**resume);
-  auto until = args->frontier("--until", false);
-  if (!until) return usage_error(until.error().message);
-  auto shard = open_named_shard(globals, args->positionals()[0], DataDir::kMustExist);
-  if (!shard) return report(shard.error());
-  std::optional<Time> until_time;
-  if (*until) until_time = (*until)->time();
-  auto listener = (*shard)->listen(start, until_time);
-  if (!listener) return report(listener.error());
+namespace {
+
+// Prints a listener's events as NDJSON until it is done.
+int print_listen(Listener& listener) {
   Output out;
   for (;;) {
-    auto event = (*listener)->next();
+    auto event = listener.next();
     if (!event) {
       out.flush();
       return report(event.error());
@@ -708,6 +687,56 @@ int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
     }
   }
   return kExitOk;
+}
+
+}  // namespace
+
+int run_listen(const Globals& globals, const std::vector<std::string>& argv) {
+  auto args =
+      Args::parse(argv, {"--from", "--resume-progress", "--until", "--as-of"}, {"--snapshot"});
+  if (!args) return usage_error(args.error().message);
+  if (args->positionals().size() != 1) return usage_error("listen takes one NAME");
+  auto from = args->frontier("--from", false);
+  if (!from) return usage_error(from.error().message);
+  // The progress value a stream printed last, "null" included.
+  auto resume = args->get("--resume-progress") == "null"
+                    ? Result<std::optional<Frontier>>(std::optional<Frontier>{Frontier::closed()})
+                    : args->frontier("--resume-progress", false);
+  if (!resume) return usage_error(resume.error().message);
+  auto as_of = args->frontier("--as-of", false);
+  if (!as_of) return usage_error(as_of.error().message);
+  const bool snapshot = args->has("--snapshot");
+  if (snapshot && (from->has_value() || resume->has_value())) {
+    return usage_error(
+        "listen --snapshot starts at its snapshot: it takes --as-of T, not --from or "
+        "--resume-progress");
+  }
+  if (!snapshot && as_of->has_value()) {
+    return usage_error("--as-of is for listen --snapshot");
+  }
+  if (!snapshot && from->has_value() == resume->has_value()) {
+    return usage_error(
+        "listen needs one of --from T (times after T), --resume-progress P (times from P on) "
+        "and --snapshot (the snapshot, then every change after it)");
+  }
+  auto until = args->frontier("--until", false);
+  if (!until) return usage_error(until.error().message);
+  auto shard = open_named_shard(globals, args->positionals()[0], DataDir::kMustExist);
+  if (!shard) return report(shard.error());
+  std::optional<Time> until_time;
+  if (*until) until_time = (*until)->time();
+  if (snapshot) {
+    std::optional<Time> as_of_time;
+    if (*as_of) as_of_time = (*as_of)->time();
+    auto both = (*shard)->listen_snapshot(as_of_time, until_time);
+    if (!both) return report(both.error());
+    return print_listen(*both->listener);
+  }
+  const ListenStart start =
+      *from ? ListenStart::after((*from)->time()) : ListenStart::at_progress(**resume);
+  auto listener = (*shard)->listen(start, until_time);
+  if (!listener) return report(listener.error());
+  return print_listen(**listener);
 }
 
 }  // namespace tidemark::cli

@@ -80,7 +80,8 @@ Example:
 )";
 
 constexpr std::string_view kListen =
-    R"(usage: tidemark listen NAME (--from T | --resume-progress P) [--until T]
+    R"(usage: tidemark listen NAME (--from T | --resume-progress P | --snapshot [--as-of T])
+                       [--until T]
 
 Prints updates in time order as NDJSON {"key","value","time","diff"}, with
 {"progress": P} lines: every time below P has been printed. Waits for new
@@ -90,14 +91,22 @@ appends.
                        {"progress": P} a listen printed (null included)
                        to go on with nothing skipped and nothing twice;
                        0 is the whole history.
+  --snapshot           the consolidated snapshot first, each row as an
+                       update at its as-of time, then {"progress": as-of
+                       + 1}, then every change after it: nothing missing
+                       between the two, nothing twice.
+  --as-of T            the snapshot's time (default: the latest final
+                       time, upper - 1; an empty snapshot and every change
+                       from 0 while the upper is 0).
   --until T            stop once progress reaches T (default: run until
-                       interrupted).
+                       interrupted); with --snapshot, after the as-of time.
 The times read must be exact: T, or P - 1, at or above the shard's since
 (exit 1 otherwise). Never creates the data directory.
 
 Example:
   tidemark listen orders --resume-progress 0 --until 5
   tidemark listen orders --resume-progress 5   # after the line {"progress":5}
+  tidemark listen orders --snapshot            # the state now, then changes
 )";
 
 constexpr std::string_view kCompact = R"(usage: tidemark compact NAME

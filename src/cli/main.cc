@@ -20,7 +20,7 @@ constexpr const char* kUsage =
   shard delete NAME [--force]
   append NAME [--input FILE|-] [--lower T --upper T | --producer ID] [--max-record-bytes SIZE]
   snapshot NAME [--as-of T]
-  listen NAME (--from T | --resume-progress P) [--until T]
+  listen NAME (--from T | --resume-progress P | --snapshot [--as-of T]) [--until T]
   compact NAME
   serve [--listen HOST:PORT] [--memory-limit SIZE] [--max-record-bytes SIZE]
         [--token-file FILE] [--lease MS] [--retry-deadline MS] [--producer-expiry MS]

@@ -331,11 +331,11 @@ int remote_append(Remote& remote, const std::vector<std::string>& argv) {
 
 int remote_read(Remote& remote, const std::string& command, const std::vector<std::string>& argv) {
   const bool listen = command == "listen";
-  auto args =
-      Args::parse(argv,
-                  listen ? std::vector<std::string>{"--from", "--resume-progress", "--until"}
-                         : std::vector<std::string>{"--as-of"},
-                  {});
+  auto args = Args::parse(
+      argv,
+      listen ? std::vector<std::string>{"--from", "--resume-progress", "--until", "--as-of"}
+             : std::vector<std::string>{"--as-of"},
+      listen ? std::vector<std::string>{"--snapshot"} : std::vector<std::string>{});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1) return usage_error(command + " takes one NAME");
   std::string target = "/v1/shards/" + url_encode(args->positionals()[0]) + "/" + command;
@@ -349,12 +349,24 @@ int remote_read(Remote& remote, const std::string& command, const std::vector<st
     return ok;
   };
   if (listen) {
-    if (args->get("--from").has_value() == args->get("--resume-progress").has_value()) {
+    const bool from = args->get("--from").has_value();
+    const bool resume = args->get("--resume-progress").has_value();
+    if (args->has("--snapshot")) {
+      if (from || resume) {
+        return usage_error(
+            "listen --snapshot starts at its snapshot: it takes --as-of T, not --from or "
+            "--resume-progress");
+      }
+      query += "?snapshot=true";
+    } else if (args->get("--as-of")) {
+      return usage_error("--as-of is for listen --snapshot");
+    } else if (from == resume) {
       return usage_error(
-          "listen needs one of --from T (times after T) and --resume-progress P (times from P on)");
+          "listen needs one of --from T (times after T), --resume-progress P (times from P on) "
+          "and --snapshot (the snapshot, then every change after it)");
     }
     if (!add("--from", "from") || !add("--resume-progress", "resume_progress") ||
-        !add("--until", "until")) {
+        !add("--as-of", "as_of") || !add("--until", "until")) {
       return usage_error("listen's times are non-negative integers");
     }
   } else if (!add("--as-of", "as_of")) {

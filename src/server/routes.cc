@@ -221,8 +221,8 @@ void Session::route() {
     }
     if (action == "listen" && method == http::verb::get) {
       route_ = "listen";
-      if (rejects_query(
-              {"from", "resume_progress", "until", "after_time", "after_key", "after_value"})) {
+      if (rejects_query({"from", "resume_progress", "snapshot", "as_of", "until", "after_time",
+                         "after_key", "after_value"})) {
         return;
       }
       return read_small_body([self = shared_from_this()] { self->listen(); });

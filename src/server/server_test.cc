@@ -341,6 +341,33 @@ TEST_F(ServerTest, ReadsStreamSnapshotsAndListens) {
   EXPECT_EQ(get("/v1/shards/s/snapshot?as_of=3").status, 409u);  // not final yet
   EXPECT_EQ(get("/v1/shards/s/listen").status, 400u);
   EXPECT_EQ(get("/v1/shards/missing/snapshot?as_of=0").status, 404u);
+
+  // A listen with its snapshot: the 20,000 rows at as_of 2 (the latest
+  // complete time), progress 3, and the end at until.
+  Reply both = get("/v1/shards/s/listen?snapshot=true&until=3");
+  ASSERT_EQ(both.status, 200u) << both.body;
+  lines = lines_of(both.body);
+  ASSERT_EQ(lines.size(), 20001u);
+  EXPECT_EQ(lines.back(), "{\"progress\":3}");
+  for (std::size_t i = 0; i + 1 < lines.size(); ++i) {
+    ASSERT_NE(lines[i].find("\"time\":2,"), std::string::npos) << lines[i];
+  }
+  // At as_of 0: time 0's rows, progress 1, then times 1 and 2 as changes.
+  Reply at_zero = get("/v1/shards/s/listen?snapshot=true&as_of=0&until=3");
+  ASSERT_EQ(at_zero.status, 200u) << at_zero.body;
+  lines = lines_of(at_zero.body);
+  const std::size_t at_time_0 = (20000 + 2) / 3;
+  ASSERT_EQ(lines.size(), 20000u + 2);
+  EXPECT_EQ(lines[at_time_0], "{\"progress\":1}");
+  EXPECT_EQ(lines.back(), "{\"progress\":3}");
+  EXPECT_EQ(get("/v1/shards/s/listen?snapshot=true&from=0").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/listen?snapshot=true&resume_progress=0").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/listen?from=0&as_of=1").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/listen?snapshot=yes").status, 400u);
+  EXPECT_EQ(get("/v1/shards/s/listen?snapshot=true&as_of=3").status, 409u);  // not final yet
+  Reply until = get("/v1/shards/s/listen?snapshot=true&as_of=2&until=2");
+  EXPECT_EQ(until.status, 400u) << until.body;
+  EXPECT_NE(until.body.find("must be after"), std::string::npos) << until.body;
 }
 
 // A blob whose reads fail, Determinate, while `failing` is set: an outage.
@@ -474,9 +501,12 @@ TEST_F(ServerTest, AStreamCutByAFaultResumesWhereItStopped) {
                 .status,
             200u);
 
+  // The third: shard s's rows of times 0 to 2 as a snapshot at 2, then
+  // time 3's as changes.
   for (const std::string first :
-       {"/v1/shards/s/snapshot?as_of=3", "/v1/shards/l/listen?from=0&until=4"}) {
-    const bool is_listen = first.find("listen") != std::string::npos;
+       {"/v1/shards/s/snapshot?as_of=3", "/v1/shards/l/listen?from=0&until=4",
+        "/v1/shards/s/listen?snapshot=true&as_of=2&until=4"}) {
+    const bool is_listen = first.find("/l/listen") != std::string::npos;
     // Cut after a few reads, then at a later point, then not at all.
     for (int cut_after : {6, 12}) {
       SCOPED_TRACE(first + " cut after " + std::to_string(cut_after) + " reads");
@@ -500,8 +530,7 @@ TEST_F(ServerTest, AStreamCutByAFaultResumesWhereItStopped) {
         ASSERT_TRUE(json) << last;
         const JsonValue* resume = json->find("resume");
         ASSERT_TRUE(resume && resume->is_string()) << last;
-        target = std::string(is_listen ? "/v1/shards/l/listen?" : "/v1/shards/s/snapshot?") +
-                 resume->as_string();
+        target = first.substr(0, first.find('?') + 1) + resume->as_string();
         if (resume->as_string().find("after_key=") != std::string::npos) ++mid_time_resumes;
       }
       EXPECT_EQ(cuts, 1) << "the outage did not cut the stream once";

@@ -223,14 +223,34 @@ void Session::snapshot() {
 }
 
 void Session::listen() {
-  // Where the stream starts: after `from`, or at the progress value a
-  // stream printed last (null included) for `resume_progress`.
+  // Where the stream starts: after `from`, at the progress value a stream
+  // printed last (null included) for `resume_progress`, or with the
+  // snapshot at as_of (default: the latest complete time) for
+  // snapshot=true.
   std::optional<ListenStart> start;
-  if (query_.contains("from") == query_.contains("resume_progress")) {
-    return respond(400, error_json("listen needs one of from=T (times after T) and "
-                                   "resume_progress=P (times from P on)"));
+  bool snapshot = false;
+  std::optional<Time> as_of;
+  if (query_.contains("snapshot")) {
+    if (query_["snapshot"] != "true" && query_["snapshot"] != "false") {
+      return respond(400, error_json("snapshot must be true or false"));
+    }
+    snapshot = query_["snapshot"] == "true";
   }
-  if (query_.contains("from")) {
+  if (query_.contains("as_of")) {
+    if (!snapshot) return respond(400, error_json("as_of is for a listen with snapshot=true"));
+    as_of = parse_time(query_["as_of"]);
+    if (!as_of) return respond(400, error_json("as_of must be a time"));
+  }
+  if (snapshot) {
+    if (query_.contains("from") || query_.contains("resume_progress")) {
+      return respond(400, error_json("a listen with snapshot=true starts at its snapshot: it "
+                                     "takes as_of=T, not from or resume_progress"));
+    }
+  } else if (query_.contains("from") == query_.contains("resume_progress")) {
+    return respond(400, error_json("listen needs one of from=T (times after T), "
+                                   "resume_progress=P (times from P on) and snapshot=true "
+                                   "(the snapshot, then every change after it)"));
+  } else if (query_.contains("from")) {
     auto from = parse_time(query_["from"]);
     if (!from) return respond(400, error_json("from must be a time"));
     start = ListenStart::after(*from);
@@ -251,7 +271,10 @@ void Session::listen() {
   std::optional<Time> after_time;
   if (query_.contains("after_time")) {
     after_time = parse_time(query_["after_time"]);
-    if (!after_time || !start->lower().includes(*after_time)) {
+    // A snapshot's rows come at as_of, its changes after: a resumed one
+    // checks after_time against the as_of it reads at.
+    const bool may_emit = after_time && (snapshot || start->lower().includes(*after_time));
+    if (!may_emit) {
       return respond(400, error_json("after_time must be a time the stream may emit"));
     }
   }
@@ -260,20 +283,38 @@ void Session::listen() {
   }
   if (!problem.empty()) return respond(400, error_json(problem));
   // The query that started the stream, until a progress line gives a
-  // later place to resume from.
-  std::string base = query_.contains("from") ? "from=" + query_["from"]
-                                             : "resume_progress=" + query_["resume_progress"];
-  blocking<std::shared_ptr<Listener>>(
-      [server = server_, n = name_, start = *start, until]() -> Result<std::shared_ptr<Listener>> {
+  // later place to resume from (a snapshot's: its as_of once known).
+  std::string base = snapshot                  ? std::string("snapshot=true")
+                     : query_.contains("from") ? "from=" + query_["from"]
+                                               : "resume_progress=" + query_["resume_progress"];
+  struct Opened {
+    std::shared_ptr<Listener> listener;
+    std::optional<Time> as_of;  // a snapshot's
+  };
+  blocking<Opened>(
+      [server = server_, n = name_, start, snapshot, as_of, until]() -> Result<Opened> {
         TM_ASSIGN(auto s, server->shards.open(n));
-        auto listener = s->listen(start, until, ReadMemory{server->reads});
+        if (snapshot) {
+          auto both = s->listen_snapshot(as_of, until, ReadMemory{server->reads});
+          if (!both) return std::unexpected(read_failure(std::move(both).error()));
+          return Opened{std::shared_ptr<Listener>(std::move(both->listener)), both->as_of};
+        }
+        auto listener = s->listen(*start, until, ReadMemory{server->reads});
         if (!listener) return std::unexpected(read_failure(std::move(listener).error()));
-        return std::shared_ptr<Listener>(std::move(*listener));
+        return Opened{std::shared_ptr<Listener>(std::move(*listener)), std::nullopt};
       },
-      [self = shared_from_this(), base = std::move(base), until, after,
-       after_time](Result<std::shared_ptr<Listener>> listener) {
-        if (!listener) return self->respond_error(listener.error());
-        auto source = *listener;
+      [self = shared_from_this(), base = std::move(base), snapshot, until, after,
+       after_time](Result<Opened> opened) mutable {
+        if (!opened) return self->respond_error(opened.error());
+        if (snapshot) {
+          // Resumed at as_of: the same snapshot, then the same changes.
+          base = opened->as_of ? "snapshot=true&as_of=" + std::to_string(*opened->as_of)
+                               : std::string("resume_progress=0");
+          if (after_time && opened->as_of && *after_time < *opened->as_of) {
+            return self->respond(400, error_json("after_time must be a time the stream may emit"));
+          }
+        }
+        auto source = opened->listener;
         // Woken by the listener's change subscription (on this strand),
         // the stream fills its next chunk at once.
         self->stream_wakes_ = source->set_wake([weak = std::weak_ptr<Session>(self)] {

@@ -216,6 +216,21 @@ Result<std::unique_ptr<Listener>> ReadHandle::listen(Time from, std::optional<Ti
   return listen(ListenStart::after(from), until, memory);
 }
 
+Result<SnapshotListen> ReadHandle::listen_snapshot(std::optional<Time> as_of,
+                                                   std::optional<Time> until,
+                                                   const ReadMemory& memory) {
+  if (impl_->critical) return Shard(impl_->context).listen_snapshot(as_of, until, memory);
+  return open_snapshot_listen(impl_->context, as_of, until, *impl_->pins, nullptr, memory);
+}
+
+Result<SnapshotListen> ReadHandle::listen_snapshot_owned(std::optional<Time> as_of,
+                                                         std::optional<Time> until,
+                                                         std::unique_ptr<ReadHandle> self,
+                                                         const ReadMemory& memory) {
+  ReaderPins& pins = *impl_->pins;
+  return open_snapshot_listen(impl_->context, as_of, until, pins, std::move(self), memory);
+}
+
 Result<SnapshotCursor> ReadHandle::snapshot_owned(Time as_of, std::unique_ptr<ReadHandle> self,
                                                   const ReadMemory& memory) {
   ReaderPins::Pin pin = impl_->pins->pin();

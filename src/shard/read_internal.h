@@ -39,4 +39,12 @@ std::shared_ptr<ReaderHeartbeats> make_reader_heartbeats(std::chrono::millisecon
     const std::shared_ptr<ShardContext>& context, ListenStart start, std::optional<Time> until,
     ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, const ReadMemory& memory);
 
+// A snapshot at `as_of` (default: the latest complete time) and a listener
+// after it, both pinned by `pins` (the reader's), as one SnapshotListen that
+// owns `owner` (if any) for as long as it runs.
+[[nodiscard]] Result<SnapshotListen> open_snapshot_listen(
+    const std::shared_ptr<ShardContext>& context, std::optional<Time> as_of,
+    std::optional<Time> until, ReaderPins& pins, std::unique_ptr<ReadHandle> owner,
+    const ReadMemory& memory);
+
 }  // namespace tidemark

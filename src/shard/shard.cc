@@ -145,6 +145,13 @@ Result<std::unique_ptr<Listener>> Shard::listen(ListenStart start, std::optional
   return raw->listen_owned(start, until, std::move(handle), memory);
 }
 
+Result<SnapshotListen> Shard::listen_snapshot(std::optional<Time> as_of, std::optional<Time> until,
+                                              const ReadMemory& memory) {
+  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
+  ReadHandle* raw = handle.get();
+  return raw->listen_snapshot_owned(as_of, until, std::move(handle), memory);
+}
+
 Result<std::unique_ptr<Listener>> Shard::listen(Time from, std::optional<Time> until,
                                                 const ReadMemory& memory) {
   return listen(ListenStart::after(from), until, memory);

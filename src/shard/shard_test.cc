@@ -1693,6 +1693,126 @@ TEST_F(ShardTest, AListenResumedBelowTheSinceIsRefused) {
   EXPECT_TRUE(shard_->listen(6, 10));  // the same start, spelled `from`
 }
 
+// --- A listen with its snapshot ----------------------------------------------
+
+// listen_snapshot: the consolidated snapshot at as_of as updates at as_of,
+// progress as_of + 1, then the changes after it. Summed up to any progress
+// line P the stream is the snapshot at P - 1: nothing missing between the
+// two halves, nothing twice. Appends made while it runs are part of it.
+TEST_F(ShardTest, AListenWithItsSnapshotIsTheSnapshotThenEveryChangeAfterIt) {
+  std::vector<Update> all;
+  auto append_times = [&](Time lower, Time upper) {
+    std::vector<Update> updates;
+    for (Time t = lower; t < upper; ++t) {
+      for (int i = 0; i < 4; ++i) {
+        updates.push_back(Update{"k" + std::to_string((t + i) % 6), std::to_string(i % 2), t, 1});
+      }
+      if (t % 3 == 1) updates.push_back(Update{"k" + std::to_string(t % 6), "1", t, -1});
+    }
+    all.insert(all.end(), updates.begin(), updates.end());
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(updates, lower, upper));
+    ASSERT_TRUE(append(batches, lower, upper));
+  };
+  append_times(0, 4);
+  append_times(4, 10);
+  Time upper = 10;
+  for (std::optional<Time> as_of : {std::optional<Time>(0), std::optional<Time>(3),
+                                    std::optional<Time>(12), std::optional<Time>()}) {
+    SCOPED_TRACE(as_of ? std::to_string(*as_of) : "the latest");
+    auto opened = shard_->listen_snapshot(as_of, upper + 5);
+    ASSERT_TRUE(opened) << opened.error().to_string();
+    const Time expected_as_of = as_of.value_or(upper - 1);
+    ASSERT_EQ(opened->as_of, std::optional<Time>(expected_as_of));
+    // More appends after it opened, read by its changes.
+    std::thread appender([&] { append_times(upper, upper + 5); });
+    auto out = read_listen(*opened->listener);
+    appender.join();
+    ASSERT_TRUE(out) << out.error().to_string();
+
+    // The snapshot first: consolidated rows at as_of, sorted.
+    const Collection snapshot = model_at(all, expected_as_of);
+    ASSERT_GE(out->updates.size(), snapshot.size());
+    Collection got;
+    for (std::size_t i = 0; i < snapshot.size(); ++i) {
+      const Update& u = out->updates[i];
+      EXPECT_EQ(u.time, expected_as_of);
+      got[{u.key, u.value}] += u.diff;
+    }
+    EXPECT_EQ(got, snapshot);
+    // Then every update after as_of, in time order, none at or below it.
+    std::vector<Update> changes(out->updates.begin() + snapshot.size(), out->updates.end());
+    std::vector<Update> expected_changes;
+    for (const Update& u : all) {
+      if (u.time > expected_as_of && u.time < upper + 5) expected_changes.push_back(u);
+    }
+    consolidate(expected_changes);
+    EXPECT_TRUE(std::is_sorted(changes.begin(), changes.end(),
+                               [](const Update& x, const Update& y) { return x.time < y.time; }));
+    consolidate(changes);
+    EXPECT_EQ(changes, expected_changes);
+    // Progress: as_of + 1 first, rising, never twice, ending at until.
+    ASSERT_FALSE(out->progress.empty());
+    EXPECT_EQ(out->progress.front(), Frontier::at(expected_as_of + 1));
+    for (std::size_t i = 1; i < out->progress.size(); ++i) {
+      EXPECT_LT(out->progress[i - 1], out->progress[i]);
+    }
+    EXPECT_EQ(out->progress.back(), Frontier::at(upper + 5));
+    // Everything up to the last progress sums to the snapshot there.
+    Collection summed;
+    for (const Update& u : out->updates) summed[{u.key, u.value}] += u.diff;
+    std::erase_if(summed, [](const auto& entry) { return entry.second == 0; });
+    EXPECT_EQ(summed, model_at(all, upper + 4));
+    upper += 5;
+  }
+}
+
+TEST_F(ShardTest, AListenWithItsSnapshotRefusesWhatItCannotReadExactly) {
+  // An empty shard: no complete time, so an empty snapshot and every
+  // change from time 0.
+  auto empty = shard_->listen_snapshot(std::nullopt, 2);
+  ASSERT_TRUE(empty) << empty.error().to_string();
+  EXPECT_FALSE(empty->as_of.has_value());
+  std::vector<Batch> batches;
+  batches.push_back(make_batch(numbered(3, 0), 0, 2));
+  ASSERT_TRUE(append(batches, 0, 2));
+  auto out = read_listen(*empty->listener);
+  ASSERT_TRUE(out) << out.error().to_string();
+  EXPECT_EQ(out->updates.size(), 3u);
+  EXPECT_EQ(out->progress, std::vector<Frontier>{Frontier::at(2)});
+  empty->listener.reset();  // its reader's hold goes with it
+
+  // Not final yet; below the since; an until not after as_of.
+  auto early = shard_->listen_snapshot(2);
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().kind, ErrorKind::kNotReady);
+  auto sink = *shard_->open_critical_reader("sink-a");
+  ASSERT_TRUE(sink->downgrade_since(Frontier::at(1)));
+  auto below = shard_->listen_snapshot(0);
+  ASSERT_FALSE(below);
+  EXPECT_EQ(below.error().kind, ErrorKind::kSinceViolation);
+  auto until = shard_->listen_snapshot(1, 1);
+  ASSERT_FALSE(until);
+  EXPECT_EQ(until.error().kind, ErrorKind::kInvalidUsage);
+
+  // as_of 1 until 2: the snapshot and its progress line, then done.
+  auto at_one = shard_->listen_snapshot(1, 2);
+  ASSERT_TRUE(at_one) << at_one.error().to_string();
+  auto lines = read_listen(*at_one->listener);
+  ASSERT_TRUE(lines);
+  EXPECT_EQ(lines->updates.size(), 3u);
+  EXPECT_EQ(lines->progress, std::vector<Frontier>{Frontier::at(2)});
+
+  // A closed shard: the whole snapshot, then progress null and the end.
+  ASSERT_TRUE(writer_->compare_and_append({}, Frontier::at(2), Frontier::closed()));
+  auto closed = shard_->listen_snapshot();
+  ASSERT_TRUE(closed) << closed.error().to_string();
+  auto rest = read_listen(*closed->listener);
+  ASSERT_TRUE(rest);
+  EXPECT_EQ(rest->updates.size(), 3u);
+  EXPECT_EQ(rest->progress, std::vector<Frontier>{Frontier::closed()});
+}
+
 // --- Reads ride out faults ---------------------------------------------------
 
 class FaultyReadsTest : public ShardTest {
