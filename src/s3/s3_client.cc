@@ -13,6 +13,7 @@
 
 #include "tidemark/blob_key.h"
 #include "tidemark/retry.h"
+#include "util/number.h"
 #include "util/size.h"
 #include "util/try.h"
 
@@ -52,14 +53,6 @@ std::optional<std::string> percent_decode(std::string_view text) {
     i += 2;
   }
   return out;
-}
-
-template <typename Integer>
-std::optional<Integer> parse_integer(std::string_view text) {
-  Integer value{};
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  return value;
 }
 
 // S3's rule for new buckets: 3 to 63 characters from [a-z0-9.-], starting
@@ -210,8 +203,8 @@ bool range_starts_past_end(std::string_view content_range) {
   if (dash == std::string_view::npos || slash == std::string_view::npos || slash < dash) {
     return false;
   }
-  auto first = parse_integer<std::uint64_t>(content_range.substr(0, dash));
-  auto total = parse_integer<std::uint64_t>(content_range.substr(slash + 1));
+  auto first = parse_decimal(content_range.substr(0, dash));
+  auto total = parse_decimal(content_range.substr(slash + 1));
   return first && total && *first >= *total;
 }
 
@@ -227,7 +220,7 @@ std::size_t on_header(char* data, std::size_t size, std::size_t count, void* con
     auto space = line.find(' ');
     answer.status = space == std::string_view::npos
                         ? 0
-                        : parse_integer<long>(line.substr(space + 1, 3)).value_or(0);
+                        : static_cast<long>(parse_decimal(line.substr(space + 1, 3)).value_or(0));
     answer.etag.clear();
     answer.object_sha256.clear();
     answer.range_past_end = false;
@@ -377,10 +370,10 @@ Result<S3Url> parse_s3_url(std::string_view url) {
       return fail("parameter " + quoted + " is \"" + printable_excerpt(*value) + "\", expected " +
                   std::string(expected));
     };
-    auto integer_in = [&](auto* field, std::int64_t low, std::int64_t high,
+    auto integer_in = [&](auto* field, std::uint64_t low, std::uint64_t high,
                           std::string_view expected) -> Status {
-      auto parsed = parse_integer<std::int64_t>(*value);
-      if (!parsed || *parsed < low || *parsed > high) return bad_value(expected);
+      auto parsed = parse_decimal(*value, low, high);
+      if (!parsed) return bad_value(expected);
       *field = static_cast<std::remove_reference_t<decltype(*field)>>(*parsed);
       return {};
     };
@@ -861,7 +854,9 @@ std::string xml_unescape(std::string_view text) {
         code_point = value;
       }
     } else if (entity.starts_with('#')) {
-      code_point = parse_integer<std::uint32_t>(entity.substr(1));
+      if (auto decimal = parse_decimal(entity.substr(1), 0, 0x10ffff)) {
+        code_point = static_cast<std::uint32_t>(*decimal);
+      }
     }
     if (!code_point || *code_point > 0x10ffff) {
       out.push_back('&');

@@ -1,10 +1,10 @@
 #include "shard/random_config.h"
 
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 
+#include "util/number.h"
 #include "util/try.h"
 
 namespace tidemark {
@@ -130,14 +130,12 @@ Result<std::uint64_t> parse_random_config_seed(std::string_view text) {
     std::random_device device;
     return (static_cast<std::uint64_t>(device()) << 32) | device();
   }
-  std::uint64_t seed = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, seed);
-  if (text.empty() || error != std::errc() || stop != end) {
+  auto seed = parse_decimal(text);
+  if (!seed) {
     return invalid_usage(std::string(kRandomConfigVariable) +
                          " takes a decimal seed or \"random\", got \"" + std::string(text) + "\"");
   }
-  return seed;
+  return *seed;
 }
 
 Result<std::optional<std::uint64_t>> random_config_seed_from_env() {
