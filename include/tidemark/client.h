@@ -284,8 +284,10 @@ class Shard {
 
   // Updates after `start` (read.h), in time order, with progress as the
   // upper advances; stops at `until` when given (updates at times < until
-  // only). Both open a leased reader of their own for their duration, so
-  // garbage collection never deletes a part they may still fetch.
+  // only). A snapshot opens a leased reader of its own for its duration;
+  // the listens of a shard in one process share one, held where the first
+  // of them found the since. So garbage collection never deletes a part
+  // they may still fetch.
   [[nodiscard]] Result<std::unique_ptr<Listener>> listen(ListenStart start,
                                                          std::optional<Time> until = std::nullopt,
                                                          const ReadMemory& memory = {});

@@ -215,6 +215,7 @@ Result<std::shared_ptr<Shard>> Client::open_shard(std::string_view name) {
   context->changes = changes_;
   context->machine->report_to(changes_);
   context->reader_heartbeats = make_reader_heartbeats(options_.reader_lease);
+  context->listen_readers = make_listen_readers();
   if (options_.background_compaction) {
     context->compactor = std::make_unique<BackgroundCompactor>(context.get());
   }

@@ -24,6 +24,7 @@ namespace tidemark {
 class BackgroundCompactor;
 class ChangeWatch;
 class ReaderHeartbeats;
+class ListenReaders;
 
 struct ShardContext {
   ShardContext();
@@ -38,6 +39,8 @@ struct ShardContext {
   // One heartbeat for the leased readers of this shard opened here with
   // the default lease (read_handle.cc).
   std::shared_ptr<ReaderHeartbeats> reader_heartbeats;
+  // One leased reader for the shard's listens opened here (read_handle.cc).
+  std::shared_ptr<ListenReaders> listen_readers;
   // location.blob with its reads retried (retrying_blob.h).
   std::shared_ptr<Blob> read_blob;
   // Set when the shard closes: retries on the read path stop.

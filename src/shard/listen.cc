@@ -36,7 +36,8 @@ namespace {
 class ShardListener final : public Listener {
  public:
   ShardListener(std::shared_ptr<ShardContext> context, ListenStart start, std::optional<Time> until,
-                ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, ReadMemory memory)
+                ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, ReadMemory memory,
+                std::unique_ptr<ListenShare> share)
       : context_(std::move(context)),
         memory_(std::move(memory)),
         start_(start),
@@ -44,7 +45,8 @@ class ShardListener final : public Listener {
         reported_(start.claimed()),
         pending_progress_(start.claimed()),
         pin_(std::move(pin)),
-        owner_(std::move(owner)) {
+        owner_(std::move(owner)),
+        share_(std::move(share)) {
     if (start_.lower().is_closed() || (until_ && !(reported_ < Frontier::at(*until_)))) {
       done_ = true;
     }
@@ -57,6 +59,7 @@ class ShardListener final : public Listener {
     windows_.clear();
     pin_ = ReaderPins::Pin();
     owner_.reset();
+    share_.reset();  // the last share drops the shared reader
   }
 
   Result<std::optional<ListenEvent>> next() override {
@@ -283,7 +286,8 @@ class ShardListener final : public Listener {
   std::optional<ConsolidatingCursor> merge_;  // the one-time window streaming
   std::unique_ptr<TimeSorter> sorted_;        // the wider window being emitted
   ReaderPins::Pin pin_;
-  std::unique_ptr<ReadHandle> owner_;
+  std::unique_ptr<ReadHandle> owner_;   // a reader of its own, or
+  std::unique_ptr<ListenShare> share_;  // its place under the shard's shared one
 };
 
 }  // namespace
@@ -292,9 +296,10 @@ Result<std::unique_ptr<Listener>> open_listener(const std::shared_ptr<ShardConte
                                                 ListenStart start, std::optional<Time> until,
                                                 ReaderPins::Pin pin,
                                                 std::unique_ptr<ReadHandle> owner,
-                                                const ReadMemory& memory) {
+                                                const ReadMemory& memory,
+                                                std::unique_ptr<ListenShare> share) {
   auto listener = std::make_unique<ShardListener>(context, start, until, std::move(pin),
-                                                  std::move(owner), memory);
+                                                  std::move(owner), memory, std::move(share));
   TM_TRY(listener->watch());
   TM_TRY(listener->check_since());
   return std::unique_ptr<Listener>(std::move(listener));

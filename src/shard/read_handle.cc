@@ -12,6 +12,7 @@
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "util/clock.h"
+#include "util/ids.h"
 #include "util/periodic.h"
 #include "util/try.h"
 
@@ -245,9 +246,15 @@ Result<std::unique_ptr<Listener>> ReadHandle::listen_owned(ListenStart start,
   return open_listener(impl_->context, start, until, std::move(pin), std::move(self), memory);
 }
 
-Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<ShardContext>& context,
-                                                     std::string id, bool critical,
-                                                     const ReaderOptions& options) {
+namespace {
+
+// open_read_handle, with what a listen's reader needs besides: its pins
+// and the since it registered at (out).
+Result<std::unique_ptr<ReadHandle>> open_handle(const std::shared_ptr<ShardContext>& context,
+                                                std::string id, bool critical,
+                                                const ReaderOptions& options,
+                                                std::shared_ptr<ReaderPins>* pins_out = nullptr,
+                                                Frontier* since_out = nullptr) {
   if (!critical && options.lease.count() <= 0)
     return invalid_usage("a reader lease must be positive");
   auto impl = std::make_unique<ReadHandle::Impl>();
@@ -271,6 +278,8 @@ Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<Shard
                 context->stop_reads()));
   if (critical) return std::make_unique<ReadHandle>(std::move(impl));
   raw->pins = std::make_shared<ReaderPins>(state->readers.at(raw->id).seqno);
+  if (pins_out) *pins_out = raw->pins;
+  if (since_out) *since_out = state->readers.at(raw->id).since;
   // The handle first: if its heartbeat cannot start, dropping it removes the
   // reader it registered.
   auto handle = std::make_unique<ReadHandle>(std::move(impl));
@@ -290,6 +299,135 @@ Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<Shard
     }));
   }
   return handle;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ReadHandle>> open_read_handle(const std::shared_ptr<ShardContext>& context,
+                                                     std::string id, bool critical,
+                                                     const ReaderOptions& options) {
+  return open_handle(context, std::move(id), critical, options);
+}
+
+// One leased reader for every Shard::listen of a shard in this process.
+//
+// A listen's reader used to be its own: registered at the shard's since
+// when the listen opened (a consensus write), heartbeaten, removed when
+// it ended (another write), and an entry in the state's readers all the
+// while, which every commit and heartbeat writes. 10,000 idle listens were
+// 10,000 entries. Now they are one: the first listen registers the shared
+// reader, the others join it with no consensus write, and the last one to
+// end drops it. The hold is the same as each listen's own would have
+// been: the shard's since when the reader registered, which is the since
+// every later listen finds while the reader holds it (the since never
+// passes a hold). So, as before, a listen never moves the since, and
+// listens that keep overlapping hold it where the first one found it.
+//
+// A listen whose start is already below the shared hold (it would be
+// refused by its since check anyway, unless the state it saw was stale)
+// gets a reader of its own, as before.
+//
+// Locks: mu_ is never held across a consensus write or a heartbeat's
+// locks (a group beat takes those and nothing of this class).
+// Memory: a count and the shared reader.
+class ListenReaders : public std::enable_shared_from_this<ListenReaders> {
+ public:
+  class Share final : public ListenShare {
+   public:
+    Share(std::shared_ptr<ListenReaders> owner, std::shared_ptr<ReaderPins> pins)
+        : owner_(std::move(owner)), pins_(std::move(pins)) {}
+    ~Share() override { owner_->leave(); }
+
+    ReaderPins::Pin pin() { return pins_->pin(); }
+
+   private:
+    std::shared_ptr<ListenReaders> owner_;
+    std::shared_ptr<ReaderPins> pins_;
+  };
+
+  // A share for a listen whose since must stay at or below `need`;
+  // nullptr when the shared reader's hold is above it.
+  Result<std::unique_ptr<Share>> join(const std::shared_ptr<ShardContext>& context, Time need) {
+    {
+      std::lock_guard lock(mu_);
+      if (reader_) return join_locked(need);
+    }
+    // None yet: register one (a consensus write) without holding mu_.
+    std::shared_ptr<ReaderPins> pins;
+    Frontier since;
+    TM_ASSIGN(auto fresh,
+              open_handle(context, "r-" + random_id(), false,
+                          ReaderOptions{context->options.reader_lease, true}, &pins, &since));
+    std::unique_ptr<Share> share;
+    std::unique_ptr<ReadHandle> unused;
+    {
+      std::lock_guard lock(mu_);
+      if (!reader_) {  // else another listen registered one meanwhile: use it
+        reader_ = std::move(fresh);
+        pins_ = std::move(pins);
+        hold_ = since;
+      }
+      share = join_locked(need);
+      if (members_ == 0) {  // the since was already past `need`: nobody to hold for
+        unused = std::move(reader_);
+        pins_.reset();
+      }
+    }
+    // Readers not kept go outside mu_ (their removal is a consensus write).
+    fresh.reset();
+    unused.reset();
+    return share;
+  }
+
+ private:
+  // REQUIRES: mu_ held, reader_ set.
+  std::unique_ptr<Share> join_locked(Time need) {
+    if (Frontier::at(need) < hold_) return nullptr;
+    ++members_;
+    return std::make_unique<Share>(shared_from_this(), pins_);
+  }
+
+  void leave() {
+    std::unique_ptr<ReadHandle> last;
+    {
+      std::lock_guard lock(mu_);
+      if (--members_ == 0) {
+        last = std::move(reader_);  // its hold goes with it (a consensus write)
+        pins_.reset();
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::unique_ptr<ReadHandle> reader_;  // GUARDED_BY(mu_): while members_ > 0
+  std::shared_ptr<ReaderPins> pins_;    // GUARDED_BY(mu_): reader_'s
+  Frontier hold_;                       // GUARDED_BY(mu_): reader_'s since
+  std::size_t members_ = 0;             // GUARDED_BY(mu_)
+};
+
+std::shared_ptr<ListenReaders> make_listen_readers() {
+  return std::make_shared<ListenReaders>();
+}
+
+Result<std::unique_ptr<Listener>> open_shared_listener(const std::shared_ptr<ShardContext>& context,
+                                                       ListenStart start, std::optional<Time> until,
+                                                       const ReadMemory& memory) {
+  if (context->listen_readers && !start.lower().is_closed()) {
+    const Time first = start.lower().time();
+    TM_ASSIGN(auto share, context->listen_readers->join(context, first == 0 ? 0 : first - 1));
+    if (share) {
+      ReaderPins::Pin pin = share->pin();
+      return open_listener(context, start, until, std::move(pin), nullptr, memory,
+                           std::move(share));
+    }
+  }
+  // A reader of its own: the shared one's hold is past this start (or the
+  // listen is empty).
+  std::shared_ptr<ReaderPins> pins;
+  TM_ASSIGN(auto handle, open_handle(context, "r-" + random_id(), false,
+                                     ReaderOptions{context->options.reader_lease, true}, &pins));
+  ReaderPins::Pin pin = pins->pin();
+  return open_listener(context, start, until, std::move(pin), std::move(handle), memory);
 }
 
 }  // namespace tidemark

@@ -33,11 +33,29 @@ std::shared_ptr<ReaderHeartbeats> make_reader_heartbeats(std::chrono::millisecon
                                                    std::unique_ptr<ReadHandle> owner,
                                                    const ReadMemory& memory);
 
+// A listener's place under its shard's shared listen reader
+// (ListenReaders, read_handle.cc); it leaves when destroyed.
+class ListenShare {
+ public:
+  virtual ~ListenShare() = default;
+};
+
+// The shared listen readers of one shard (ShardContext::listen_readers).
+std::shared_ptr<ListenReaders> make_listen_readers();
+
 // An owner's since hold stays where it was registered: a transient read
-// never moves the shard's since for others.
+// never moves the shard's since for others; nor does a share's.
 [[nodiscard]] Result<std::unique_ptr<Listener>> open_listener(
     const std::shared_ptr<ShardContext>& context, ListenStart start, std::optional<Time> until,
-    ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, const ReadMemory& memory);
+    ReaderPins::Pin pin, std::unique_ptr<ReadHandle> owner, const ReadMemory& memory,
+    std::unique_ptr<ListenShare> share = nullptr);
+
+// Shard::listen: a listener under the shard's shared listen reader, or,
+// when that reader's hold is already past `start`, under a reader of its
+// own (owned by the listener).
+[[nodiscard]] Result<std::unique_ptr<Listener>> open_shared_listener(
+    const std::shared_ptr<ShardContext>& context, ListenStart start, std::optional<Time> until,
+    const ReadMemory& memory);
 
 // A snapshot at `as_of` (default: the latest complete time) and a listener
 // after it, both pinned by `pins` (the reader's), as one SnapshotListen that

@@ -140,9 +140,7 @@ Result<SnapshotCursor> Shard::snapshot(Time as_of, const ReadMemory& memory) {
 
 Result<std::unique_ptr<Listener>> Shard::listen(ListenStart start, std::optional<Time> until,
                                                 const ReadMemory& memory) {
-  TM_ASSIGN(auto handle, open_reader(ReaderOptions{context_->options.reader_lease, true}));
-  ReadHandle* raw = handle.get();
-  return raw->listen_owned(start, until, std::move(handle), memory);
+  return open_shared_listener(context_, start, until, memory);
 }
 
 Result<SnapshotListen> Shard::listen_snapshot(std::optional<Time> as_of, std::optional<Time> until,

@@ -1813,6 +1813,82 @@ TEST_F(ShardTest, AListenWithItsSnapshotRefusesWhatItCannotReadExactly) {
   EXPECT_EQ(rest->progress, std::vector<Frontier>{Frontier::closed()});
 }
 
+// --- The listens of a shard share one reader -----------------------------------
+
+// The listens of a shard in one process are one reader entry in its state
+// (every commit writes the readers), registered by the first and dropped
+// with the last. Its hold is what each listen's own would have been: the
+// since they found, kept while any of them runs, whatever other holds do.
+TEST_F(ShardTest, TheListensOfAShardShareOneReaderThatHoldsTheSinceTheyFound) {
+  std::vector<Update> all;
+  for (Time t = 0; t < 10; ++t) {
+    std::vector<Update> updates = numbered(3, t, "t" + std::to_string(t) + "-");
+    all.insert(all.end(), updates.begin(), updates.end());
+    std::vector<Batch> batches;
+    batches.push_back(make_batch(updates, t, t + 1));
+    ASSERT_TRUE(append(batches, t, t + 1));
+  }
+  auto inspect = [&] {
+    auto info = shard_->inspect();
+    EXPECT_TRUE(info) << info.error().to_string();
+    return info ? *info : ShardInfo{};
+  };
+  auto sink = *shard_->open_critical_reader("sink-a");
+  ASSERT_TRUE(sink->downgrade_since(Frontier::at(2)));
+  EXPECT_EQ(inspect().since, Frontier::at(2));
+  std::vector<std::unique_ptr<Listener>> listens;
+  for (Time from : {2, 4, 7}) {
+    auto listen = shard_->listen(from, 20);
+    ASSERT_TRUE(listen) << listen.error().to_string();
+    listens.push_back(std::move(*listen));
+  }
+  for (int i = 0; i < 100; ++i) {
+    auto listen = shard_->listen(5, 20);
+    ASSERT_TRUE(listen) << listen.error().to_string();
+    listens.push_back(std::move(*listen));
+  }
+  EXPECT_EQ(inspect().readers.size(), 2u);  // the sink's and the listens' one
+  // The sink moves on; the listens hold the since where they found it.
+  ASSERT_TRUE(sink->downgrade_since(Frontier::at(6)));
+  EXPECT_EQ(inspect().since, Frontier::at(2));
+  EXPECT_EQ(shard_->listen(1, 20).error().kind, ErrorKind::kSinceViolation);
+  EXPECT_EQ(inspect().readers.size(), 2u);  // a refused listen leaves no reader
+  // Reads stay exact through a compaction.
+  ASSERT_TRUE(shard_->compact());
+  std::vector<Batch> more;
+  more.push_back(make_batch(numbered(2, 10, "t10-"), 10, 20));
+  ASSERT_TRUE(append(more, 10, 20));
+  auto rest = read_listen(*listens[1]);  // from 4
+  ASSERT_TRUE(rest) << rest.error().to_string();
+  std::vector<Update> expected;
+  for (const Update& u : all) {
+    if (u.time > 4) expected.push_back(u);
+  }
+  for (const Update& u : numbered(2, 10, "t10-")) expected.push_back(u);
+  consolidate(expected);
+  std::vector<Update> got = rest->updates;
+  consolidate(got);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(rest->progress.back(), Frontier::at(20));
+  // Once the last listen ends the shared reader goes, and the since
+  // follows the remaining hold.
+  listens.pop_back();
+  EXPECT_EQ(inspect().readers.size(), 2u);
+  listens.clear();
+  ShardInfo after = inspect();
+  EXPECT_EQ(after.readers.size(), 1u);
+  EXPECT_EQ(after.since, Frontier::at(6));
+  // A refused listen with no other listen running leaves no reader either.
+  EXPECT_EQ(shard_->listen(3, 20).error().kind, ErrorKind::kSinceViolation);
+  EXPECT_EQ(inspect().readers.size(), 1u);
+  // A listen now registers anew, at the since it finds.
+  auto again = shard_->listen(6, 20);
+  ASSERT_TRUE(again) << again.error().to_string();
+  EXPECT_EQ(inspect().readers.size(), 2u);
+  again->reset();
+  EXPECT_EQ(inspect().readers.size(), 1u);
+}
+
 // --- Reads ride out faults ---------------------------------------------------
 
 class FaultyReadsTest : public ShardTest {
