@@ -20,19 +20,48 @@
 // (its own VmHWM). Reported: the median seconds of each, their ratio, and
 // the largest peak RSS of each.
 //
+// Then, over HTTP (--idle S, default 10,000; 0 skips it): a child
+// `tidemark bench listen-child DIR serve` runs a server on the embedded
+// default in DIR/wake on a free port with the shard "wake", and this
+// process is its client (the streams open 200 at a time, 50 ms apart).
+// Write-to-listen: --appends N (default 200)
+// managed appends of one record, one at a time, each timed from its
+// request's send to its update line's arrival on one open listen stream
+// (p50/p90/p99). Idle listeners: S more listen streams open and idle; the
+// server's CPU (user + system, /proc) over --window W seconds (default
+// 10) with nothing appended, in % of one core, and its RSS before and
+// after opening them; then one append, and the time until every stream
+// has its line (streams still without it after 60 s are counted).
+//
 // Benchmarks report figures; they never pass or fail on time. A listen
-// that does not emit one row per update after time 0 is a correctness
-// failure: the command says so and exits 1.
+// that does not emit one row per update after time 0, or a stream that
+// never sees the append, is a correctness failure: the command says so
+// and exits 1.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "bench_util.h"
 #include "cli/cli.h"
 #include "tidemark/read.h"
+#include "tidemark/server.h"
 #include "tidemark/write.h"
 #include "util/number.h"
 #include "util/try.h"
@@ -44,7 +73,8 @@ using Clock = BenchClock;
 
 constexpr const char* kListenChild = "listen-child";
 constexpr const char* kUsage =
-    "bench listen [--updates N] [--times T] [--rounds R] [--dir DIR] [--json]";
+    "bench listen [--updates N] [--times T] [--rounds R] [--appends N] [--idle S] [--window W] "
+    "[--dir DIR] [--json]";
 constexpr const char* kShardName = "listen";
 
 // The data directory as the command line opens it.
@@ -133,6 +163,324 @@ int listen_child(const std::string& dir, const std::string& what, const std::str
   return kExitOk;
 }
 
+// --- Over HTTP: write-to-listen and idle listeners -----------------------
+
+constexpr const char* kWakeShard = "wake";
+
+// The server child: serves DIR/wake on a free port with the shard "wake",
+// prints the port, and stops when its standard input closes.
+int serve_child(const std::string& dir) {
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;  // one descriptor per stream
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+  auto client = open_client(data_directory(dir));
+  if (!client) return report(client.error());
+  if (auto created = (*client)->create_shard(kWakeShard); !created) {
+    return report(created.error());
+  }
+  ServerOptions options;
+  options.port = 0;
+  options.max_connections = files.rlim_cur > 200 ? files.rlim_cur - 100 : 100;
+  auto server = Server::start(*client, options);
+  if (!server) return report(server.error());
+  std::printf("%u\n", static_cast<unsigned>((*server)->port()));
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  return kExitOk;
+}
+
+// A connection to the server child, closed with the object.
+class Socket {
+ public:
+  explicit Socket(int fd = -1) : fd_(fd) {}
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  ~Socket() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+Result<Socket> connect_to(std::uint16_t port) {
+  Socket s(socket(AF_INET, SOCK_STREAM, 0));
+  if (s.fd() < 0) return determinate("socket failed (too many open files?)");
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(s.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    return determinate("cannot connect to the server child on port " + std::to_string(port));
+  }
+  return s;
+}
+
+Status send_all(const Socket& s, std::string_view bytes) {
+  while (!bytes.empty()) {
+    const ssize_t n = send(s.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n <= 0) return determinate("send to the server child failed");
+    bytes.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return {};
+}
+
+// Reads what `s` has into `*into` until it holds `needle`, waiting at most
+// `wait`. False if it did not come.
+bool read_until(const Socket& s, std::string* into, std::string_view needle,
+                std::chrono::milliseconds wait) {
+  const auto deadline = Clock::now() + wait;
+  char buffer[65536];
+  while (into->find(needle) == std::string::npos) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{s.fd(), POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+    const ssize_t n = recv(s.fd(), buffer, sizeof buffer, 0);
+    if (n <= 0) return false;
+    into->append(buffer, static_cast<std::size_t>(n));
+    // Keep only the tail a needle could straddle.
+    if (into->size() > (1 << 20)) into->erase(0, into->size() - 4096);
+  }
+  return true;
+}
+
+// A managed append of one record with key `key`, sent on its own
+// connection; the connection is returned for its answer to be read later.
+Result<Socket> send_append(std::uint16_t port, const std::string& key) {
+  TM_ASSIGN(Socket s, connect_to(port));
+  const std::string body = "{\"key\":\"" + key + "\",\"value\":1}\n";
+  TM_TRY(send_all(s, "POST /v1/shards/" + std::string(kWakeShard) +
+                         "/append HTTP/1.1\r\nHost: bench\r\nContent-Length: " +
+                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body));
+  return s;
+}
+
+Status finish_append(const Socket& s) {
+  std::string answer;
+  if (!read_until(s, &answer, "\r\n\r\n", std::chrono::seconds(30)) ||
+      !answer.starts_with("HTTP/1.1 200")) {
+    return determinate("an append to the server child failed: " + answer.substr(0, 200));
+  }
+  return {};
+}
+
+Result<Socket> open_listen_stream(std::uint16_t port) {
+  TM_ASSIGN(Socket s, connect_to(port));
+  TM_TRY(send_all(s, "GET /v1/shards/" + std::string(kWakeShard) +
+                         "/listen?from=0 HTTP/1.1\r\nHost: bench\r\n\r\n"));
+  return s;
+}
+
+// /proc/PID/stat's user + system time, in seconds.
+double process_cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; fields >> field; ++i) {
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) {
+      stime = std::stoull(field);
+      break;
+    }
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double process_rss_mib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.starts_with("VmRSS:")) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+
+// Reads every stream until each has `needle`, for at most `wait`; the
+// number that did not get it (a stream closed early among them).
+std::uint64_t wait_for_all(const std::vector<Socket>& streams, std::string_view needle,
+                           std::chrono::milliseconds wait) {
+  const auto deadline = Clock::now() + wait;
+  std::vector<std::string> tails(streams.size());
+  std::vector<std::size_t> pending(streams.size());
+  for (std::size_t i = 0; i < streams.size(); ++i) pending[i] = i;
+  char buffer[65536];
+  std::uint64_t closed = 0;
+  while (!pending.empty() && Clock::now() < deadline) {
+    std::vector<pollfd> fds;
+    fds.reserve(pending.size());
+    for (std::size_t i : pending) fds.push_back(pollfd{streams[i].fd(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), 1000) <= 0) continue;
+    std::vector<std::size_t> still;
+    for (std::size_t j = 0; j < fds.size(); ++j) {
+      const std::size_t i = pending[j];
+      if (!(fds[j].revents & (POLLIN | POLLHUP | POLLERR))) {
+        still.push_back(i);
+        continue;
+      }
+      const ssize_t n = recv(streams[i].fd(), buffer, sizeof buffer, 0);
+      if (n <= 0) {
+        ++closed;  // it never will
+        continue;
+      }
+      tails[i].append(buffer, static_cast<std::size_t>(n));
+      if (tails[i].find(needle) != std::string::npos) {
+        tails[i].clear();
+        continue;
+      }
+      if (tails[i].size() > 4096) tails[i].erase(0, tails[i].size() - needle.size());
+      still.push_back(i);
+    }
+    pending.swap(still);
+  }
+  return pending.size() + closed;
+}
+
+struct WakeFigures {
+  std::uint64_t appends = 0, idle = 0;
+  double window_seconds = 0;
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0;
+  double idle_cpu_percent = 0;
+  double rss_before_mib = 0, rss_with_streams_mib = 0;
+  double all_woken_seconds = 0;
+  std::uint64_t not_woken = 0;
+};
+
+// The server child, stopped (its standard input closed) and waited for
+// when destroyed.
+class ServeChild {
+ public:
+  static Result<std::unique_ptr<ServeChild>> start(const std::filesystem::path& dir) {
+    int out[2], in[2];
+    if (pipe(out) != 0) return determinate("pipe failed");
+    if (pipe(in) != 0) {
+      close(out[0]);
+      close(out[1]);
+      return determinate("pipe failed");
+    }
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_addclose(&actions, out[0]);
+    posix_spawn_file_actions_addclose(&actions, in[1]);
+    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    std::vector<std::string> words = {self, "bench", kListenChild, dir.string(), "serve"};
+    std::vector<char*> argv;
+    for (std::string& word : words) argv.push_back(word.data());
+    argv.push_back(nullptr);
+    auto child = std::make_unique<ServeChild>();
+    const int spawned =
+        posix_spawn(&child->pid_, self.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(out[1]);
+    close(in[0]);
+    child->stdin_ = in[1];
+    if (spawned != 0) {
+      close(out[0]);
+      child->pid_ = -1;
+      return determinate("cannot start `tidemark bench listen-child DIR serve`");
+    }
+    std::string line;
+    char c;
+    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(out[0]);
+    auto port = parse_decimal(line, 1, 65535);
+    if (!port) return determinate("the server child printed \"" + line + "\", not its port");
+    child->port_ = static_cast<std::uint16_t>(*port);
+    return child;
+  }
+  ~ServeChild() {
+    if (stdin_ >= 0) close(stdin_);
+    if (pid_ > 0) {
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int stdin_ = -1;
+  std::uint16_t port_ = 0;
+};
+
+Result<WakeFigures> run_wake_bench(const std::filesystem::path& dir, std::uint64_t appends,
+                                   std::uint64_t idle, std::uint64_t window) {
+  struct rlimit files;
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+    if (files.rlim_cur < idle + 100) {
+      return invalid_usage("--idle " + std::to_string(idle) + " needs " +
+                           std::to_string(idle + 100) + " open files; the limit is " +
+                           std::to_string(files.rlim_cur));
+    }
+  }
+  WakeFigures f;
+  f.appends = appends;
+  f.idle = idle;
+  f.window_seconds = static_cast<double>(window);
+  TM_ASSIGN(auto child, ServeChild::start(dir / "wake"));
+  const std::uint16_t port = child->port();
+  // Write-to-listen on one stream.
+  TM_ASSIGN(Socket stream, open_listen_stream(port));
+  std::string seen;
+  std::vector<double> latencies_ms;
+  for (std::uint64_t i = 0; i < appends; ++i) {
+    const std::string key = "w" + std::to_string(i);
+    const auto sent = Clock::now();
+    TM_ASSIGN(Socket append, send_append(port, key));
+    if (!read_until(stream, &seen, "\"" + key + "\"", std::chrono::seconds(60))) {
+      return determinate("correctness failure: append " + key +
+                         " never reached the open listen stream");
+    }
+    latencies_ms.push_back(seconds_since(sent) * 1000);
+    TM_TRY(finish_append(append));
+  }
+  f.p50_ms = percentile(latencies_ms, 0.5);
+  f.p90_ms = percentile(latencies_ms, 0.9);
+  f.p99_ms = percentile(latencies_ms, 0.99);
+  // Idle listeners.
+  f.rss_before_mib = process_rss_mib(child->pid());
+  std::vector<Socket> streams;
+  streams.reserve(idle);
+  for (std::uint64_t i = 0; i < idle; ++i) {
+    TM_ASSIGN(Socket s, open_listen_stream(port));
+    streams.push_back(std::move(s));
+    // 200 at a time, as clients arrive, not 10,000 in one burst (whose
+    // history reads would all hold a chunk at once: a high-water mark of
+    // the allocator, not what an idle stream holds).
+    if (i % 200 == 199) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // Every stream has read the history up to the last append, and is idle.
+  const std::string last = "\"w" + std::to_string(appends - 1) + "\"";
+  if (wait_for_all(streams, last, std::chrono::seconds(120)) > 0) {
+    return determinate("correctness failure: idle listen streams never read the history");
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const double cpu_before = process_cpu_seconds(child->pid());
+  std::this_thread::sleep_for(std::chrono::seconds(window));
+  f.idle_cpu_percent =
+      (process_cpu_seconds(child->pid()) - cpu_before) * 100.0 / static_cast<double>(window);
+  f.rss_with_streams_mib = process_rss_mib(child->pid());
+  // One append wakes them all.
+  const auto sent = Clock::now();
+  TM_ASSIGN(Socket append, send_append(port, "wake-all"));
+  const std::uint64_t waiting = wait_for_all(streams, "\"wake-all\"", std::chrono::seconds(60));
+  f.all_woken_seconds = seconds_since(sent);
+  f.not_woken = waiting;
+  TM_TRY(finish_append(append));
+  return f;
+}
+
 Result<ChildRun> run_child(const std::filesystem::path& dir, const std::string& what, Time times) {
   TM_ASSIGN(std::string text,
             run_bench_child(kListenChild, {dir.string(), what, std::to_string(times)}));
@@ -201,19 +549,31 @@ double ratio(double a, double b) {
 
 int run_bench_listen(const Globals& globals, const std::vector<std::string>& argv) {
   if (argv.size() == 4 && argv[0] == kListenChild) return listen_child(argv[1], argv[2], argv[3]);
-  auto args = Args::parse(argv, {"--updates", "--times", "--rounds", "--dir"}, {"--json"});
+  if (argv.size() == 3 && argv[0] == kListenChild && argv[2] == "serve") {
+    return serve_child(argv[1]);
+  }
+  auto args = Args::parse(
+      argv, {"--updates", "--times", "--rounds", "--appends", "--idle", "--window", "--dir"},
+      {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"listen"}) return usage_error(kUsage);
   if (globals.blob_url || globals.consensus_url) {
     return usage_error("bench listen runs on the embedded default only (no --blob, --consensus)");
   }
   std::uint64_t updates = 4'000'000, times = 5'000, rounds = 3;
-  for (auto [flag, out, most] :
-       {std::tuple{"--updates", &updates, 1'000'000'000ull},
-        std::tuple{"--times", &times, 1'000'000'000ull}, std::tuple{"--rounds", &rounds, 100ull}}) {
+  std::uint64_t appends = 200, idle = 10'000, window = 10;
+  for (auto [flag, out, least, most] : {std::tuple{"--updates", &updates, 1ull, 1'000'000'000ull},
+                                        std::tuple{"--times", &times, 1ull, 1'000'000'000ull},
+                                        std::tuple{"--rounds", &rounds, 1ull, 100ull},
+                                        std::tuple{"--appends", &appends, 1ull, 1'000'000ull},
+                                        std::tuple{"--idle", &idle, 0ull, 1'000'000ull},
+                                        std::tuple{"--window", &window, 1ull, 3'600ull}}) {
     if (auto text = args->get(flag)) {
-      auto n = parse_decimal(*text, 1, most);
-      if (!n) return usage_error(std::string(flag) + " takes 1 to " + std::to_string(most));
+      auto n = parse_decimal(*text, least, most);
+      if (!n) {
+        return usage_error(std::string(flag) + " takes " + std::to_string(least) + " to " +
+                           std::to_string(most));
+      }
       *out = *n;
     }
   }
@@ -223,13 +583,19 @@ int run_bench_listen(const Globals& globals, const std::vector<std::string>& arg
   auto figures = run_listen_bench(dir->path(), updates, times, static_cast<int>(rounds));
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
+  std::optional<WakeFigures> wake;
+  if (idle > 0) {
+    auto measured = run_wake_bench(dir->path(), appends, idle, window);
+    if (!measured) return report(measured.error());
+    wake = *measured;
+  }
   if (args->has("--json")) {
     std::printf(
         "{\"updates\":%llu,\"times\":%llu,\"rounds\":%d,\"parts\":%llu,\"bytes\":%llu,"
         "\"ingest_seconds\":%.3f,\"snapshot_rows\":%llu,\"snapshot_seconds\":%.3f,"
         "\"snapshot_cpu_seconds\":%.3f,\"snapshot_peak_rss_mib\":%.1f,\"listen_rows\":%llu,"
         "\"listen_seconds\":%.3f,\"listen_cpu_seconds\":%.3f,\"listen_peak_rss_mib\":%.1f,"
-        "\"listen_over_snapshot\":%.2f}\n",
+        "\"listen_over_snapshot\":%.2f",
         static_cast<unsigned long long>(f.updates), static_cast<unsigned long long>(f.times),
         f.rounds, static_cast<unsigned long long>(f.parts),
         static_cast<unsigned long long>(f.bytes), f.ingest_seconds,
@@ -237,6 +603,18 @@ int run_bench_listen(const Globals& globals, const std::vector<std::string>& arg
         f.snapshot_cpu_seconds, f.snapshot_peak_rss_mib,
         static_cast<unsigned long long>(f.listen_rows), f.listen_seconds, f.listen_cpu_seconds,
         f.listen_peak_rss_mib, ratio(f.listen_seconds, f.snapshot_seconds));
+    if (wake) {
+      std::printf(
+          ",\"appends\":%llu,\"write_to_listen_ms\":{\"p50\":%.3f,\"p90\":%.3f,\"p99\":%.3f},"
+          "\"idle_streams\":%llu,\"idle_window_seconds\":%.0f,\"idle_cpu_percent_of_a_core\":%.2f,"
+          "\"rss_mib_before\":%.1f,\"rss_mib_with_streams\":%.1f,\"all_woken_seconds\":%.3f,"
+          "\"not_woken\":%llu",
+          static_cast<unsigned long long>(wake->appends), wake->p50_ms, wake->p90_ms, wake->p99_ms,
+          static_cast<unsigned long long>(wake->idle), wake->window_seconds, wake->idle_cpu_percent,
+          wake->rss_before_mib, wake->rss_with_streams_mib, wake->all_woken_seconds,
+          static_cast<unsigned long long>(wake->not_woken));
+    }
+    std::printf("}\n");
   } else {
     std::printf(
         "one batch of %llu updates over %llu times: %llu parts, %llu bytes; ingest %.2f s\n",
@@ -253,6 +631,25 @@ int run_bench_listen(const Globals& globals, const std::vector<std::string>& arg
         f.listen_seconds, f.listen_cpu_seconds, f.listen_peak_rss_mib);
     std::printf("listen / snapshot           %.2fx (medians of %d rounds)\n",
                 ratio(f.listen_seconds, f.snapshot_seconds), f.rounds);
+    if (wake) {
+      std::printf(
+          "write-to-listen over HTTP   p50 %.2f ms, p90 %.2f ms, p99 %.2f ms (%llu appends)\n",
+          wake->p50_ms, wake->p90_ms, wake->p99_ms, static_cast<unsigned long long>(wake->appends));
+      std::printf(
+          "%llu idle listen streams   %.2f%% of a core over %.0f s, RSS %.1f -> %.1f MiB "
+          "(%.1f KiB each)\n",
+          static_cast<unsigned long long>(wake->idle), wake->idle_cpu_percent, wake->window_seconds,
+          wake->rss_before_mib, wake->rss_with_streams_mib,
+          (wake->rss_with_streams_mib - wake->rss_before_mib) * 1024.0 /
+              static_cast<double>(wake->idle));
+      std::printf("one append woke them all in %.3f s (%llu not woken)\n", wake->all_woken_seconds,
+                  static_cast<unsigned long long>(wake->not_woken));
+    }
+  }
+  if (wake && wake->not_woken > 0) {
+    std::fprintf(stderr, "correctness failure: %llu idle listen streams never saw the append\n",
+                 static_cast<unsigned long long>(wake->not_woken));
+    return kExitError;
   }
   if (f.listen_rows != f.expected_listen_rows) {
     std::fprintf(stderr,

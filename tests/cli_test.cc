@@ -651,9 +651,15 @@ TEST_F(CliTest, BenchDirKeepsWhatWasThere) {
   std::set<std::string> expected = {"mine", "precious.txt"};
   for (const std::string bench :
        {"engine --updates 1000 --appends 2", "compaction --appends 20", "sink --diff 100",
-        "listen --updates 1000 --times 10 --rounds 1"}) {
+        "listen --updates 1000 --times 10 --rounds 1 --appends 5 --idle 20 --window 1"}) {
     Outcome run = tidemark("bench " + bench + " --json --dir " + shell_quote(dir.string()));
     ASSERT_EQ(run.status, 0) << bench << ": " << run.err;
+    if (bench.starts_with("listen")) {
+      // Over HTTP too: five appends seen on a stream, twenty idle streams
+      // all woken by one more.
+      EXPECT_NE(run.out.find("\"idle_streams\":20,"), std::string::npos) << run.out;
+      EXPECT_NE(run.out.find("\"not_woken\":0}"), std::string::npos) << run.out;
+    }
     EXPECT_EQ(slurp(dir / "precious.txt"), "keep me\n") << bench;
     EXPECT_EQ(slurp(dir / "mine" / "nested.txt"), "me too\n") << bench;
     // The run's own directory, named on stderr.

@@ -203,7 +203,11 @@ shards and listen take --dir DIR to work in DIR and keep it.
   shards      [--shards N] [--sinks M] [--idle-close S]: threads and CPU of
               many open, idle shards and sinks
   listen      [--updates N] [--times T] [--rounds R]: a listen over one
-              batch of N updates over T times against a snapshot of it
+              batch of N updates over T times against a snapshot of it;
+              then over HTTP [--appends N] [--idle S] [--window W]:
+              write-to-listen latency, the CPU of S idle listen streams
+              (default 10,000; 0 skips it) and the time one append takes
+              to wake them all
 
 Example:
   tidemark bench engine --updates 1000000
