@@ -15,7 +15,10 @@
 //   snapshot             a shard of --updates updates (default 10,000,000)
 //                        read three times by a child process: the median
 //                        updates/s and the largest of the child's
-//                        peak RSS (its VmHWM)
+//                        peak RSS (its VmHWM); --blob-latency-ms L
+//                        injects L ms before each of the child's blob
+//                        calls (a FaultyBlob: the reads alone, not the
+//                        ingest)
 // The fsync probes measure the scratch directory's disk and are skipped
 // against remote URLs.
 //
@@ -32,6 +35,7 @@
 
 #include "bench_util.h"
 #include "cli/cli.h"
+#include "location/faulty.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
 #include "util/try.h"
@@ -40,6 +44,19 @@ namespace tidemark::cli {
 namespace {
 
 using Clock = BenchClock;
+
+// Milliseconds of injected latency: a non-negative number.
+Result<double> parse_latency_ms(const std::string& flag, const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used != text.size() || !(v >= 0)) throw std::invalid_argument(text);
+    return v;
+  } catch (...) {
+    return invalid_usage(flag + " takes a non-negative number of milliseconds, got \"" + text +
+                         "\"");
+  }
+}
 
 // A 100-byte record: a 16-byte key and an 84-byte JSON string value.
 void make_record(std::uint64_t i, std::string* key, std::string* value) {
@@ -130,9 +147,21 @@ struct Figures {
 };
 
 // The child half of the snapshot figure: reads the shard, prints
-// "<rows> <seconds> <bytes> <peak RSS KiB> <CPU seconds>".
-int snapshot_child(const std::string& blob, const std::string& consensus, const std::string& name) {
-  auto client = Client::open(blob, consensus);
+// "<rows> <seconds> <bytes> <peak RSS KiB> <CPU seconds>". With
+// blob_latency_ms > 0 every blob call of the child sleeps that long first.
+int snapshot_child(const std::string& blob, const std::string& consensus, const std::string& name,
+                   double blob_latency_ms) {
+  auto real_blob = open_blob(blob);
+  if (!real_blob) return report(real_blob.error());
+  auto real_consensus = open_consensus(consensus);
+  if (!real_consensus) return report(real_consensus.error());
+  std::shared_ptr<Blob> read_blob = *real_blob;
+  if (blob_latency_ms > 0) {
+    FaultConfig config;
+    config.latency = std::chrono::microseconds(static_cast<std::int64_t>(blob_latency_ms * 1000));
+    read_blob = std::make_shared<FaultyBlob>(read_blob, config);
+  }
+  auto client = Client::open(Location{read_blob, *real_consensus});
   if (!client) return report(client.error());
   auto shard = (*client)->open_shard(name);
   if (!shard) return report(shard.error());
@@ -166,11 +195,14 @@ struct SnapshotRun {
   double cpu_seconds = 0;
 };
 
-// Runs `tidemark bench snapshot-child BLOB CONSENSUS SHARD` and reads its
-// figures.
-Result<SnapshotRun> run_snapshot_child(const BenchPlace& place) {
-  TM_ASSIGN(std::string text, run_bench_child("snapshot-child", {place.blob, place.consensus,
-                                                                 place.shard("snapshot")}));
+// Runs `tidemark bench snapshot-child BLOB CONSENSUS SHARD [LATENCY_MS]`
+// and reads its figures.
+Result<SnapshotRun> run_snapshot_child(const BenchPlace& place, double blob_latency_ms) {
+  char latency[32];
+  std::snprintf(latency, sizeof latency, "%g", blob_latency_ms);
+  TM_ASSIGN(std::string text,
+            run_bench_child("snapshot-child",
+                            {place.blob, place.consensus, place.shard("snapshot"), latency}));
   SnapshotRun run;
   std::sscanf(text.c_str(), "%llu %lf %llu %llu %lf", &run.rows, &run.seconds, &run.bytes,
               &run.peak_rss_kib, &run.cpu_seconds);
@@ -178,7 +210,7 @@ Result<SnapshotRun> run_snapshot_child(const BenchPlace& place) {
 }
 
 Result<Figures> run_engine(const std::filesystem::path& dir, const BenchPlace& place,
-                           std::uint64_t updates, int cas_appends) {
+                           std::uint64_t updates, int cas_appends, double blob_latency_ms) {
   Figures f;
   // Latency first, before the bulk phases leave the disk busy with
   // writeback. The disk's speed drifts on a shared VM, so every round takes
@@ -271,7 +303,7 @@ Result<Figures> run_engine(const std::filesystem::path& dir, const BenchPlace& p
     // Three runs: the median throughput and the largest peak RSS.
     std::vector<double> rates, cpu_rates;
     for (int run = 0; run < 3; ++run) {
-      TM_ASSIGN(SnapshotRun r, run_snapshot_child(place));
+      TM_ASSIGN(SnapshotRun r, run_snapshot_child(place, blob_latency_ms));
       f.snapshot_updates = r.rows;
       rates.push_back(r.seconds > 0 ? r.rows / r.seconds : 0);
       cpu_rates.push_back(r.cpu_seconds > 0 ? r.rows / r.cpu_seconds : 0);
@@ -288,8 +320,14 @@ Result<Figures> run_engine(const std::filesystem::path& dir, const BenchPlace& p
 }  // namespace
 
 int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
-  if (argv.size() == 4 && argv[0] == "snapshot-child") {
-    return snapshot_child(argv[1], argv[2], argv[3]);
+  if ((argv.size() == 4 || argv.size() == 5) && argv[0] == "snapshot-child") {
+    double latency = 0;
+    if (argv.size() == 5) {
+      auto parsed = parse_latency_ms("the blob latency", argv[4]);
+      if (!parsed) return usage_error(parsed.error().message);
+      latency = *parsed;
+    }
+    return snapshot_child(argv[1], argv[2], argv[3], latency);
   }
   if (!argv.empty() && argv[0] == "appender") return run_bench_appender(globals, argv);
   if (!argv.empty() && argv[0] == "shards") return run_bench_shards(globals, argv);
@@ -303,12 +341,12 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
       (argv[0] == "sink" || argv[0] == "sink-child" || argv[0] == "sink-debezium-child")) {
     return run_bench_sink(globals, argv);
   }
-  auto args = Args::parse(argv, {"--updates", "--appends", "--dir"}, {"--json"});
+  auto args = Args::parse(argv, {"--updates", "--appends", "--dir", "--blob-latency-ms"}, {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"engine"}) {
     return usage_error(
-        "bench engine [--json] [--updates N] [--appends N] [--dir DIR] [--blob URL --consensus "
-        "URL] | bench appender "
+        "bench engine [--json] [--updates N] [--appends N] [--dir DIR] [--blob-latency-ms L] "
+        "[--blob URL --consensus URL] | bench appender "
         "[--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] [--batch-appends "
         "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--blob URL "
         "--consensus URL] [--json] | bench "
@@ -327,6 +365,12 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
     return usage_error("--updates and --appends take numbers");
   }
   if (updates == 0 || appends <= 0) return usage_error("--updates and --appends must be positive");
+  double blob_latency_ms = 0;
+  if (auto v = args->get("--blob-latency-ms")) {
+    auto parsed = parse_latency_ms("--blob-latency-ms", *v);
+    if (!parsed) return usage_error(parsed.error().message);
+    blob_latency_ms = *parsed;
+  }
   // A usage error before any directory is made.
   if (auto checked = bench_place(globals.blob_url, globals.consensus_url, {}); !checked) {
     return usage_error(checked.error().message);
@@ -337,7 +381,7 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   if (!dir) return report(dir.error());
   auto place = bench_place(globals.blob_url, globals.consensus_url, dir->path());
   if (!place) return report(place.error());
-  auto figures = run_engine(dir->path(), *place, updates, appends);
+  auto figures = run_engine(dir->path(), *place, updates, appends, blob_latency_ms);
   if (!figures) return report(figures.error());
   const Figures& f = *figures;
   if (args->has("--json")) {
