@@ -1,8 +1,12 @@
 #include "shard/merge.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 
+#include "shard/read_ahead.h"
 #include "util/executor.h"
 #include "util/try.h"
 
@@ -20,6 +24,9 @@ struct MergeCursor::Input {
   Time min = 0;  // effective window of the open part, inclusive
   Time max = 0;
   std::unique_ptr<PartReader> reader;
+  // The reader's fetches, reading ahead (null for an inline part, or
+  // without read-ahead).
+  std::shared_ptr<ReadAheadSource> source;
   // The reader's current block's bytes, from the cursor's ReadMemory.
   std::optional<Lease> block_memory;
   std::unique_ptr<Run> run;  // set when the input is an ordered run
@@ -28,6 +35,11 @@ struct MergeCursor::Input {
 // The state of an ordered run, touched once per update (the countdown) and
 // otherwise once per part.
 struct MergeCursor::Run {
+  Run() = default;
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  ~Run() { cancel_ahead(*this); }  // a part opened ahead for no one is not opened
+
   std::vector<PartRef> parts;
   std::size_t next_part = 0;  // the first part not opened yet
   std::uint64_t left = 0;     // updates the open part has not returned yet
@@ -46,6 +58,8 @@ struct MergeCursor::Run {
   std::uint64_t last_value_length = 0;
   Time last_time = 0;
   std::optional<Error> failed;  // sticky: order corruption, or a failure to check it
+  // The next wanted part, being opened ahead (see open_ahead()).
+  std::shared_ptr<PendingOpen> ahead;
 };
 
 MergeCursor::MergeCursor() = default;
@@ -68,11 +82,35 @@ bool to_inclusive(Frontier lower, Frontier upper, Time* min, Time* max) {
   return true;
 }
 
-struct OpenedPart {
+}  // namespace
+
+struct MergeCursor::OpenedPart {
   std::unique_ptr<PartReader> reader;
+  std::shared_ptr<ReadAheadSource> source;
   Time min = 0;  // effective window, inclusive
   Time max = 0;
 };
+
+// A part of a run opened on a blob_io() thread ahead of the merge: its
+// footer read and checked, and its first spans fetched, while the part
+// before it is read. The job holds what it touches (this, the blob, the
+// reference); the run waits for it, or opens it itself when no thread has
+// started the job.
+struct MergeCursor::PendingOpen {
+  enum class State : std::uint8_t { kQueued, kRunning, kDone, kCancelled };
+  std::size_t index = 0;  // in Run::parts
+  std::mutex mu;
+  std::condition_variable done;
+  State state = State::kQueued;                             // GUARDED_BY(mu)
+  std::optional<Result<std::optional<OpenedPart>>> result;  // GUARDED_BY(mu), once kDone
+  ReadAheadGrant grant;                                     // the footer's fetch (kOpenFetchBytes)
+};
+
+namespace {
+
+using OpenedPart = MergeCursor::OpenedPart;
+
+std::atomic<bool> read_ahead_on{true};
 
 // A reader of the part `ref`: its inline bytes, or its blob object.
 Result<PartReader> open_reader(Blob& blob, const PartRef& ref) {
@@ -80,17 +118,41 @@ Result<PartReader> open_reader(Blob& blob, const PartRef& ref) {
   return PartReader::open_blob(blob, ref.key, ref.size);
 }
 
+// Whether anything of the part `ref` may be wanted in `window`, from its
+// reference alone.
+bool maybe_wanted(const PartRef& ref, TimeWindow window) {
+  Time reg_min, reg_max;
+  if (!to_inclusive(ref.lower, ref.upper, &reg_min, &reg_max)) return false;
+  const Time min = std::max({reg_min, window.min, ref.time_min});
+  const Time max = std::min({reg_max, window.max, ref.time_max});
+  return ref.count != 0 && min <= max;
+}
+
 // Opens the part `ref` filtered to the intersection of its registered
 // range, its inline description and `window`; nullopt, without opening it
-// when its stats allow, when nothing of it is wanted.
-Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, TimeWindow window) {
+// when its stats allow, when nothing of it is wanted. With a `budget`, a
+// blob part reads through a ReadAheadSource, reading ahead unless one of
+// its blocks decodes to over kDeferBlockBytes.
+Result<std::optional<OpenedPart>> open_part(const std::shared_ptr<Blob>& blob, const PartRef& ref,
+                                            TimeWindow window,
+                                            const std::shared_ptr<ReadAheadBudget>& budget) {
   Time reg_min, reg_max;
   if (!to_inclusive(ref.lower, ref.upper, &reg_min, &reg_max)) return std::nullopt;
   Time min = std::max({reg_min, window.min, ref.time_min});
   Time max = std::min({reg_max, window.max, ref.time_max});
   if (ref.count == 0 || min > max) return std::nullopt;  // nothing of this part is wanted
 
-  TM_ASSIGN(PartReader reader, open_reader(blob, ref));
+  std::shared_ptr<ReadAheadSource> source;
+  Result<PartReader> opened = [&]() -> Result<PartReader> {
+    if (ref.data || !budget) return open_reader(*blob, ref);
+    source = std::make_shared<ReadAheadSource>(blob, ref.key, ref.size, budget);
+    return PartReader::open(ref.key, ref.size,
+                            [source](std::uint64_t offset, std::uint64_t length) {
+                              return source->fetch(offset, length);
+                            });
+  }();
+  if (!opened) return std::unexpected(std::move(opened).error());
+  PartReader reader = std::move(*opened);
   const Description& inline_desc = reader.inline_desc();
   Time inline_min, inline_max;
   if (!to_inclusive(inline_desc.lower, inline_desc.upper, &inline_min, &inline_max) ||
@@ -114,7 +176,14 @@ Result<std::optional<OpenedPart>> open_part(Blob& blob, const PartRef& ref, Time
   part.min = std::max(min, inline_min);
   part.max = std::min(max, inline_max);
   if (part.min > part.max) return std::nullopt;
+  if (source && reader.largest_decoded_block_bytes() <= MergeCursor::kDeferBlockBytes) {
+    // Its first blocks are fetched from now on (the first read of a block
+    // starts at 0, with the header).
+    source->enable();
+    source->read_ahead_from(0);
+  }
   part.reader = std::make_unique<PartReader>(std::move(reader));
+  part.source = std::move(source);
   return part;
 }
 
@@ -180,6 +249,12 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
   cursor.blob_ = std::move(blob);
   cursor.window_ = window;
   cursor.memory_ = std::move(memory);
+  if (read_ahead_on.load(std::memory_order_relaxed)) {
+    cursor.budget_ = std::make_shared<ReadAheadBudget>(cursor.memory_.pool);
+    // Read-ahead starts once every input holds its first block, so that
+    // the room it leaves the merge counts them all.
+    cursor.budget_->pause(true);
+  }
   // One input per unordered part (opened below) and per ordered run.
   std::vector<Input> inputs;
   std::vector<const PartRef*> unopened;  // parallel to inputs; nullptr for a run
@@ -208,11 +283,12 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
     if (stop && stop()) return make_error(ErrorKind::kClosed, "the read was stopped");
     Input& input = inputs[i];
     if (unopened[i]) {
-      TM_ASSIGN(auto part, open_part(*cursor.blob_, *unopened[i], window));
+      TM_ASSIGN(auto part, open_part(cursor.blob_, *unopened[i], window, cursor.budget_));
       if (!part) return {};
       input.min = part->min;
       input.max = part->max;
       input.reader = std::move(part->reader);
+      input.source = std::move(part->source);
     } else {
       TM_TRY(cursor.open_next_part(input));
     }
@@ -223,6 +299,13 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TM_TRY(primed[i]);
     if (inputs[i].head) cursor.inputs_.push_back(std::move(inputs[i]));
+  }
+  if (cursor.budget_) {
+    cursor.budget_->pause(false);
+    for (Input& input : cursor.inputs_) {
+      if (input.source) input.source->resume();
+      if (input.run && !input.run->ahead) cursor.open_ahead(*input.run);
+    }
   }
   return cursor;
 }
@@ -239,21 +322,92 @@ bool MergeCursor::defer(Input& input) {
   return true;
 }
 
+void MergeCursor::set_read_ahead_for_testing(bool on) {
+  read_ahead_on.store(on, std::memory_order_relaxed);
+}
+
+void MergeCursor::open_ahead(Run& run) const {
+  if (!budget_) return;
+  std::size_t index = run.next_part;
+  while (index < run.parts.size() && !maybe_wanted(run.parts[index], window_)) ++index;
+  if (index == run.parts.size() || run.parts[index].data) return;  // nothing to fetch
+  std::optional<ReadAheadGrant> grant = budget_->try_take(PartReader::kOpenFetchBytes);
+  if (!grant) return;
+  auto pending = std::make_shared<PendingOpen>();
+  pending->index = index;
+  pending->grant = std::move(*grant);
+  auto job = [pending, blob = blob_, ref = run.parts[index], window = window_, budget = budget_] {
+    {
+      std::lock_guard lock(pending->mu);
+      if (pending->state != PendingOpen::State::kQueued) return;
+      pending->state = PendingOpen::State::kRunning;
+    }
+    auto part = open_part(blob, ref, window, budget);  // and its first blocks
+    std::lock_guard lock(pending->mu);
+    pending->result = std::move(part);
+    pending->state = PendingOpen::State::kDone;
+    pending->done.notify_all();
+  };
+  if (!WorkPool::blob_io().submit(std::move(job))) return;
+  run.ahead = std::move(pending);
+}
+
+void MergeCursor::cancel_ahead(Run& run) {
+  if (!run.ahead) return;
+  {
+    std::lock_guard lock(run.ahead->mu);
+    if (run.ahead->state == PendingOpen::State::kQueued) {
+      run.ahead->state = PendingOpen::State::kCancelled;
+      run.ahead->grant = ReadAheadGrant();
+    }
+  }
+  run.ahead.reset();
+}
+
+Result<std::optional<MergeCursor::OpenedPart>> MergeCursor::take_ahead(Run& run) {
+  std::shared_ptr<PendingOpen> pending = std::move(run.ahead);
+  std::unique_lock lock(pending->mu);
+  if (pending->state == PendingOpen::State::kQueued) {
+    // No thread has started it: open it here.
+    pending->state = PendingOpen::State::kCancelled;
+    lock.unlock();
+    return open_part(blob_, run.parts[pending->index], window_, budget_);
+  }
+  pending->done.wait(lock, [&] { return pending->state == PendingOpen::State::kDone; });
+  return std::move(*pending->result);
+}
+
 Status MergeCursor::open_next_part(Input& input) {
   Run& run = *input.run;
   while (run.next_part < run.parts.size()) {
     // next_part moves on only once the part is opened or skipped, so a
-    // failed fetch is retried by the next call.
-    TM_ASSIGN(auto part, open_part(*blob_, run.parts[run.next_part], window_));
+    // failed fetch is retried by the next call (opening it here: a part
+    // opened ahead is taken, or forgotten, once).
+    std::optional<OpenedPart> part;
+    if (run.ahead && run.ahead->index == run.next_part) {
+      TM_ASSIGN(part, take_ahead(run));
+    } else {
+      if (run.ahead && run.ahead->index < run.next_part) cancel_ahead(run);
+      TM_ASSIGN(part, open_part(blob_, run.parts[run.next_part], window_, budget_));
+    }
     const PartRef& ref = run.parts[run.next_part++];
     if (!part) continue;
     input.min = part->min;
     input.max = part->max;
     input.reader = std::move(part->reader);
+    input.source = std::move(part->source);
     run.left = ref.count;  // open_part checked the part holds this many
+    if (!run.ahead) open_ahead(run);
     return {};
   }
   return {};
+}
+
+void MergeCursor::drop_read_ahead() {
+  for (Input& input : inputs_) {
+    if (input.source) input.source->drop();
+    if (input.run) cancel_ahead(*input.run);
+  }
 }
 
 Status MergeCursor::leave_part(Input& input) {
@@ -294,18 +448,39 @@ Status MergeCursor::leave_part(Input& input) {
   return {};  // `done` (its block) goes before the next part's block comes
 }
 
+void MergeCursor::hold_block(Input& input, Lease lease) {
+  release_block(input);
+  if (budget_) budget_->add_merge_blocks(static_cast<std::int64_t>(lease.size()));
+  input.block_memory = std::move(lease);
+}
+
+void MergeCursor::release_block(Input& input) {
+  if (!input.block_memory) return;
+  if (budget_) budget_->add_merge_blocks(-static_cast<std::int64_t>(input.block_memory->size()));
+  input.block_memory.reset();
+}
+
 Status MergeCursor::charge_next_block(Input& input) {
   // The block held now goes before the next one comes (next() drops it).
-  input.block_memory.reset();
+  release_block(input);
   const std::uint64_t bytes = input.reader->next_block_decoded_bytes();
   if (bytes == 0) return {};
   if (bytes <= kDeferBlockBytes) {
     // An ordinary block: counted, never refused (a merge of many parts
     // needs one each, whatever the pool; see ReadMemory).
-    input.block_memory = memory_.pool->force_reserve(bytes);
+    hold_block(input, memory_.pool->force_reserve(bytes));
     return {};
   }
-  auto lease = memory_.pool->reserve_until(bytes, std::chrono::steady_clock::now() + memory_.wait);
+  std::optional<Lease> now = memory_.pool->try_reserve(bytes);
+  if (!now && budget_ && budget_->bytes() > 0) {
+    // Room held by read-ahead would otherwise keep this block waiting:
+    // read-ahead gives its bytes back (those of fetches in flight once they
+    // end) and starts again afterwards.
+    drop_read_ahead();
+  }
+  auto lease =
+      now ? Result<Lease>(std::move(*now))
+          : memory_.pool->reserve_until(bytes, std::chrono::steady_clock::now() + memory_.wait);
   if (!lease) {
     const std::string what = "part " + input.reader->name() + ": its next block decodes to " +
                              std::to_string(bytes) + " bytes, ";
@@ -321,7 +496,7 @@ Status MergeCursor::charge_next_block(Input& input) {
                                             " bytes) could not give within " +
                                             std::to_string(memory_.wait.count()) + " ms");
   }
-  input.block_memory = std::move(*lease);
+  hold_block(input, std::move(*lease));
   return {};
 }
 
@@ -347,7 +522,8 @@ Status MergeCursor::advance(Input& input) {
     TM_ASSIGN(auto update, input.reader->next());
     if (!update) {
       input.reader.reset();  // release its block buffers early
-      input.block_memory.reset();
+      input.source.reset();
+      release_block(input);
       continue;
     }
     const bool wanted = update->time >= input.min && update->time <= input.max;

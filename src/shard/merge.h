@@ -60,6 +60,8 @@
 
 namespace tidemark {
 
+class ReadAheadBudget;
+
 struct TimeWindow {
   Time min = 0;           // inclusive
   Time max = UINT64_MAX;  // inclusive
@@ -106,6 +108,15 @@ class MergeCursor {
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRef>& parts,
                                                 TimeWindow window);
+  // Read-ahead (read_ahead.h) on or off for cursors opened from now on; on
+  // by default. For tests that compare with the plain sequential read.
+  static void set_read_ahead_for_testing(bool on);
+
+  // Internal (merge.cc): a part opened for the merge, and one being opened
+  // ahead of it.
+  struct OpenedPart;
+  struct PendingOpen;
+
   MergeCursor(MergeCursor&&) noexcept;
   MergeCursor& operator=(MergeCursor&&) noexcept;
   ~MergeCursor();
@@ -122,6 +133,10 @@ class MergeCursor {
   // Reserves the decoded bytes of the block input.reader loads next
   // (releasing the current one's). REQUIRES: memory_.pool.
   [[nodiscard]] Status charge_next_block(Input& input);
+  // Sets (or releases) input.block_memory, telling the read-ahead budget
+  // what the merge's blocks hold.
+  void hold_block(Input& input, Lease lease);
+  void release_block(Input& input);
   // Marks an input with a reader whose next block is over kDeferBlockBytes as
   // deferred, its head the bound (key_min, "", 0); false when it loads now.
   static bool defer(Input& input);
@@ -137,8 +152,18 @@ class MergeCursor {
   // before closing the open one. A failed fetch leaves the input as it was.
   [[nodiscard]] Status leave_part(Input& input);
   bool less(std::size_t a, std::size_t b) const;
+  // Starts opening the run's next wanted part after the open one on a
+  // blob_io() thread (when the budget has room for its footer's fetch).
+  void open_ahead(Run& run) const;
+  // Waits for the part opened ahead (or opens it here, if no thread has
+  // started) and clears run.ahead.
+  [[nodiscard]] Result<std::optional<OpenedPart>> take_ahead(Run& run);
+  static void cancel_ahead(Run& run);
+  // Every input's read-ahead gives its bytes back.
+  void drop_read_ahead();
 
-  std::shared_ptr<Blob> blob_;  // the parts' readers fetch from *blob_
+  std::shared_ptr<Blob> blob_;               // the parts' readers fetch from *blob_
+  std::shared_ptr<ReadAheadBudget> budget_;  // null: no read-ahead
   TimeWindow window_;
   ReadMemory memory_;
   std::vector<Input> inputs_;

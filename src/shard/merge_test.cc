@@ -1,6 +1,8 @@
 // Tests of MergeCursor over ordered runs of parts: a run merges like its
 // parts taken one by one, filters and validates each part like an unordered
-// one, rejects parts out of order, and keeps at most one of its parts open.
+// one, rejects parts out of order, and keeps at most one of its parts open
+// (and the next one opening ahead). And of its read-ahead (issue #22): the
+// same updates and errors as the sequential read, within the reads pool.
 #include "shard/merge.h"
 
 #include <gtest/gtest.h>
@@ -8,14 +10,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "part/part.h"
+#include "shard/read_ahead.h"
 #include "testing/shard_util.h"
 #include "tidemark/location.h"
+#include "tidemark/memory_pool.h"
 #include "util/try.h"
 
 namespace tidemark {
@@ -53,6 +59,9 @@ class RecordingBlob final : public ForwardingBlob {
           return make_error(ErrorKind::kDeterminate, "injected: a large read failed");
         }
       }
+      if (key == fail_key && offset <= fail_offset && fail_offset - offset < length) {
+        return make_error(ErrorKind::kDeterminate, "injected: a read failed");
+      }
       max_concurrent = std::max(max_concurrent, ++concurrent_);
     }
     std::this_thread::sleep_for(latency);
@@ -63,6 +72,10 @@ class RecordingBlob final : public ForwardingBlob {
   }
 
   std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
+  int concurrent() {
+    std::lock_guard lock(mu_);
+    return concurrent_;
+  }
 
   std::vector<std::string> fetches;
   // The keys of reads of more than large_fetch_bytes, in order; the next
@@ -70,6 +83,9 @@ class RecordingBlob final : public ForwardingBlob {
   std::vector<std::string> large_fetches;
   std::uint64_t large_fetch_bytes = UINT64_MAX;
   bool fail_next_large_fetch = false;
+  // Every read of fail_key whose range holds fail_offset fails (Determinate).
+  std::string fail_key;
+  std::uint64_t fail_offset = UINT64_MAX;
   std::chrono::milliseconds latency{0};
   int max_concurrent = 0;
 
@@ -101,8 +117,8 @@ class MergeRunTest : public ::testing::Test {
   // Writes `updates` (sorted, consolidated) as the part "shard/s/part/<name>"
   // with small blocks, registered with the part's own description.
   PartRef write_part(const std::string& name, const Description& desc,
-                     const std::vector<Update>& updates) {
-    PartWriter writer(desc, PartOptions{.block_bytes = 64});
+                     const std::vector<Update>& updates, std::size_t block_bytes = 64) {
+    PartWriter writer(desc, PartOptions{.block_bytes = block_bytes});
     for (const Update& update : updates) {
       EXPECT_TRUE(writer.add(UpdateView{update.key, update.value, update.time, update.diff}));
     }
@@ -122,8 +138,9 @@ class MergeRunTest : public ::testing::Test {
   }
 
   // Every update of the merge, in order.
-  Result<std::vector<Update>> read_all(const std::vector<PartRun>& runs, TimeWindow window = {}) {
-    TM_ASSIGN(MergeCursor cursor, MergeCursor::open(blob_, runs, window));
+  Result<std::vector<Update>> read_all(const std::vector<PartRun>& runs, TimeWindow window = {},
+                                       ReadMemory memory = {}) {
+    TM_ASSIGN(MergeCursor cursor, MergeCursor::open(blob_, runs, window, {}, std::move(memory)));
     std::vector<Update> out;
     for (;;) {
       TM_ASSIGN(auto update, cursor.next());
@@ -428,10 +445,13 @@ TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
   ASSERT_TRUE(cursor) << cursor.error().to_string();
   auto first = cursor->next();
   ASSERT_TRUE(first && *first);
-  EXPECT_EQ(blob_->fetched_keys().size(), 1u + loose.size());
+  // The run's first part, and perhaps its second, opened ahead.
+  EXPECT_GE(blob_->fetched_keys().size(), 1u + loose.size());
+  EXPECT_LE(blob_->fetched_keys().size(), 2u + loose.size());
 
   // Whenever the merge emits an update of run part k, the run has fetched
-  // from parts 0..k and at most k + 1 (opened once part k was exhausted).
+  // from parts 0..k and at most k + 2 (k + 1 opened once part k was
+  // exhausted, and the part after it opened ahead).
   std::size_t emitted = 1;
   int last_run_part = 0;
   for (;;) {
@@ -448,7 +468,7 @@ TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
       }
     }
     EXPECT_GE(highest_fetched, last_run_part);
-    EXPECT_LE(highest_fetched, last_run_part + 1) << "after " << emitted << " updates";
+    EXPECT_LE(highest_fetched, last_run_part + 2) << "after " << emitted << " updates";
   }
   EXPECT_EQ(emitted, static_cast<std::size_t>(kParts * kPerPart) + 200u);
 
@@ -638,6 +658,223 @@ TEST_F(MergeRunTest, BlocksAreChargedToTheReadsMemory) {
   }
   Status read_again = read_all_through();
   EXPECT_TRUE(read_again) << read_again.error().to_string();
+}
+
+// Parts of many blocks (values of random sizes, zstd cannot shrink them),
+// as loose parts and as ordered runs, cut at random block sizes.
+std::vector<PartRun> random_runs(
+    MergeRunTest* test, std::uint64_t seed,
+    const std::function<PartRef(const std::string&, const Description&, const std::vector<Update>&,
+                                std::size_t)>& write) {
+  std::mt19937_64 random(seed);
+  const auto updates = [&](const std::string& prefix, int first, int count) {
+    std::vector<Update> out;
+    for (int i = first; i < first + count; ++i) {
+      std::string value(1 + random() % 300, 'v');
+      for (char& c : value) c = static_cast<char>(random() >> 56);
+      out.push_back(
+          Update{numbered_key(prefix, i), std::move(value), static_cast<Time>(random() % 10), 1});
+    }
+    return out;
+  };
+  const std::size_t block_sizes[] = {64, 700, 4096, 16384};
+  std::vector<PartRun> runs;
+  PartRun loose;
+  for (int p = 0; p < 4; ++p) {
+    // Interleaved keys: every loose part covers the same key range.
+    loose.parts.push_back(write("loose" + std::to_string(p), description(0, 10),
+                                updates("k" + std::to_string(p % 2), 0, 500 + random() % 1500),
+                                block_sizes[random() % 4]));
+  }
+  runs.push_back(loose);
+  for (int r = 0; r < 2; ++r) {
+    PartRun run{{}, true};
+    int first = 0;
+    for (int p = 0; p < 3; ++p) {
+      const int count = 300 + random() % 1000;
+      run.parts.push_back(write("run" + std::to_string(r) + "-" + std::to_string(p),
+                                description(0, 10), updates("k0", first, count),
+                                block_sizes[random() % 4]));
+      first += count;
+    }
+    runs.push_back(run);
+  }
+  (void)test;
+  return runs;
+}
+
+class ReadAheadTest : public MergeRunTest {
+ protected:
+  void SetUp() override {
+    MergeRunTest::SetUp();
+    // Small spans, so that parts of a few hundred KiB take many, cut
+    // anywhere in a block.
+    ReadAheadSource::set_span_bytes_for_testing(16 << 10);
+  }
+  void TearDown() override {
+    ReadAheadSource::set_span_bytes_for_testing(0);
+    MergeCursor::set_read_ahead_for_testing(true);
+  }
+
+  std::vector<PartRun> runs(std::uint64_t seed) {
+    return random_runs(
+        this, seed,
+        [this](const std::string& name, const Description& desc, const std::vector<Update>& updates,
+               std::size_t block_bytes) { return write_part(name, desc, updates, block_bytes); });
+  }
+
+  // Reads `runs` to the end or the first error: the updates before it, and
+  // the error.
+  std::pair<std::vector<Update>, std::optional<Error>> read_until_error(
+      const std::vector<PartRun>& runs, ReadMemory memory = {}) {
+    std::vector<Update> out;
+    auto cursor = MergeCursor::open(blob_, runs, {}, {}, std::move(memory));
+    if (!cursor) return {out, cursor.error()};
+    for (;;) {
+      auto update = cursor->next();
+      if (!update) return {out, update.error()};
+      if (!*update) return {out, std::nullopt};
+      out.push_back((*update)->to_owned());
+    }
+  }
+
+  // Waits (up to 5 s) until no read of the blob is in progress and `pool`
+  // (when given) holds nothing: fetches a cursor left behind end on their own.
+  void wait_for_quiet(const std::shared_ptr<MemoryPool>& pool) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((blob_->concurrent() > 0 || (pool && pool->used() > 0)) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(blob_->concurrent(), 0);
+    if (pool) {
+      EXPECT_EQ(pool->used(), 0u);
+    }
+  }
+};
+
+TEST_F(ReadAheadTest, GivesTheUpdatesOfTheSequentialRead) {
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::vector<PartRun> shard = runs(seed);
+    MergeCursor::set_read_ahead_for_testing(false);
+    auto sequential = read_all(shard);
+    ASSERT_TRUE(sequential) << sequential.error().to_string();
+    const std::size_t sequential_fetches = blob_->fetches.size();
+    MergeCursor::set_read_ahead_for_testing(true);
+    blob_->fetches.clear();
+    blob_->max_concurrent = 0;
+    blob_->latency = std::chrono::milliseconds(1);
+    auto ahead = read_all(shard);
+    blob_->latency = std::chrono::milliseconds(0);
+    ASSERT_TRUE(ahead) << ahead.error().to_string();
+    EXPECT_TRUE(*ahead == *sequential);
+    EXPECT_GT(sequential->size(), 5000u);
+    // Spans of many blocks: fewer reads, several at once.
+    EXPECT_LT(blob_->fetches.size(), sequential_fetches);
+    EXPECT_GT(blob_->max_concurrent, 1);
+    blob_->fetches.clear();
+  }
+}
+
+TEST_F(ReadAheadTest, StaysWithinTheReadsPool) {
+  const std::vector<PartRun> shard = runs(7);
+  // What the sequential read holds at most: its current blocks.
+  MergeCursor::set_read_ahead_for_testing(false);
+  auto unbounded = MemoryPool::create("reads", std::uint64_t{1} << 40);
+  auto sequential = read_all(shard, {}, ReadMemory{unbounded});
+  ASSERT_TRUE(sequential) << sequential.error().to_string();
+  const std::uint64_t blocks = unbounded->stats().peak_used;
+  ASSERT_GT(blocks, 0u);
+  MergeCursor::set_read_ahead_for_testing(true);
+  // Smaller than the blocks (the read completes, overdrawn as without
+  // read-ahead), room for a few spans, and more than read-ahead takes.
+  for (std::uint64_t capacity : {blocks / 2, 2 * blocks + (32 << 10), std::uint64_t{64} << 20}) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity));
+    auto pool = MemoryPool::create("reads", capacity);
+    blob_->latency = std::chrono::milliseconds(1);
+    auto ahead = read_all(shard, {}, ReadMemory{pool, std::chrono::milliseconds(1000)});
+    blob_->latency = std::chrono::milliseconds(0);
+    ASSERT_TRUE(ahead) << ahead.error().to_string();
+    EXPECT_TRUE(*ahead == *sequential);
+    if (capacity >= 2 * blocks) {
+      EXPECT_LE(pool->stats().peak_used, capacity);
+    }
+    wait_for_quiet(pool);
+  }
+}
+
+TEST_F(ReadAheadTest, AFailingReadFailsWhereTheSequentialReadFails) {
+  const std::vector<PartRun> shard = runs(11);
+  const PartRef& victim = shard[1].parts[1];                // inside an ordered run
+  ASSERT_GT(victim.size, 2 * PartReader::kOpenFetchBytes);  // size / 3 is before the tail
+  blob_->fail_key = victim.key;
+  blob_->fail_offset = victim.size / 3;
+  MergeCursor::set_read_ahead_for_testing(false);
+  const auto [sequential, sequential_error] = read_until_error(shard);
+  ASSERT_TRUE(sequential_error);
+  MergeCursor::set_read_ahead_for_testing(true);
+  blob_->latency = std::chrono::milliseconds(1);
+  const auto [ahead, ahead_error] = read_until_error(shard);
+  blob_->latency = std::chrono::milliseconds(0);
+  ASSERT_TRUE(ahead_error);
+  EXPECT_EQ(ahead_error->to_string(), sequential_error->to_string());
+  EXPECT_EQ(ahead.size(), sequential.size());
+  EXPECT_TRUE(ahead == sequential);
+  wait_for_quiet(nullptr);
+}
+
+TEST_F(ReadAheadTest, ADamagedBlockFailsWhereTheSequentialReadFails) {
+  const std::vector<PartRun> shard = runs(13);
+  for (const PartRef& victim : {shard[0].parts[2], shard[2].parts[0]}) {
+    SCOPED_TRACE(victim.key);
+    auto original = blob_->get(victim.key);
+    ASSERT_TRUE(original && *original);
+    std::string damaged = **original;
+    ASSERT_GT(damaged.size(), 2 * PartReader::kOpenFetchBytes);
+    damaged[damaged.size() / 3] ^= 0x55;
+    ASSERT_TRUE(blob_->set(victim.key, damaged));
+    MergeCursor::set_read_ahead_for_testing(false);
+    const auto [sequential, sequential_error] = read_until_error(shard);
+    ASSERT_TRUE(sequential_error);
+    EXPECT_EQ(sequential_error->kind, ErrorKind::kCorruption) << sequential_error->to_string();
+    MergeCursor::set_read_ahead_for_testing(true);
+    const auto [ahead, ahead_error] = read_until_error(shard);
+    ASSERT_TRUE(ahead_error);
+    EXPECT_EQ(ahead_error->to_string(), sequential_error->to_string());
+    EXPECT_TRUE(ahead == sequential);
+    ASSERT_TRUE(blob_->set(victim.key, **original));
+  }
+}
+
+TEST_F(ReadAheadTest, ACursorDestroyedWithFetchesInFlightIsSafe) {
+  const std::vector<PartRun> shard = runs(17);
+  auto pool = MemoryPool::create("reads", 64 << 20);
+  blob_->latency = std::chrono::milliseconds(20);
+  for (int reads : {0, 1, 50, 3000}) {
+    SCOPED_TRACE("after " + std::to_string(reads) + " updates");
+    {
+      auto cursor = MergeCursor::open(blob_, shard, {}, {}, ReadMemory{pool});
+      ASSERT_TRUE(cursor) << cursor.error().to_string();
+      for (int i = 0; i < reads; ++i) {
+        auto update = cursor->next();
+        ASSERT_TRUE(update && *update);
+      }
+      EXPECT_GT(pool->used(), 0u);  // spans fetched or on their way
+    }
+    wait_for_quiet(pool);
+  }
+  // And with the blob's last owner a fetch in flight.
+  {
+    auto cursor = MergeCursor::open(blob_, shard, {}, {}, ReadMemory{pool});
+    ASSERT_TRUE(cursor);
+    blob_.reset();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (pool->used() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(pool->used(), 0u);
 }
 
 }  // namespace
