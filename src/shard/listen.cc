@@ -217,6 +217,9 @@ class ShardListener final : public Listener {
     }
     auto sorter = std::make_unique<TimeSorter>(context_->options.listen_buffer_bytes,
                                                context_->options.scratch_directory, memory_);
+    // The sorter's run grows in the same pool, waiting for room: read-ahead
+    // leaves it that room.
+    merge.leave_room_for(context_->options.listen_buffer_bytes);
     for (;;) {
       TM_ASSIGN(auto update, merge.next());
       if (!update) break;

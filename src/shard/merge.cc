@@ -300,14 +300,7 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
     TM_TRY(primed[i]);
     if (inputs[i].head) cursor.inputs_.push_back(std::move(inputs[i]));
   }
-  if (cursor.budget_) {
-    cursor.budget_->pause(false);
-    for (Input& input : cursor.inputs_) {
-      if (input.source) input.source->resume();
-      if (input.run && !input.run->ahead) cursor.open_ahead(*input.run);
-    }
-  }
-  return cursor;
+  return cursor;  // read-ahead starts with the first next()
 }
 
 Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRef>& parts,
@@ -446,6 +439,10 @@ Status MergeCursor::leave_part(Input& input) {
   }
   run.last_part = done->name();
   return {};  // `done` (its block) goes before the next part's block comes
+}
+
+void MergeCursor::leave_room_for(std::uint64_t bytes) {
+  if (budget_) budget_->add_merge_blocks(static_cast<std::int64_t>(bytes));
 }
 
 void MergeCursor::hold_block(Input& input, Lease lease) {
@@ -596,6 +593,15 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
   if (!started_) {
     // open() read every input's first update.
     started_ = true;
+    if (budget_) {
+      // Every input holds its first block now, and the caller has said
+      // what room it needs (leave_room_for).
+      budget_->pause(false);
+      for (Input& input : inputs_) {
+        if (input.source) input.source->resume();
+        if (input.run && !input.run->ahead) open_ahead(*input.run);
+      }
+    }
     for (std::size_t i = 0; i < inputs_.size(); ++i) heap_.push_back(i);
     std::make_heap(heap_.begin(), heap_.end(), greater);
   } else if (advance_current_ && current_) {

@@ -121,6 +121,12 @@ class MergeCursor {
   MergeCursor& operator=(MergeCursor&&) noexcept;
   ~MergeCursor();
 
+  // Read-ahead leaves `bytes` more of the ReadMemory pool free, for a caller
+  // that charges the same pool while it reads (a listen's sorter, whose
+  // growth waits for room: room read-ahead held would not come back while
+  // it waits). Read-ahead starts with the first next(): call this before.
+  void leave_room_for(std::uint64_t bytes);
+
   // The next update in (key, value, time) order, or nullopt at the end. The
   // view stays valid until the next call.
   [[nodiscard]] Result<std::optional<UpdateView>> next();

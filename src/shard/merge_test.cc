@@ -804,6 +804,33 @@ TEST_F(ReadAheadTest, StaysWithinTheReadsPool) {
   }
 }
 
+TEST_F(ReadAheadTest, LeavesTheRoomItsCallerAsksFor) {
+  const std::vector<PartRun> shard = runs(9);
+  MergeCursor::set_read_ahead_for_testing(false);
+  auto unbounded = MemoryPool::create("reads", std::uint64_t{1} << 40);
+  auto sequential = read_all(shard, {}, ReadMemory{unbounded});
+  ASSERT_TRUE(sequential) << sequential.error().to_string();
+  const std::size_t sequential_fetches = blob_->fetches.size();
+  MergeCursor::set_read_ahead_for_testing(true);
+  // A caller (a listen's sorter) that needs the whole pool: read-ahead
+  // takes none of it, and the read is the sequential one.
+  auto pool = MemoryPool::create("reads", 64 << 20);
+  blob_->fetches.clear();
+  auto cursor = MergeCursor::open(blob_, shard, {}, {}, ReadMemory{pool});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  cursor->leave_room_for(64 << 20);
+  std::vector<Update> out;
+  for (;;) {
+    auto update = cursor->next();
+    ASSERT_TRUE(update) << update.error().to_string();
+    if (!*update) break;
+    out.push_back((*update)->to_owned());
+  }
+  EXPECT_TRUE(out == *sequential);
+  EXPECT_EQ(blob_->fetches.size(), sequential_fetches);
+  EXPECT_EQ(pool->stats().peak_used, unbounded->stats().peak_used);
+}
+
 TEST_F(ReadAheadTest, AFailingReadFailsWhereTheSequentialReadFails) {
   const std::vector<PartRun> shard = runs(11);
   const PartRef& victim = shard[1].parts[1];                // inside an ordered run

@@ -88,8 +88,9 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
 
   // While paused nothing is granted.
   void pause(bool paused) { paused_.store(paused, std::memory_order_relaxed); }
-  // What the merge's own blocks hold of the pool changes by `delta`: a
-  // grant leaves at least that much room free besides itself.
+  // What the merge's own blocks hold of the pool (and room it keeps for its
+  // caller, MergeCursor::leave_room_for) changes by `delta`: a grant leaves
+  // at least that much room free besides itself.
   void add_merge_blocks(std::int64_t delta) {
     merge_blocks_.fetch_add(delta, std::memory_order_relaxed);
   }
