@@ -71,7 +71,15 @@ class RecordingBlob final : public ForwardingBlob {
     return result;
   }
 
-  std::set<std::string> fetched_keys() const { return {fetches.begin(), fetches.end()}; }
+  // Safe while reads (a run's next part opened ahead) are in progress.
+  std::set<std::string> fetched_keys() {
+    std::lock_guard lock(mu_);
+    return {fetches.begin(), fetches.end()};
+  }
+  std::vector<std::string> fetches_so_far() {
+    std::lock_guard lock(mu_);
+    return fetches;
+  }
   int concurrent() {
     std::lock_guard lock(mu_);
     return concurrent_;
@@ -474,7 +482,7 @@ TEST_F(MergeRunTest, OpensOnePartOfARunAtATime) {
 
   // Once a later part of the run is read, no earlier part is read again.
   int previous = -1;
-  for (const std::string& key : blob_->fetches) {
+  for (const std::string& key : blob_->fetches_so_far()) {
     if (auto it = run_index.find(key); it != run_index.end()) {
       EXPECT_GE(it->second, previous) << key;
       previous = it->second;
