@@ -39,6 +39,15 @@
 // changes no bound: every input's first block was read before the first
 // update came out anyway (or is deferred).
 //
+// Read-ahead (read_ahead.h, issue #22): besides, up to
+// ReadAheadBudget::kCursorBytes (16 MiB) of spans of the parts' objects
+// fetched ahead or in flight, plus a run's next part opened ahead (its
+// footer and index), each granted before its fetch is issued and, with a
+// ReadMemory pool, reserved from it with try_reserve (never past its
+// capacity, and leaving the merge's blocks as much room again). Fetches
+// run on the process's blob_io() threads; a cursor destroyed or moved with
+// fetches in flight is safe (they hold what they touch).
+//
 // Speed: the merge keeps the part that produced the last update as the
 // "current" one and compares its next update with the heap's top, so parts
 // with disjoint key ranges cost one comparison per update.
