@@ -110,7 +110,10 @@ namespace {
 
 using OpenedPart = MergeCursor::OpenedPart;
 
-std::atomic<bool> read_ahead_on{true};
+// Read-ahead: off, on where the blob is slow (the default), or always
+// (tests of read-ahead itself, on quick test blobs).
+enum ReadAheadMode : int { kReadAheadOff, kReadAheadAuto, kReadAheadAlways };
+std::atomic<int> read_ahead_mode{kReadAheadAuto};
 
 // A reader of the part `ref`: its inline bytes, or its blob object.
 Result<PartReader> open_reader(Blob& blob, const PartRef& ref) {
@@ -191,17 +194,20 @@ Result<std::optional<OpenedPart>> open_part(const std::shared_ptr<Blob>& blob, c
 // that is quick (a local disk: handing work to threads would cost more than
 // it saves), the rest with up to MergeCursor::kOpenThreads - 1 jobs of the
 // process's blob_io() pool helping once it has taken 2 ms (busy helpers are
-// done without). fn(i) must touch only state of its own i.
-void for_each_quickly(std::size_t count, const std::function<void(std::size_t)>& fn) {
+// done without). fn(i) must touch only state of its own i. True when all
+// of it took under 2 ms.
+bool for_each_quickly(std::size_t count, const std::function<void(std::size_t)>& fn) {
   const auto started = std::chrono::steady_clock::now();
   std::size_t first = 0;
   while (first < count &&
          std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2)) {
     fn(first++);
   }
-  if (first == count) return;
+  if (first == count)
+    return std::chrono::steady_clock::now() - started < std::chrono::milliseconds(2);
   for_each_helped(WorkPool::blob_io(), MergeCursor::kOpenThreads - 1, count - first,
                   [&](std::size_t i) { fn(first + i); });
+  return false;
 }
 
 }  // namespace
@@ -244,12 +250,13 @@ Result<std::vector<std::uint64_t>> open_block_bytes(Blob& blob,
 
 Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vector<PartRun>& runs,
                                       TimeWindow window, const std::function<bool()>& stop,
-                                      ReadMemory memory) {
+                                      ReadMemory memory, bool read_ahead) {
   MergeCursor cursor;
   cursor.blob_ = std::move(blob);
   cursor.window_ = window;
   cursor.memory_ = std::move(memory);
-  if (read_ahead_on.load(std::memory_order_relaxed)) {
+  const int mode = read_ahead_mode.load(std::memory_order_relaxed);
+  if (read_ahead && mode != kReadAheadOff) {
     cursor.budget_ = std::make_shared<ReadAheadBudget>(cursor.memory_.pool);
     // Read-ahead starts once every input holds its first block, so that
     // the room it leaves the merge counts them all.
@@ -295,7 +302,10 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
     if (defer(input)) return {};
     return cursor.advance(input);
   };
-  for_each_quickly(inputs.size(), [&](std::size_t i) { primed[i] = prime(i); });
+  // Inputs that all opened in under 2 ms came from a blob read-ahead would
+  // not speed up (a local disk), only cost CPU: it stays paused (off).
+  const bool quick = for_each_quickly(inputs.size(), [&](std::size_t i) { primed[i] = prime(i); });
+  cursor.read_ahead_ = mode == kReadAheadAlways || !quick;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TM_TRY(primed[i]);
     if (inputs[i].head) cursor.inputs_.push_back(std::move(inputs[i]));
@@ -316,7 +326,11 @@ bool MergeCursor::defer(Input& input) {
 }
 
 void MergeCursor::set_read_ahead_for_testing(bool on) {
-  read_ahead_on.store(on, std::memory_order_relaxed);
+  read_ahead_mode.store(on ? kReadAheadAlways : kReadAheadOff, std::memory_order_relaxed);
+}
+
+void MergeCursor::reset_read_ahead_for_testing() {
+  read_ahead_mode.store(kReadAheadAuto, std::memory_order_relaxed);
 }
 
 void MergeCursor::open_ahead(Run& run) const {
@@ -593,7 +607,7 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
   if (!started_) {
     // open() read every input's first update.
     started_ = true;
-    if (budget_) {
+    if (budget_ && read_ahead_) {
       // Every input holds its first block now, and the caller has said
       // what room it needs (leave_room_for).
       budget_->pause(false);

@@ -109,17 +109,22 @@ class MergeCursor {
   // kDeferBlockBytes at once (force_reserve), a larger block waiting for
   // room, and one that cannot get it in time fails next() (or open) with
   // Full.
+  // `read_ahead`: off for compaction, whose merges have no pool to bound
+  // it; on for reads, where it still stays off when every input opened in
+  // under 2 ms (a local disk, where it would only cost CPU).
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRun>& runs, TimeWindow window,
                                                 const std::function<bool()>& stop = {},
-                                                ReadMemory memory = {});
+                                                ReadMemory memory = {}, bool read_ahead = true);
   // Every part an input of its own.
   [[nodiscard]] static Result<MergeCursor> open(std::shared_ptr<Blob> blob,
                                                 const std::vector<PartRef>& parts,
                                                 TimeWindow window);
-  // Read-ahead (read_ahead.h) on or off for cursors opened from now on; on
-  // by default. For tests that compare with the plain sequential read.
+  // Read-ahead (read_ahead.h) always on (even from a quick blob) or off for
+  // cursors opened from now on, and back to the default (on where the blob
+  // is slow). For tests that compare with the plain sequential read.
   static void set_read_ahead_for_testing(bool on);
+  static void reset_read_ahead_for_testing();
 
   // Internal (merge.cc): a part opened for the merge, and one being opened
   // ahead of it.
@@ -185,6 +190,7 @@ class MergeCursor {
   std::vector<std::size_t> heap_;  // min-heap of input indices, excluding current_
   std::optional<std::size_t> current_;
   bool started_ = false;
+  bool read_ahead_ = true;  // false: the budget stays paused (see open())
   bool advance_current_ = false;
 };
 

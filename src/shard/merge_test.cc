@@ -716,12 +716,13 @@ class ReadAheadTest : public MergeRunTest {
   void SetUp() override {
     MergeRunTest::SetUp();
     // Small spans, so that parts of a few hundred KiB take many, cut
-    // anywhere in a block.
+    // anywhere in a block; read-ahead from this quick test blob too.
     ReadAheadSource::set_span_bytes_for_testing(16 << 10);
+    MergeCursor::set_read_ahead_for_testing(true);
   }
   void TearDown() override {
     ReadAheadSource::set_span_bytes_for_testing(0);
-    MergeCursor::set_read_ahead_for_testing(true);
+    MergeCursor::reset_read_ahead_for_testing();
   }
 
   std::vector<PartRun> runs(std::uint64_t seed) {
@@ -783,6 +784,43 @@ TEST_F(ReadAheadTest, GivesTheUpdatesOfTheSequentialRead) {
     EXPECT_GT(blob_->max_concurrent, 1);
     blob_->fetches.clear();
   }
+}
+
+// By default read-ahead runs only where it helps: from a blob with
+// latency, several reads at once once the merge runs; never for a merge
+// opened without it (compaction's). (From a quick blob it stays off when
+// every part opened in under 2 ms: a choice made on time, so only its
+// answer is checked here, not which way it went.)
+TEST_F(ReadAheadTest, ByDefaultItReadsAheadOnlyWhereItHelps) {
+  const std::vector<PartRun> shard = runs(3);
+  MergeCursor::reset_read_ahead_for_testing();
+  // The most reads at once while the merge runs (opening reads parts
+  // concurrently anyway), and the updates.
+  auto merge_reads = [&](bool read_ahead) -> std::pair<int, std::vector<Update>> {
+    auto merge = MergeCursor::open(blob_, shard, {}, {}, {}, read_ahead);
+    EXPECT_TRUE(merge) << merge.error().to_string();
+    if (!merge) return {};
+    blob_->max_concurrent = 0;
+    std::vector<Update> out;
+    for (;;) {
+      auto update = merge->next();
+      EXPECT_TRUE(update) << update.error().to_string();
+      if (!update || !*update) break;
+      out.push_back((*update)->to_owned());
+    }
+    return {blob_->max_concurrent, out};
+  };
+  const auto [quick_reads, quick] = merge_reads(true);
+  EXPECT_GT(quick.size(), 5000u);
+  blob_->latency = std::chrono::milliseconds(2);
+  const auto [slow_reads, slow] = merge_reads(true);
+  EXPECT_TRUE(slow == quick);
+  EXPECT_GT(slow_reads, 1);
+  const auto [compaction_reads, compaction] = merge_reads(false);
+  EXPECT_TRUE(compaction == quick);
+  EXPECT_LE(compaction_reads, 1);
+  blob_->latency = std::chrono::milliseconds(0);
+  wait_for_quiet(nullptr);
 }
 
 TEST_F(ReadAheadTest, StaysWithinTheReadsPool) {

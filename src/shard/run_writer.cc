@@ -72,7 +72,9 @@ void RunWriter::drop() {
 Status merge_into(ShardContext& context, const std::vector<MergeCursor::PartRun>& runs,
                   Time advance_to, RunWriter& out, std::string_view what,
                   const std::function<bool()>& stop) {
-  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.read_blob, runs, TimeWindow{}, stop));
+  // No read-ahead: a compaction's merge has no pool to bound it.
+  TM_ASSIGN(MergeCursor merge, MergeCursor::open(context.read_blob, runs, TimeWindow{}, stop, {},
+                                                 /*read_ahead=*/false));
   std::string key, value;
   Time time = 0;
   DiffSum sum = 0;
