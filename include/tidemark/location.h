@@ -87,6 +87,26 @@ struct CasRequest {
   VersionedData next;
 };
 
+// A hint from a Consensus backend that a key may have changed
+// (Consensus::subscribe_change_hints). Only a hint: it may be spurious,
+// repeated or late, and the subscriber reads the key to learn its state.
+struct ChangeHint {
+  enum class Kind : std::uint8_t {
+    // A compare_and_set of `key` committed, in this process or another;
+    // `seqno`, when set, is the version it wrote.
+    kKey,
+    // Any key may have changed: the hint channel was (re)connected, and
+    // hints sent while it was down are lost, or hints were dropped to keep
+    // the queue bounded. The channel is healthy from here on.
+    kAll,
+    // The hint channel is down: until the next kAll, changes give no hint.
+    kLost,
+  };
+  Kind kind = Kind::kKey;
+  std::string key;
+  std::optional<SeqNo> seqno;
+};
+
 class Consensus {
  public:
   Consensus() = default;
@@ -132,6 +152,20 @@ class Consensus {
   // truncate for each.
   [[nodiscard]] virtual std::vector<Result<std::size_t>> truncate_many(
       const std::vector<std::pair<std::string, SeqNo>>& truncations);
+
+  // Optional: hints that keys changed, from whichever process changed them
+  // (PostgreSQL's LISTEN/NOTIFY), so that a watcher need not poll quickly.
+  // Calls `on_hint` for each hint (ChangeHint above) until
+  // unsubscribe_change_hints(id), from a thread of the backend's: it must
+  // be quick and must not block or call back into the backend. The first
+  // hint is kAll once the channel is up (until then changes give none).
+  // nullopt when the backend offers no hints (the default: SQLite and
+  // memory backends, whose other processes, if any, are seen by polling).
+  [[nodiscard]] virtual std::optional<std::uint64_t> subscribe_change_hints(
+      std::function<void(const ChangeHint&)> on_hint);
+  // After it returns `on_hint` is not called again, except by a call
+  // already in progress on another thread. Unknown ids are ignored.
+  virtual void unsubscribe_change_hints(std::uint64_t id);
 };
 
 // Opens a backend by URL:

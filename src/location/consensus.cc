@@ -16,6 +16,13 @@ Result<std::vector<std::optional<SeqNo>>> Consensus::head_seqnos(
   return out;
 }
 
+std::optional<std::uint64_t> Consensus::subscribe_change_hints(
+    std::function<void(const ChangeHint&)> /*on_hint*/) {
+  return std::nullopt;
+}
+
+void Consensus::unsubscribe_change_hints(std::uint64_t /*id*/) {}
+
 std::vector<Result<CasOutcome>> Consensus::compare_and_set_many(
     const std::vector<CasRequest>& requests) {
   std::vector<Result<CasOutcome>> out;

@@ -49,7 +49,8 @@ class ForwardingBlob : public Blob {
   std::shared_ptr<Blob> inner_;
 };
 
-// A Consensus that forwards every single call to `inner`; a decorator
+// A Consensus that forwards every single call (and the change hints) to
+// `inner`; a decorator
 // overrides the calls it watches, slows down or fails. The batched calls (head_seqnos,
 // compare_and_set_many, truncate_many) keep Consensus's defaults, which go
 // through this object's single calls, so an override of a single call sees
@@ -72,6 +73,12 @@ class ForwardingConsensus : public Consensus {
   Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override {
     return inner_->truncate(key, seqno);
   }
+  // Hints are forwarded, so a decorated backend keeps its hint channel.
+  std::optional<std::uint64_t> subscribe_change_hints(
+      std::function<void(const ChangeHint&)> on_hint) override {
+    return inner_->subscribe_change_hints(std::move(on_hint));
+  }
+  void unsubscribe_change_hints(std::uint64_t id) override { inner_->unsubscribe_change_hints(id); }
 
  protected:
   Consensus& inner() const { return *inner_; }

@@ -1,7 +1,9 @@
 #include "postgres/postgres_consensus.h"
 
+#include <fcntl.h>
 #include <libpq-fe.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -11,8 +13,10 @@
 #include <cstdint>
 #include <utility>
 
+#include "tidemark/retry.h"
 #include "tidemark/seqno_bounds.h"
 #include "util/number.h"
+#include "util/thread.h"
 #include "util/try.h"
 
 namespace tidemark {
@@ -67,6 +71,12 @@ constexpr const char* kCreateHead = "tidemark_create_head";
 constexpr const char* kScan = "tidemark_scan";
 constexpr const char* kTruncate = "tidemark_truncate";
 
+// The hint's payload: "SEQNO KEY", or "" for a key that would take it past
+// NOTIFY's limit (payloads shorter than 8000 bytes; a seqno takes at most
+// 20 bytes with its space), which a listener reads as "any key changed".
+#define TM_HINT_PAYLOAD(seqno) \
+  "CASE WHEN octet_length(key) < 7900 THEN " seqno "::text || ' ' || key ELSE '' END"
+
 struct StatementText {
   const char* name;
   const char* sql;
@@ -80,18 +90,25 @@ constexpr StatementText kStatements[] = {
      "JOIN tidemark_consensus v ON v.key = h.key AND v.seqno = h.seqno WHERE h.key = $1",
      1,
      {kTextOid}},
-    // $1 key, $2 expected, $3 next, $4 data. Inserts one row iff the head moved.
+    // $1 key, $2 expected, $3 next, $4 data. Inserts one row iff the head
+    // moved, and then notifies the hint channel (delivered on commit):
+    // returns one row iff it committed.
     {kMoveHead,
      "WITH moved AS (UPDATE tidemark_consensus_heads SET seqno = $3 "
-     "WHERE key = $1 AND seqno = $2 RETURNING key) "
-     "INSERT INTO tidemark_consensus (key, seqno, data) SELECT key, $3, $4 FROM moved",
+     "WHERE key = $1 AND seqno = $2 RETURNING key), "
+     "inserted AS (INSERT INTO tidemark_consensus (key, seqno, data) "
+     "SELECT key, $3, $4 FROM moved RETURNING key) "
+     "SELECT pg_notify('tidemark_consensus', " TM_HINT_PAYLOAD("$3") ") FROM inserted",
      4,
      {kTextOid, kInt8Oid, kInt8Oid, kByteaOid}},
-    // $1 key, $2 next, $3 data. Inserts one row iff the head was created.
+    // $1 key, $2 next, $3 data. Inserts one row iff the head was created,
+    // and notifies as above.
     {kCreateHead,
      "WITH created AS (INSERT INTO tidemark_consensus_heads (key, seqno) VALUES ($1, $2) "
-     "ON CONFLICT DO NOTHING RETURNING key) "
-     "INSERT INTO tidemark_consensus (key, seqno, data) SELECT key, $2, $3 FROM created",
+     "ON CONFLICT DO NOTHING RETURNING key), "
+     "inserted AS (INSERT INTO tidemark_consensus (key, seqno, data) "
+     "SELECT key, $2, $3 FROM created RETURNING key) "
+     "SELECT pg_notify('tidemark_consensus', " TM_HINT_PAYLOAD("$2") ") FROM inserted",
      3,
      {kTextOid, kInt8Oid, kByteaOid}},
     // $1 key, $2 from, $3 limit.
@@ -112,6 +129,13 @@ constexpr StatementText kStatements[] = {
      2,
      {kTextOid, kInt8Oid}},
 };
+
+// A hint that names no key.
+ChangeHint hint_of(ChangeHint::Kind kind) {
+  ChangeHint hint;
+  hint.kind = kind;
+  return hint;
+}
 
 // Connections ignore server notices ("relation already exists, skipping")
 // rather than let libpq print them to stderr.
@@ -384,7 +408,186 @@ PostgresConsensus::PostgresConsensus(PrivateTag, std::string url, std::string re
       secrets_(std::move(secrets)),
       call_timeout_(call_timeout) {}
 
-PostgresConsensus::~PostgresConsensus() = default;
+PostgresConsensus::~PostgresConsensus() {
+  {
+    std::lock_guard lock(hints_mutex_);
+    hints_stopping_ = true;
+  }
+  if (hint_wakeup_[1] >= 0) {
+    const char byte = 0;
+    [[maybe_unused]] ssize_t written = ::write(hint_wakeup_[1], &byte, 1);
+  }
+  if (hint_thread_.joinable()) hint_thread_.join();
+  for (int fd : hint_wakeup_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::optional<std::uint64_t> PostgresConsensus::subscribe_change_hints(
+    std::function<void(const ChangeHint&)> on_hint) {
+  std::lock_guard lock(hints_mutex_);
+  if (hints_stopping_) return std::nullopt;
+  if (hint_wakeup_[0] < 0 && ::pipe2(hint_wakeup_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return std::nullopt;  // no hints: the caller polls
+  }
+  const std::uint64_t id = next_hint_id_++;
+  hint_subscribers_.emplace(
+      id,
+      HintSubscriber{std::make_shared<std::function<void(const ChangeHint&)>>(std::move(on_hint)),
+                     /*greeted=*/false});
+  if (!hint_thread_.joinable()) {
+    auto thread = start_thread("postgres change hints", [this] { run_hints(); });
+    if (!thread) {
+      hint_subscribers_.erase(id);
+      return std::nullopt;
+    }
+    hint_thread_ = std::move(*thread);
+  } else if (hints_connected_) {
+    // The thread greets it with the current connection's kAll.
+    const char byte = 0;
+    [[maybe_unused]] ssize_t written = ::write(hint_wakeup_[1], &byte, 1);
+  }
+  return id;
+}
+
+void PostgresConsensus::unsubscribe_change_hints(std::uint64_t id) {
+  {
+    std::lock_guard lock(hints_mutex_);
+    hint_subscribers_.erase(id);
+  }
+  // A delivery in progress on the hint thread holds hint_delivery_; unless
+  // this is that thread, wait for it to end.
+  std::thread::id hint_thread;
+  {
+    std::lock_guard lock(hints_mutex_);
+    hint_thread = hint_thread_.get_id();
+  }
+  if (std::this_thread::get_id() != hint_thread) {
+    std::lock_guard delivering(hint_delivery_);
+  }
+}
+
+void PostgresConsensus::deliver(const ChangeHint& hint, bool greet_only) {
+  std::lock_guard delivering(hint_delivery_);
+  std::vector<std::shared_ptr<std::function<void(const ChangeHint&)>>> targets;
+  {
+    std::lock_guard lock(hints_mutex_);
+    targets.reserve(hint_subscribers_.size());
+    for (auto& [id, subscriber] : hint_subscribers_) {
+      if (greet_only && subscriber.greeted) continue;
+      if (greet_only) subscriber.greeted = true;
+      targets.push_back(subscriber.on_hint);
+    }
+  }
+  for (const auto& target : targets) (*target)(hint);
+}
+
+bool PostgresConsensus::wait_for_hints(int fd, int timeout_ms) {
+  std::array<pollfd, 2> fds{};
+  fds[0] = {hint_wakeup_[0], POLLIN, 0};
+  fds[1] = {fd, POLLIN, 0};
+  const int n = ::poll(fds.data(), fd >= 0 ? 2 : 1, timeout_ms);
+  if (n > 0 && fds[0].revents != 0) {
+    std::array<char, 64> drain;
+    while (::read(hint_wakeup_[0], drain.data(), drain.size()) > 0) {
+    }
+  }
+  std::lock_guard lock(hints_mutex_);
+  return !hints_stopping_;
+}
+
+Result<PostgresConsensus::Connection> PostgresConsensus::connect_listener() {
+  const Deadline deadline = this->deadline();
+  TM_ASSIGN(Connection connection, connect(/*create_tables=*/false, deadline));
+  PGconn* raw = connection.get();
+  const std::string listen = std::string("LISTEN ") + kHintChannel;
+  if (PQsendQuery(raw, listen.c_str()) == 0) {
+    return determinate(describe("listen", failure_message(nullptr, raw)));
+  }
+  std::optional<QueryResult> result = await_results(raw, deadline);
+  if (!result) return determinate(describe("listen", "no answer within " + call_timeout_text()));
+  if (*result == nullptr || PQresultStatus(result->get()) != PGRES_COMMAND_OK) {
+    return determinate(describe("listen", failure_message(result->get(), raw)));
+  }
+  return connection;
+}
+
+void PostgresConsensus::run_hints() {
+  // Reconnects without end while the object lives; a Backoff that runs out
+  // starts over.
+  const RetryPolicy policy{.initial = std::chrono::milliseconds(100),
+                           .max = std::chrono::milliseconds(5000),
+                           .max_attempts = INT_MAX};
+  std::optional<Backoff> backoff;
+  while (true) {
+    auto connection = connect_listener();
+    if (!connection) {
+      if (!backoff) backoff.emplace(policy);
+      std::optional<std::chrono::milliseconds> wait = backoff->next_wait();
+      if (!wait) {
+        backoff.emplace(policy);
+        wait = backoff->next_wait();
+      }
+      if (!wait_for_hints(-1, static_cast<int>(wait.value_or(policy.max).count()))) return;
+      continue;
+    }
+    backoff.reset();
+    {
+      std::lock_guard lock(hints_mutex_);
+      if (hints_stopping_) return;
+      hints_connected_ = true;
+      for (auto& [id, subscriber] : hint_subscribers_) subscriber.greeted = false;
+    }
+    // Whatever changed before LISTEN took effect gave no hint here.
+    deliver(hint_of(ChangeHint::Kind::kAll), /*greet_only=*/true);
+
+    PGconn* raw = connection->get();
+    bool lost = false;
+    while (!lost) {
+      if (!wait_for_hints(PQsocket(raw), -1)) return;
+      deliver(hint_of(ChangeHint::Kind::kAll), /*greet_only=*/true);  // new subscribers
+      if (PQconsumeInput(raw) == 0 || PQstatus(raw) != CONNECTION_OK) lost = true;
+      // Coalesced per key (the newest seqno), bounded: past
+      // kMaxPendingHints keys, one kAll instead.
+      std::map<std::string, std::optional<SeqNo>> pending;
+      bool all = false;
+      while (PGnotify* notify = PQnotifies(raw)) {
+        std::string_view payload = notify->extra != nullptr ? notify->extra : "";
+        const std::size_t space = payload.find(' ');
+        SeqNo seqno = 0;
+        const bool parsed = space != std::string_view::npos && space > 0 &&
+                            std::from_chars(payload.data(), payload.data() + space, seqno).ptr ==
+                                payload.data() + space;
+        if (!parsed) {
+          all = true;
+        } else if (!all) {
+          auto [it, added] = pending.try_emplace(std::string(payload.substr(space + 1)), seqno);
+          if (!added && it->second < seqno) it->second = seqno;
+          if (pending.size() > kMaxPendingHints) all = true;
+        }
+        PQfreemem(notify);
+      }
+      if (all) {
+        deliver(hint_of(ChangeHint::Kind::kAll));
+      } else {
+        for (auto& [key, seqno] : pending) {
+          deliver({.kind = ChangeHint::Kind::kKey, .key = key, .seqno = seqno});
+        }
+      }
+    }
+    {
+      std::lock_guard lock(hints_mutex_);
+      hints_connected_ = false;
+    }
+    deliver(hint_of(ChangeHint::Kind::kLost));
+    connection->reset();
+    // Not at once: a server that cut the connection may be going down.
+    backoff.emplace(policy);
+    if (!wait_for_hints(-1, static_cast<int>(backoff->next_wait().value_or(policy.max).count()))) {
+      return;
+    }
+  }
+}
 
 std::string PostgresConsensus::describe(std::string_view what, std::string_view detail) const {
   std::string out = "postgres consensus " + redacted_url_ + ": ";
@@ -642,11 +845,16 @@ Result<CasOutcome> PostgresConsensus::compare_and_set(std::string_view key,
     TM_ASSIGN(result, execute(lease, kCreateHead, parameters, Effect::kWrite, "compare_and_set",
                               key, deadline));
   }
-  std::string_view inserted = PQcmdTuples(result.get());
-  if (inserted == "1") return CasOutcome::kCommitted;
-  if (inserted == "0") return CasOutcome::kExpectationMismatch;
-  return indeterminate(describe("compare_and_set", key,
-                                "unexpected inserted row count \"" + std::string(inserted) + "\""));
+  // One row (the notification's) iff the version was inserted.
+  const int inserted = PQntuples(result.get());
+  if (PQresultStatus(result.get()) == PGRES_TUPLES_OK && inserted == 1) {
+    return CasOutcome::kCommitted;
+  }
+  if (PQresultStatus(result.get()) == PGRES_TUPLES_OK && inserted == 0) {
+    return CasOutcome::kExpectationMismatch;
+  }
+  return indeterminate(
+      describe("compare_and_set", key, "unexpected row count " + std::to_string(inserted)));
 }
 
 Result<std::vector<VersionedData>> PostgresConsensus::scan(std::string_view key, SeqNo from,

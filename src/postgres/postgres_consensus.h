@@ -51,6 +51,23 @@
 // statement timeout of its own unless the URL sets one
 // (`options=-cstatement_timeout%3D10s`); call_timeout is the client's.
 //
+// Change hints (subscribe_change_hints): a compare_and_set that commits
+// also sends NOTIFY on channel kHintChannel in its own transaction (so it
+// is delivered only if it committed), with "SEQNO KEY" as the payload, or
+// an empty payload for a key too long for NOTIFY's 8000-byte limit
+// (delivered as a kAll hint). The first subscriber starts one thread with
+// one more connection of its own that LISTENs on the channel; every later
+// subscriber shares it. The thread waits on the connection's socket and a
+// wakeup pipe (poll), drains the notifications, coalesces them per key
+// (at most kMaxPendingHints keys at once; beyond that one kAll) and calls
+// the subscribers. A lost connection is reported as kLost and opened
+// again, with Backoff, then reported as kAll: notifications sent while it
+// was down are lost, so subscribers read every key again. The channel is
+// one per database: processes using other schemas of the same database
+// send hints of their own keys too, which reach every listener (spurious
+// hints, harmless). Hints cost every committing transaction NOTIFY's
+// database-wide lock at commit.
+//
 // Bounds: at most kMaxConnections connections per instance, opened on
 // demand and kept open while healthy; each prepares its statements once, so
 // a pooler in between must keep sessions (PgBouncer's session mode). A
@@ -60,19 +77,26 @@
 //
 // Thread-safety: safe for concurrent use from many threads (each call holds
 // one connection of the pool; calls beyond kMaxConnections wait for one to
-// be returned) and from many processes sharing one database. Do not carry
+// be returned) and from many processes sharing one database. Hint
+// subscribers are called on the hint thread, one call at a time. The
+// destructor stops the hint thread, waiting at most for a connection
+// attempt in progress (libpq's connect_timeout). Do not carry
 // an instance across fork(): open a new one in the child.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "tidemark/location.h"
@@ -86,6 +110,8 @@ class PostgresConsensus : public Consensus {
  public:
   static constexpr std::size_t kMaxConnections = 8;
   static constexpr std::chrono::seconds kDefaultCallTimeout{30};
+  static constexpr const char* kHintChannel = "tidemark_consensus";
+  static constexpr std::size_t kMaxPendingHints = 1024;
 
   // Connects once (so a wrong URL or an unreachable server fails here, as
   // Determinate), creates the tables if missing and keeps the connection in
@@ -99,6 +125,9 @@ class PostgresConsensus : public Consensus {
   [[nodiscard]] Result<std::vector<VersionedData>> scan(std::string_view key, SeqNo from,
                                                         std::size_t limit) override;
   [[nodiscard]] Result<std::size_t> truncate(std::string_view key, SeqNo seqno) override;
+  [[nodiscard]] std::optional<std::uint64_t> subscribe_change_hints(
+      std::function<void(const ChangeHint&)> on_hint) override;
+  void unsubscribe_change_hints(std::uint64_t id) override;
 
   // The URL with its password replaced by "***", as messages show it.
   const std::string& redacted_url() const { return redacted_url_; }
@@ -175,6 +204,18 @@ class PostgresConsensus : public Consensus {
   std::string describe(std::string_view what, std::string_view detail) const;
   std::string describe(std::string_view call, std::string_view key, std::string_view detail) const;
 
+  // The hint thread's body: LISTEN, deliver, reconnect, until stopped.
+  void run_hints();
+  // A connection that LISTENs on kHintChannel, or the error.
+  [[nodiscard]] Result<Connection> connect_listener();
+  // Calls every hint subscriber (`all`: also those already greeted) with
+  // `hint`; only those not yet greeted when `greet_only`.
+  void deliver(const ChangeHint& hint, bool greet_only = false);
+  // Waits up to `timeout` (forever when negative) for the wakeup pipe, or
+  // the socket `fd` (when >= 0) to be readable; drains the pipe. False
+  // once the object is being destroyed.
+  bool wait_for_hints(int fd, int timeout_ms);
+
   [[nodiscard]] Result<VersionedData> read_version(const pg_result* result, int row,
                                                    std::string_view key) const;
 
@@ -188,6 +229,20 @@ class PostgresConsensus : public Consensus {
   std::condition_variable connection_released_;
   std::vector<Connection> idle_;      // guarded by mutex_
   std::size_t open_connections_ = 0;  // idle, leased or being opened; guarded by mutex_
+
+  // Change hints.
+  struct HintSubscriber {
+    std::shared_ptr<std::function<void(const ChangeHint&)>> on_hint;
+    bool greeted = false;  // has had the kAll of the current connection
+  };
+  std::mutex hints_mutex_;
+  std::map<std::uint64_t, HintSubscriber> hint_subscribers_;  // guarded by hints_mutex_
+  std::uint64_t next_hint_id_ = 1;                            // guarded by hints_mutex_
+  bool hints_connected_ = false;                              // guarded by hints_mutex_
+  bool hints_stopping_ = false;                               // guarded by hints_mutex_
+  std::mutex hint_delivery_;                                  // held while calling subscribers
+  int hint_wakeup_[2] = {-1, -1};                             // a pipe: read end, write end
+  std::thread hint_thread_;                                   // started by the first subscriber
 };
 
 }  // namespace tidemark

@@ -4,8 +4,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -404,6 +407,168 @@ TEST_F(PostgresConsensusTest, ServerErrorsOnReadsAndWritesAreDeterminate) {
   auto head = consensus->head("key");
   ASSERT_FALSE(head.has_value());
   EXPECT_EQ(head.error().kind, ErrorKind::kDeterminate) << head.error().to_string();
+}
+
+// Records a backend's change hints for a test to wait on.
+class HintRecorder {
+ public:
+  std::function<void(const ChangeHint&)> callback() {
+    return [this](const ChangeHint& hint) {
+      std::lock_guard lock(mutex_);
+      hints_.push_back(hint);
+      arrived_.notify_all();
+    };
+  }
+
+  // Waits up to 10 s for a hint after the first `from` that `match`es;
+  // its index, or -1.
+  int await(std::size_t from, const std::function<bool(const ChangeHint&)>& match) {
+    std::unique_lock lock(mutex_);
+    int found = -1;
+    arrived_.wait_for(lock, 10s, [&] {
+      for (std::size_t i = from; i < hints_.size(); ++i) {
+        if (match(hints_[i])) {
+          found = static_cast<int>(i);
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+  int await_kind(std::size_t from, ChangeHint::Kind kind) {
+    return await(from, [kind](const ChangeHint& hint) { return hint.kind == kind; });
+  }
+  int await_key(std::size_t from, const std::string& key, SeqNo seqno) {
+    return await(from, [&](const ChangeHint& hint) {
+      return hint.kind == ChangeHint::Kind::kKey && hint.key == key && hint.seqno == seqno;
+    });
+  }
+  std::vector<ChangeHint> hints() {
+    std::lock_guard lock(mutex_);
+    return hints_;
+  }
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return hints_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::vector<ChangeHint> hints_;  // guarded by mutex_
+};
+
+TEST_F(PostgresConsensusTest, CommittedCompareAndSetsHintAnotherInstance) {
+  auto writer = open_backend();
+  auto watcher = open_backend();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(watcher, nullptr);
+  HintRecorder recorder;
+  std::optional<std::uint64_t> id = watcher->subscribe_change_hints(recorder.callback());
+  ASSERT_TRUE(id.has_value());
+  // The channel is up: the first hint says so (read everything).
+  ASSERT_EQ(recorder.await_kind(0, ChangeHint::Kind::kAll), 0);
+
+  auto outcome = writer->compare_and_set("k", std::nullopt, {1, "one"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  ASSERT_EQ(*outcome, CasOutcome::kCommitted);
+  EXPECT_GE(recorder.await_key(0, "k", 1), 0) << "no hint for k at 1";
+  outcome = writer->compare_and_set("k", 1, {2, "two"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  EXPECT_GE(recorder.await_key(0, "k", 2), 0) << "no hint for k at 2";
+
+  // A lost race commits nothing and hints nothing. Notifications of one
+  // session arrive in commit order, so once a later one is here, one for
+  // the mismatch would have been too.
+  outcome = writer->compare_and_set("k", 1, {3, "stale"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  EXPECT_EQ(*outcome, CasOutcome::kExpectationMismatch);
+  outcome = writer->compare_and_set("other", std::nullopt, {1, "x"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  ASSERT_GE(recorder.await_key(0, "other", 1), 0);
+  for (const ChangeHint& hint : recorder.hints()) {
+    EXPECT_FALSE(hint.kind == ChangeHint::Kind::kKey && hint.seqno == 3) << hint.key;
+  }
+
+  // A key too long for NOTIFY's payload still commits, and hints kAll.
+  const std::size_t before_long = recorder.size();
+  const std::string long_key(9000, 'x');
+  outcome = writer->compare_and_set(long_key, std::nullopt, {1, "long"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  EXPECT_EQ(*outcome, CasOutcome::kCommitted);
+  EXPECT_GE(recorder.await_kind(before_long, ChangeHint::Kind::kAll), 0);
+
+  // A second subscriber shares the one LISTEN connection, and is greeted.
+  HintRecorder second;
+  std::optional<std::uint64_t> second_id = watcher->subscribe_change_hints(second.callback());
+  ASSERT_TRUE(second_id.has_value());
+  EXPECT_EQ(second.await_kind(0, ChangeHint::Kind::kAll), 0);
+  auto admin = connect(schema_->server());
+  ASSERT_NE(admin, nullptr);
+  EXPECT_EQ(query(*admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = '" +
+                              schema_->name() + "' AND query LIKE 'LISTEN %'"),
+            std::vector<std::string>{"1"});
+
+  // Unsubscribed: no more hints.
+  watcher->unsubscribe_change_hints(*id);
+  const std::size_t ended_at = recorder.size();
+  outcome = writer->compare_and_set("k", 2, {3, "three"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  ASSERT_GE(second.await_key(0, "k", 3), 0);
+  EXPECT_EQ(recorder.size(), ended_at);
+  watcher->unsubscribe_change_hints(*second_id);
+}
+
+TEST_F(PostgresConsensusTest, ChangeHintsComeBackAfterTheListenConnectionIsKilled) {
+  // Notifications sent while the LISTEN connection is down are lost: the
+  // subscriber hears kLost, then kAll once it is back (read everything),
+  // and hints flow again.
+  auto writer = open_backend();
+  auto watcher = open_backend();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(watcher, nullptr);
+  HintRecorder recorder;
+  ASSERT_TRUE(watcher->subscribe_change_hints(recorder.callback()).has_value());
+  ASSERT_EQ(recorder.await_kind(0, ChangeHint::Kind::kAll), 0);
+
+  auto admin = connect(schema_->server());
+  ASSERT_NE(admin, nullptr);
+  const std::string listeners = "SELECT pid FROM pg_stat_activity WHERE application_name = '" +
+                                schema_->name() + "' AND query LIKE 'LISTEN %'";
+  std::vector<std::string> pids = query(*admin, listeners);
+  ASSERT_EQ(pids.size(), 1u);
+  query(*admin, "SELECT pg_terminate_backend(" + pids[0] + ")");
+  const int lost = recorder.await_kind(1, ChangeHint::Kind::kLost);
+  ASSERT_GE(lost, 1) << "the killed connection was not noticed";
+
+  // Committed while it is down (it waits at least 50 ms to reconnect).
+  auto outcome = writer->compare_and_set("k", std::nullopt, {1, "one"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  ASSERT_EQ(*outcome, CasOutcome::kCommitted);
+  const int back = recorder.await_kind(static_cast<std::size_t>(lost), ChangeHint::Kind::kAll);
+  ASSERT_GT(back, lost) << "the LISTEN connection did not come back";
+  auto head = watcher->head("k");
+  ASSERT_TRUE(head.has_value()) << head.error().to_string();
+  ASSERT_TRUE(head->has_value());
+  EXPECT_EQ((*head)->seqno, 1u);
+
+  outcome = writer->compare_and_set("k", 1, {2, "two"});
+  ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+  EXPECT_GE(recorder.await_key(static_cast<std::size_t>(back), "k", 2), 0);
+  pids = query(*admin, listeners);
+  EXPECT_EQ(pids.size(), 1u);
+}
+
+TEST_F(PostgresConsensusTest, ABackendWithoutHintSubscribersOpensNoListenConnection) {
+  auto consensus = open_backend();
+  ASSERT_NE(consensus, nullptr);
+  ASSERT_TRUE(consensus->compare_and_set("k", std::nullopt, {1, "one"}).has_value());
+  auto admin = connect(schema_->server());
+  ASSERT_NE(admin, nullptr);
+  EXPECT_EQ(query(*admin, "SELECT count(*) FROM pg_stat_activity WHERE application_name = '" +
+                              schema_->name() + "' AND query LIKE 'LISTEN %'"),
+            std::vector<std::string>{"0"});
 }
 
 }  // namespace
