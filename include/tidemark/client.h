@@ -79,11 +79,15 @@ struct ClientOptions {
   // often, in one batched read for all of them whatever the number of
   // listeners. A change this process commits or reads wakes its listeners
   // at once; a listener reads its shard only when woken (and every
-  // kListenFallback, read.h).
+  // kListenFallback, read.h). On a consensus with change hints
+  // (PostgreSQL's LISTEN/NOTIFY) another process's commit wakes listeners
+  // at once too, and this poll runs only while the hint channel is down.
   std::chrono::milliseconds listen_poll_interval{50};
   // How soon Shard::subscribe's subscribers learn of a change another
   // process commits: one read of every subscribed shard's head per
   // interval (a change this process makes or reads wakes them at once).
+  // With change hints (above) this is only the fallback: a hint wakes at
+  // once.
   std::chrono::milliseconds change_poll_interval{1000};
   // Writers hold a lease they heartbeat every lease / 3. A writer whose
   // process died loses it, and garbage collection then deletes the parts it
@@ -246,7 +250,8 @@ class Shard {
   // Calls `wake` after each change of this shard: at once when this
   // process commits or reads a new upper (an append, a read of the upper),
   // and within ClientOptions::change_poll_interval of a commit by another
-  // process (that one may be any change: read the upper to see). Subscribe,
+  // process, at once on a consensus with change hints (that one may be any
+  // change: read the upper to see). Subscribe,
   // then read: every change after that read wakes. `wake` runs on the
   // thread that learned of the change; it must be quick, must not block
   // and must not call into the shard. Shared by every Shard of the Client:

@@ -1,6 +1,7 @@
 #include "shard/change_watch.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 namespace tidemark {
@@ -12,6 +13,12 @@ ChangeWatch::ChangeWatch(std::shared_ptr<Consensus> consensus, std::chrono::mill
       tick_interval_(std::max(std::chrono::milliseconds(1), std::min(poll, fast_poll))) {}
 
 ChangeWatch::~ChangeWatch() {
+  std::optional<std::uint64_t> hints;
+  {
+    std::lock_guard lock(mu_);
+    hints.swap(hints_id_);
+  }
+  if (hints) consensus_->unsubscribe_change_hints(*hints);
   poller_.stop();
 }
 
@@ -53,6 +60,16 @@ Result<ChangeWatch::Id> ChangeWatch::subscribe(const std::string& key, std::func
       std::lock_guard lock(mu_);
       polling_ = false;
       return std::unexpected(started.error());
+    }
+    // Hints, when the backend has them; without, the polls above are all.
+    // `this`, not a weak pointer: the destructor unsubscribes, which waits
+    // for a delivery in progress, so the watch is never destroyed on the
+    // backend's hint thread by its own callback.
+    auto hints =
+        consensus_->subscribe_change_hints([this](const ChangeHint& hint) { on_hint(hint); });
+    if (hints) {
+      std::lock_guard lock(mu_);
+      hints_id_ = hints;
     }
   }
   return id;
@@ -96,11 +113,56 @@ void ChangeWatch::poll() {
 void ChangeWatch::tick() {
   std::lock_guard one(poll_mu_);
   const auto now = std::chrono::steady_clock::now();
-  if (now >= next_full_) {
+  bool full_due;
+  bool healthy;
+  {
+    std::lock_guard lock(mu_);
+    full_due = std::exchange(full_due_, false);
+    healthy = hints_healthy_;
+  }
+  if (full_due || now >= next_full_) {
     next_full_ = now + poll_interval_;
     return poll_keys(/*fast_only=*/false);
   }
-  poll_keys(/*fast_only=*/true);
+  // Hints wake the fast shards: the full poll is their fallback.
+  if (!healthy) poll_keys(/*fast_only=*/true);
+}
+
+void ChangeWatch::on_hint(const ChangeHint& hint) {
+  Wakes wakes;
+  {
+    std::lock_guard lock(mu_);
+    switch (hint.kind) {
+      case ChangeHint::Kind::kLost:
+        hints_healthy_ = false;
+        return;
+      case ChangeHint::Kind::kAll:
+        // Read every watched shard on the timers' pool, not on the
+        // backend's hint thread.
+        hints_healthy_ = true;
+        full_due_ = true;
+        break;
+      case ChangeHint::Kind::kKey: {
+        auto it = watched_.find(hint.key);
+        if (it == watched_.end()) return;
+        const Watched& watched = it->second;
+        // This process wrote or read that version already (and woke then).
+        if (hint.seqno && watched.known && watched.seqno && *watched.seqno >= *hint.seqno) return;
+        wakes = wakes_of(watched);
+        break;
+      }
+    }
+  }
+  if (hint.kind == ChangeHint::Kind::kAll) {
+    poller_.wake_now();
+    return;
+  }
+  for (const auto& wake : wakes) (*wake)();
+}
+
+bool ChangeWatch::hints_healthy() const {
+  std::lock_guard lock(mu_);
+  return hints_healthy_;
 }
 
 // REQUIRES: poll_mu_ held.

@@ -13,12 +13,23 @@
 // change) are read every `fast_poll` instead; the task then ticks every
 // `fast_poll`, reading only the fast shards until `poll` has passed.
 //
+// When the backend offers change hints (Consensus::subscribe_change_hints:
+// PostgreSQL's LISTEN/NOTIFY), another process's commit wakes at once too:
+// a hint for a watched key wakes its subscribers (unless this process
+// already knows that seqno), who read the shard as after any wake, so a
+// spurious or repeated hint costs a read and nothing else. While the hint
+// channel is up the fast shards are read only every `poll`, as a fallback;
+// while it is down (and before it first comes up) every `fast_poll` as
+// above. When it comes up again every watched shard is read at once, since
+// the hints sent while it was down are lost.
+//
 // A wake is a call to the subscriber's function, from whichever thread
 // learned of the change (a writer's, a reader's, the timers' pool): it must
 // be quick and must not block or call back into the watch.
 //
 // Memory: per watched shard its key, two numbers and its subscribers'
-// functions; nothing per change. CPU while nothing changes: one batched
+// functions; nothing per change or per hint (the backend bounds its queue
+// of hints). CPU while nothing changes: one batched
 // head read per `poll` (per `fast_poll` of the fast shards), whatever the
 // number of subscribers.
 //
@@ -74,6 +85,9 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
 
   std::size_t subscribers() const;
 
+  // Whether the backend's change hints are flowing (the fast poll is off).
+  bool hints_healthy() const;
+
  private:
   struct Watched {
     bool known = false;          // seqno has been learned (none is a value)
@@ -83,6 +97,8 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
     std::size_t fast = 0;  // of the subscribers
   };
   void poll_keys(bool fast_only);
+  // A hint from the backend (on its thread).
+  void on_hint(const ChangeHint& hint);
   using Wakes = std::vector<std::shared_ptr<std::function<void()>>>;
   static Wakes wakes_of(const Watched& watched);
 
@@ -97,6 +113,9 @@ class ChangeWatch : public std::enable_shared_from_this<ChangeWatch> {
   std::size_t fast_keys_ = 0;                        // GUARDED_BY(mu_): watched with fast > 0
   std::chrono::steady_clock::time_point next_full_;  // GUARDED_BY(poll_mu_)
   bool polling_ = false;                             // GUARDED_BY(mu_)
+  std::optional<std::uint64_t> hints_id_;            // GUARDED_BY(mu_): subscribed
+  bool hints_healthy_ = false;                       // GUARDED_BY(mu_)
+  bool full_due_ = false;                            // GUARDED_BY(mu_): read all next tick
   std::mutex poll_mu_;                               // one poll at a time
   PeriodicTask poller_;                              // last: stopped first
 };

@@ -11,6 +11,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "testing/postgres_test_schema.h"
 #include "testing/shard_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
@@ -276,6 +277,85 @@ TEST_F(ChangeWatchTest, ReadersOfOneShardShareOneHeartbeat) {
   info = (*shard)->inspect();
   ASSERT_TRUE(info);
   EXPECT_TRUE(info->readers.empty());
+}
+
+// On PostgreSQL another instance's commit wakes a subscriber at once, by
+// LISTEN/NOTIFY, with the polls an hour apart; a change made while the
+// LISTEN connection is down is still seen once it is back (the watch reads
+// every watched shard then).
+TEST(ChangeWatchPostgresTest, HintsWakeAtOnceWithoutThePollAndAfterAReconnect) {
+  std::optional<std::string> server = postgres_test_server();
+  if (!server) GTEST_SKIP() << no_postgres_server_message();
+  auto schema = PostgresTestSchema::create(*server);
+  ASSERT_TRUE(schema.has_value()) << schema.error().to_string();
+  {
+    auto opened_here = PostgresConsensus::open((*schema)->url());
+    auto opened_elsewhere = PostgresConsensus::open((*schema)->url());
+    ASSERT_TRUE(opened_here.has_value()) << opened_here.error().to_string();
+    ASSERT_TRUE(opened_elsewhere.has_value()) << opened_elsewhere.error().to_string();
+    std::shared_ptr<Consensus> here = std::move(*opened_here);
+    std::shared_ptr<Consensus> elsewhere = std::move(*opened_elsewhere);
+    auto watch = std::make_shared<ChangeWatch>(here, std::chrono::hours(1), std::chrono::hours(1));
+    std::atomic<int> woken{0}, other{0};
+    auto id = watch->subscribe(
+        "k", [&] { ++woken; }, /*fast=*/true);
+    ASSERT_TRUE(id.has_value()) << id.error().to_string();
+    auto other_id = watch->subscribe(
+        "unrelated", [&] { ++other; }, /*fast=*/true);
+    ASSERT_TRUE(other_id.has_value());
+    const auto began = Clock::now();
+    while (!watch->hints_healthy() && Clock::now() - began < 10s) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(watch->hints_healthy());
+    // The first full read (at once on the channel's kAll) only learns where
+    // the shards are.
+    std::this_thread::sleep_for(200ms);
+
+    const auto wrote = Clock::now();
+    auto outcome = elsewhere->compare_and_set("k", std::nullopt, {1, "one"});
+    ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+    const auto took = wait_for(woken, 1, 10s);
+    EXPECT_GE(woken.load(), 1);
+    EXPECT_LT(took, 10s);  // the polls are an hour apart
+    EXPECT_EQ(other.load(), 0);
+    std::fprintf(stderr, "woken %.1f ms after another instance's commit\n",
+                 std::chrono::duration<double, std::milli>(Clock::now() - wrote).count());
+
+    // (A hint wakes without teaching the watch the seqno; this read does,
+    // so that only a later change wakes below.)
+    watch->poll();
+
+    // The LISTEN connection killed: the watch polls fast again until it is
+    // back, then reads every watched shard.
+    auto admin = TestConnection::open((*schema)->server());
+    ASSERT_TRUE(admin.has_value()) << admin.error().to_string();
+    auto pids = (*admin)->query("SELECT pid FROM pg_stat_activity WHERE application_name = '" +
+                                (*schema)->name() + "' AND query LIKE 'LISTEN %'");
+    ASSERT_TRUE(pids.has_value()) << pids.error().to_string();
+    ASSERT_EQ(pids->size(), 1u);
+    ASSERT_TRUE((*admin)->query("SELECT pg_terminate_backend(" + (*pids)[0] + ")").has_value());
+    const auto killed = Clock::now();
+    while (watch->hints_healthy() && Clock::now() - killed < 10s) std::this_thread::sleep_for(1ms);
+    EXPECT_FALSE(watch->hints_healthy()) << "the killed connection was not noticed";
+    const int before = woken;
+    outcome = elsewhere->compare_and_set("k", 1, {2, "two"});
+    ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+    wait_for(woken, before + 1, 10s);
+    EXPECT_GT(woken.load(), before) << "a change made while the channel was down was missed";
+    const auto back = Clock::now();
+    while (!watch->hints_healthy() && Clock::now() - back < 10s) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(watch->hints_healthy());
+
+    // And hints flow again.
+    std::this_thread::sleep_for(200ms);
+    const int again = woken;
+    outcome = elsewhere->compare_and_set("k", 2, {3, "three"});
+    ASSERT_TRUE(outcome.has_value()) << outcome.error().to_string();
+    wait_for(woken, again + 1, 10s);
+    EXPECT_GT(woken.load(), again);
+    EXPECT_EQ(other.load(), 0);
+    watch->unsubscribe(*id);
+    watch->unsubscribe(*other_id);
+  }
 }
 
 }  // namespace

@@ -37,6 +37,17 @@ class PeriodicTask {
     return {};
   }
 
+  // Runs the task as soon as possible (a run in progress runs again once it
+  // returns), then on its interval again. A no-op when not started.
+  void wake_now() {
+    std::optional<Timers::Id> id;
+    {
+      std::lock_guard lock(mu_);
+      id = id_;
+    }
+    if (id) Timers::shared().wake(*id);
+  }
+
   void stop() {
     std::optional<Timers::Id> id;
     {
