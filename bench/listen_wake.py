@@ -10,7 +10,15 @@ Starts `tidemark serve` on a scratch data directory and, on one shard:
     and its RSS before and after opening them; then one append, and the
     time until every stream has seen it.
 
+With --two-servers, two `tidemark serve` processes share one PostgreSQL
+consensus and one S3 blob store (--consensus and --blob, by default
+TIDEMARK_TEST_POSTGRES and TIDEMARK_TEST_S3 as scripts/test-services.sh
+sets them, under a blob prefix of the run's own): the appends go through
+server A and the listen stream is on server B, so each update crosses
+processes (latency only; the idle part is skipped).
+
 usage: bench/listen_wake.py BINARY [--appends N] [--idle S] [--window SECONDS]
+                            [--two-servers [--consensus URL] [--blob URL]]
 """
 import argparse, os, selectors, signal, socket, subprocess, sys, tempfile, time, json, resource
 
@@ -65,24 +73,49 @@ def main():
     ap.add_argument("--appends", type=int, default=200)
     ap.add_argument("--idle", type=int, default=2000)
     ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--two-servers", action="store_true")
+    ap.add_argument("--consensus", default=os.environ.get("TIDEMARK_TEST_POSTGRES"))
+    ap.add_argument("--blob", default=os.environ.get("TIDEMARK_TEST_S3"))
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     d = tempfile.mkdtemp()
     port = 20000 + os.getpid() % 10000
-    server = subprocess.Popen([a.binary, "--data", d + "/data", "serve", "--listen", f"127.0.0.1:{port}",
-                               "--max-connections", str(a.idle + 100)],
-                              stdout=subprocess.DEVNULL, stderr=open(d + "/serve.log", "w"))
+    servers = []
+    if a.two_servers:
+        if not a.consensus or not a.blob:
+            sys.exit("--two-servers needs --consensus and --blob (or scripts/test-services.sh)")
+        run = f"listen-wake-{os.getpid()}-{int(time.time())}"
+        base, q, query = a.blob.partition("?")
+        blob = f"{base}/{run}{q}{query}"
+        for i, name in enumerate("ab"):
+            servers.append(subprocess.Popen(
+                [a.binary, "--data", f"{d}/data-{name}", "--blob", blob, "--consensus", a.consensus,
+                 "serve", "--listen", f"127.0.0.1:{port + i}"],
+                stdout=subprocess.DEVNULL, stderr=open(f"{d}/serve-{name}.log", "w")))
+        write_port, listen_port = port, port + 1
+        shard = "w" + run.replace("-", "")
+    else:
+        servers.append(subprocess.Popen(
+            [a.binary, "--data", d + "/data", "serve", "--listen", f"127.0.0.1:{port}",
+             "--max-connections", str(a.idle + 100)],
+            stdout=subprocess.DEVNULL, stderr=open(d + "/serve.log", "w")))
+        write_port = listen_port = port
+        shard = "w"
+    server = servers[0]
     try:
-        for _ in range(100):
-            try:
-                http(port, "GET", "/v1/shards")
-                break
-            except OSError:
-                time.sleep(0.05)
-        http(port, "POST", "/v1/shards", b'{"name":"w"}')
+        for p in {write_port, listen_port}:
+            for _ in range(200):
+                try:
+                    http(p, "GET", "/v1/shards")
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        http(write_port, "POST", "/v1/shards", f'{{"name":"{shard}"}}'.encode())
         # Latency.
-        stream = open_listen(port, "w")
+        stream = open_listen(listen_port, shard)
+        if a.two_servers:
+            time.sleep(1)  # the stream is open and idle
         sel = selectors.DefaultSelector()
         sel.register(stream, selectors.EVENT_READ)
         buf = b""
@@ -90,7 +123,8 @@ def main():
         for i in range(a.appends):
             key = f"k{i}"
             t0 = time.perf_counter()
-            code, body = http(port, "POST", "/v1/shards/w/append", f'{{"key":"{key}","value":"v"}}\n'.encode())
+            code, body = http(write_port, "POST", f"/v1/shards/{shard}/append",
+                              f'{{"key":"{key}","value":"v"}}\n'.encode())
             assert code == 200, body
             needle = f'"key":"{key}"'.encode()
             while needle not in buf:
@@ -102,6 +136,8 @@ def main():
         pct = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))]
         print(json.dumps({"write_to_listen_ms": {"p50": round(pct(0.5), 2), "p90": round(pct(0.9), 2),
                                                  "p99": round(pct(0.99), 2), "n": len(lat)}}))
+        if a.two_servers:
+            return
         # Idle streams.
         rss0 = rss_mib(server.pid)
         idle = []
@@ -144,11 +180,13 @@ def main():
                           "kib_per_stream": round((rss1 - rss0) * 1024 / max(1, a.idle), 1),
                           "all_woken_s": round(woke, 3), "server_threads": threads(server.pid), "not_woken": len(pending)}))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+        for server in servers:
+            try:
+                server.wait(10)
+            except subprocess.TimeoutExpired:
+                server.kill()
         subprocess.run(["rm", "-rf", d])
 
 

@@ -17,24 +17,31 @@
 // Needs TIDEMARK_TEST_POSTGRES and TIDEMARK_TEST_S3 (scripts/test-services.sh
 // sets them, as `make test` does); skipped without them. TIDEMARK_KEEP_SCRATCH
 // keeps the processes' logs (in $TMPDIR/tidemark-scaleout-*) after a pass.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "testing/server_client.h"
 #include "server_process.h"
+#include "testing/server_client.h"
 
 namespace {
 
@@ -345,6 +352,98 @@ TEST_F(ScaleOutTest, FourServersShareOneShardThroughARollingRestart) {
 // longer than an appender retries (about 2 s): the servers answer errors
 // while it is down, then go on committing (a stopped appender is
 // replaced), and no acknowledged record is lost or doubled.
+// A listen on one server follows appends made through another at once:
+// the appender's commit NOTIFYs (PostgreSQL), and the listening server's
+// watch wakes the stream, instead of its next poll of the shard's head.
+// Each append is timed from its request to its update on the other
+// server's stream: every one must arrive, and the median well under the
+// 50 ms listen poll that woke the stream before (whose appends each waited
+// for a whole poll: p50 50.6 ms; bench/listen_wake.py --two-servers).
+TEST_F(ScaleOutTest, AListenOnOneServerWakesOnAnAppendThroughAnother) {
+  for (int i = 0; i < 2; ++i) {
+    servers_.push_back(start(i, 0));
+    ASSERT_GT(servers_.back().port, 0)
+        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+  }
+  const std::uint16_t a = servers_[0].port, b = servers_[1].port;
+  Reply created = http_call(a, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}");
+  ASSERT_EQ(created.status, 201u) << created.body;
+
+  constexpr int kAppends = 20;
+  using Clock = std::chrono::steady_clock;
+  std::mutex mutex;
+  std::map<std::string, Clock::time_point> arrived;  // guarded by mutex
+  std::string received;                              // guarded by mutex: the stream's bytes so far
+  std::atomic<bool> done{false};
+  // A plain socket reading what arrives (the stream's chunks are small).
+  const int socket_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(socket_fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(b);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(socket_fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  const std::string request =
+      "GET /v1/shards/" + shard_ + "/listen?from=0 HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(socket_fd, request.data(), request.size(), 0),
+            static_cast<ssize_t>(request.size()));
+  std::thread listener([&] {
+    char piece[64 * 1024];
+    while (!done) {
+      pollfd readable{socket_fd, POLLIN, 0};
+      if (::poll(&readable, 1, 100) <= 0) continue;
+      const ssize_t got = ::recv(socket_fd, piece, sizeof piece, 0);
+      if (got <= 0) break;
+      const auto now = Clock::now();
+      std::lock_guard lock(mutex);
+      received.append(piece, static_cast<std::size_t>(got));
+      for (const auto& line : lines_of(received)) {
+        const std::string key = string_field(line, "key");
+        if (!key.empty()) arrived.emplace(key, now);
+      }
+    }
+  });
+  struct JoinOnExit {
+    std::thread& thread;
+    std::atomic<bool>& done;
+    int fd;
+    ~JoinOnExit() {
+      done = true;
+      thread.join();
+      ::close(fd);
+    }
+  } join_on_exit{listener, done, socket_fd};
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the stream is open and idle
+
+  std::vector<double> latencies;
+  for (int i = 0; i < kAppends; ++i) {
+    const std::string key = "w" + std::to_string(i);
+    const auto sent = Clock::now();
+    Reply appended = http_call(a, http::verb::post, "/v1/shards/" + shard_ + "/append",
+                               "{\"key\":\"" + key + "\",\"value\":" + std::to_string(i) + "}\n");
+    ASSERT_EQ(appended.status, 200u) << appended.body;
+    std::optional<Clock::time_point> at;
+    while (!at && Clock::now() - sent < std::chrono::seconds(10)) {
+      {
+        std::lock_guard lock(mutex);
+        if (auto it = arrived.find(key); it != arrived.end()) at = it->second;
+      }
+      if (!at) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    ASSERT_TRUE(at.has_value()) << key
+                                << " never reached the listen on the other server; it read:\n"
+                                << [&] {
+                                     std::lock_guard lock(mutex);
+                                     return received;
+                                   }();
+    latencies.push_back(std::chrono::duration<double, std::milli>(*at - sent).count());
+  }
+  std::sort(latencies.begin(), latencies.end());
+  std::fprintf(stderr, "append on A to update on B's listen: p50 %.1f ms, max %.1f ms\n",
+               latencies[latencies.size() / 2], latencies.back());
+  EXPECT_LT(latencies[latencies.size() / 2], 25.0) << "woken by the poll, not by a hint?";
+}
+
 TEST_F(ScaleOutTest, ServersRideOutAPostgresOutage) {
   const char* stop = std::getenv("TIDEMARK_TEST_POSTGRES_STOP");
   const char* start_again = std::getenv("TIDEMARK_TEST_POSTGRES_START");
