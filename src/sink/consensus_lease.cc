@@ -226,6 +226,14 @@ Result<LeaseRecord> LeaseRecord::parse(std::string_view json) {
   return record;
 }
 
+Result<std::optional<LeaseRecord>> read_lease(Consensus& consensus, std::string_view key) {
+  TM_ASSIGN(auto head, consensus.head(key));
+  if (!head) return std::nullopt;
+  auto record = LeaseRecord::parse(head->data);
+  if (!record) return corruption("lease " + std::string(key) + ": " + record.error().message);
+  return std::optional<LeaseRecord>(std::move(*record));
+}
+
 Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord& candidate,
                    std::uint64_t now_ms, Liveness holder) {
   if (!current || current->released()) return Takeover::kFree;

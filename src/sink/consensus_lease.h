@@ -91,6 +91,12 @@ enum class Takeover : std::uint8_t { kFree, kExpired, kHolderDead, kSameRunner, 
 Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord& candidate,
                    std::uint64_t now_ms, Liveness holder);
 
+// The head record of the lease `key`: nullopt when there is none;
+// Corruption when it cannot be parsed. A reader's view, for status pages:
+// whether it still holds is the holder's own check().
+[[nodiscard]] Result<std::optional<LeaseRecord>> read_lease(Consensus& consensus,
+                                                            std::string_view key);
+
 struct LeaseOptions {
   std::chrono::milliseconds duration{30'000};
   std::chrono::milliseconds renew_every{10'000};

@@ -8,6 +8,14 @@
 
 namespace tidemark {
 
+std::string sink_lease_key(std::string_view shard, std::string_view sink_name) {
+  std::string key = "lease/sink/";
+  key += shard;
+  key += "/";
+  key += sink_name;
+  return key;
+}
+
 SinkClaim::~SinkClaim() = default;
 
 Result<std::shared_ptr<SinkClaim>> SinkClaim::acquire(std::shared_ptr<Consensus> consensus,
@@ -24,7 +32,7 @@ Result<std::shared_ptr<SinkClaim>> SinkClaim::acquire(std::shared_ptr<Consensus>
   holder.process = this_process();
   holder.subject = "sink " + sink_name + " of shard " + shard;
   TM_ASSIGN(claim->sink_,
-            ConsensusLease::acquire(consensus, "lease/sink/" + holder.sink, holder, options));
+            ConsensusLease::acquire(consensus, sink_lease_key(shard, sink_name), holder, options));
 
   if (url.directory) {
     // The lock file's line: what a refused runner reports.

@@ -36,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "location/file_lock.h"
 #include "sink/consensus_lease.h"
@@ -49,6 +50,9 @@ struct SinkRunner {
   std::string label;  // "tidemark sink run", "tidemark serve on 127.0.0.1:6875"
   std::string owner;  // the server's id; "" for a command
 };
+
+// The Consensus key of a sink's lease: "lease/sink/<shard>/<sink name>".
+std::string sink_lease_key(std::string_view shard, std::string_view sink_name);
 
 class SinkClaim final : public DestinationClaim {
  public:
