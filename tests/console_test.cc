@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "testing/server_client.h"
 #include "server_process.h"
+#include "testing/server_client.h"
 #include "util/json.h"
 
 namespace {
@@ -272,9 +272,11 @@ TEST_F(ConsoleTest, ShowsShardsHoldsAndSinksAsTheServerReportsThem) {
             std::string::npos)
       << dom;
   EXPECT_NE(dom.find("c-sink-files at 2 (critical)"), std::string::npos) << dom;
-  // The sink's row, caught up.
+  // The sink's row, caught up, with where it runs.
   EXPECT_NE(dom.find("<td>files</td><td>orders</td><td>" + to +
-                     "</td><td class=\"running\">running</td><td class=\"n\">3</td>"
+                     "</td><td class=\"running\">running</td><td>tidemark serve on 127.0.0.1:" +
+                     std::to_string(server_.port) +
+                     "</td><td class=\"n\">3</td>"
                      "<td class=\"n\">0</td>"),
             std::string::npos)
       << dom;

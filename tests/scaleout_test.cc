@@ -444,6 +444,112 @@ TEST_F(ScaleOutTest, AListenOnOneServerWakesOnAnAppendThroughAnother) {
   EXPECT_LT(latencies[latencies.size() / 2], 25.0) << "woken by the poll, not by a hint?";
 }
 
+// A sink created on one server is seen, checked and deleted through
+// another: listed with its runner, its frontier followed, 409 for its name,
+// "waiting" while its server is killed, back with the restarted server, and
+// a DELETE through the other server stops it on its runner and drops its
+// hold, after which nothing more is written.
+TEST_F(ScaleOutTest, AnyServerAnswersForASinkAndDeletesIt) {
+  for (int i = 0; i < 2; ++i) {
+    servers_.push_back(start(i, 0));
+    ASSERT_GT(servers_.back().port, 0)
+        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+  }
+  const std::uint16_t a = servers_[0].port, b = servers_[1].port;
+  ASSERT_EQ(http_call(a, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}").status,
+            201u);
+  const fs::path out = scratch_ / "data-serve-0" / "sinks" / "out";
+  const std::string sink = "k" + shard_;  // a name of this run's own
+  const std::string spec = "{\"name\":\"" + sink + "\",\"shard\":\"" + shard_ +
+                           "\",\"to\":\"file://" + out.string() + "\"}";
+  Reply created = http_call(a, http::verb::post, "/v1/sinks", spec);
+  ASSERT_EQ(created.status, 201u) << created.body;
+  std::string server_id = slurp(scratch_ / "data-serve-0" / "server-id");
+  while (!server_id.empty() && server_id.back() == '\n') server_id.pop_back();
+  ASSERT_FALSE(server_id.empty());
+  const std::string target = "/v1/sinks/" + sink;
+  // Waits until `port`'s answer for the sink holds each of `texts`.
+  auto shows = [&](std::uint16_t port, const std::vector<std::string>& texts,
+                   std::chrono::seconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string body;
+    while (std::chrono::steady_clock::now() < deadline) {
+      body = http_call(port, http::verb::get, target).body;
+      bool all = true;
+      for (const auto& text : texts) all = all && body.find(text) != std::string::npos;
+      if (all) return testing::AssertionSuccess();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return testing::AssertionFailure() << "server on port " << port << " answered " << body;
+  };
+  auto runner_on = [](std::uint16_t port) {
+    return "\"runner\":\"tidemark serve on 127.0.0.1:" + std::to_string(port) + "\"";
+  };
+  EXPECT_TRUE(
+      shows(b, {"\"status\":\"running\"", runner_on(a), "\"runner_server\":\"" + server_id + "\""},
+            std::chrono::seconds(15)));
+  Reply listed = http_call(b, http::verb::get, "/v1/sinks");
+  EXPECT_NE(listed.body.find("\"name\":\"" + sink + "\""), std::string::npos) << listed.body;
+  Reply taken = http_call(b, http::verb::post, "/v1/sinks", spec);
+  EXPECT_EQ(taken.status, 409u) << taken.body;
+  EXPECT_NE(taken.body.find("run by tidemark serve on 127.0.0.1:" + std::to_string(a)),
+            std::string::npos)
+      << taken.body;
+
+  // Appends through b: b's answer follows a's commits to the shard's upper.
+  const std::string append = "/v1/shards/" + shard_ + "/append";
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(http_call(b, http::verb::post, append,
+                        "{\"key\":" + std::to_string(i) + ",\"value\":\"v\"}\n")
+                  .status,
+              200u);
+  }
+  EXPECT_TRUE(shows(b, {"\"lag\":0", "\"reported_at\":\""}, std::chrono::seconds(20)));
+  const long long frontier = number_field(http_call(b, http::verb::get, target).body, "frontier");
+  EXPECT_GT(frontier, 0);
+  EXPECT_EQ(number_field(http_call(a, http::verb::get, target).body, "frontier"), frontier);
+
+  // Its server killed: "waiting", with no runner; back when it restarts.
+  kill(servers_[0].pid, SIGKILL);
+  waitpid(servers_[0].pid, nullptr, 0);
+  servers_[0].pid = -1;
+  EXPECT_TRUE(shows(b, {"\"status\":\"waiting\"", "\"runner\":null", "is not running"},
+                    std::chrono::seconds(5)));
+  servers_[0] = start(0, 1);
+  ASSERT_GT(servers_[0].port, 0) << slurp(scratch_ / "serve-0-1.err");
+  const std::uint16_t a2 = servers_[0].port;
+  EXPECT_TRUE(shows(b, {"\"status\":\"running\"", runner_on(a2)}, std::chrono::seconds(15)));
+
+  // Deleted through b: a stops it and its hold goes.
+  Reply deleted = http_call(b, http::verb::delete_, target);
+  EXPECT_EQ(deleted.status, 200u) << deleted.body;
+  EXPECT_EQ(deleted.body, "{\"deleted\":\"" + sink + "\",\"stopped\":true}\n");
+  EXPECT_EQ(http_call(a2, http::verb::get, target).status, 404u);
+  EXPECT_EQ(http_call(b, http::verb::get, target).status, 404u);
+  Reply shard = http_call(a2, http::verb::get, "/v1/shards/" + shard_);
+  EXPECT_EQ(shard.body.find("sink-" + sink), std::string::npos) << shard.body;
+  EXPECT_NE(slurp(scratch_ / "serve-0-1.err").find("deleted through another server"),
+            std::string::npos);
+  auto committed = [&] {
+    std::set<std::string> names;
+    for (const auto& entry : fs::directory_iterator(out)) {
+      const std::string name = entry.path().filename().string();
+      if (name.ends_with(".json")) names.insert(name);
+    }
+    return names;
+  };
+  const auto before = committed();
+  EXPECT_FALSE(before.empty());
+  for (int i = 5; i < 10; ++i) {
+    ASSERT_EQ(http_call(b, http::verb::post, append,
+                        "{\"key\":" + std::to_string(i) + ",\"value\":\"v\"}\n")
+                  .status,
+              200u);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(committed(), before) << "a deleted sink wrote on";
+}
+
 TEST_F(ScaleOutTest, ServersRideOutAPostgresOutage) {
   const char* stop = std::getenv("TIDEMARK_TEST_POSTGRES_STOP");
   const char* start_again = std::getenv("TIDEMARK_TEST_POSTGRES_START");

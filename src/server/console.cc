@@ -81,8 +81,8 @@ Times are as the shards keep them (milliseconds since 1970 for managed appends).
 </table>
 <h2>Sinks <span id="sink-count" class="muted"></span></h2>
 <table id="sinks">
-  <thead><tr><th>name</th><th>shard</th><th>to</th><th>status</th><th>frontier</th>
-  <th>lag</th><th>error</th></tr></thead>
+  <thead><tr><th>name</th><th>shard</th><th>to</th><th>status</th><th>runner</th>
+  <th>frontier</th><th>lag</th><th>error</th></tr></thead>
   <tbody></tbody>
 </table>
 <script>
@@ -270,6 +270,7 @@ async function refresh() {
       cell(row, k.shard);
       cell(row, k.to);
       cell(row, k.status, k.status);
+      cell(row, k.runner === null ? "none" : k.runner, k.runner === null ? "muted" : "");
       cell(row, k.frontier, "n");
       cell(row, k.lag, "n");
       cell(row, k.error, k.error ? "error" : "muted");

@@ -160,9 +160,11 @@ void Session::route() {
       return read_small_body([self = shared_from_this()] {
         self->blocking<std::string>(
             [server = self->server_, n = self->name_]() -> Result<std::string> {
-              TM_TRY(server->sinks->remove(n));
+              TM_ASSIGN(bool stopped, server->sinks->remove(n));
               std::string out = "{\"deleted\":";
               append_json_string(&out, n);
+              out += ",\"stopped\":";
+              out += stopped ? "true" : "false";
               return out + "}";
             },
             [self](Result<std::string> r) {
@@ -306,19 +308,21 @@ void Session::create_shard() {
 void Session::create_sink() {
   auto spec = SinkSpec::parse(small_body_);
   if (!spec) return respond_error(spec.error());
-  auto to = resolve_file_sink(spec->to);
-  if (!to) return respond_error(to.error());
-  spec->to = std::move(*to);
-  auto url = parse_sink_url(spec->to, spec->format);
-  if (!url) return respond_error(url.error());
-  if (auto allowed = server_->allowed_destinations.check(*url); !allowed) {
-    return respond_error(allowed.error());
-  }
-  blocking<std::string>([server = server_, s = *spec] { return server->sinks->create(s); },
-                        [self = shared_from_this()](Result<std::string> r) {
-                          if (!r) return self->respond_error(r.error());
-                          self->respond(201, std::move(*r));
-                        });
+  // The name first: a definition sent again through another server (behind
+  // a load balancer) is told who runs it, whatever that server would make
+  // of its destination.
+  blocking<std::string>(
+      [self = shared_from_this(), s = *spec]() mutable -> Result<std::string> {
+        TM_TRY(self->server_->sinks->check_name_free(s.name));
+        TM_ASSIGN(s.to, self->resolve_file_sink(s.to));
+        TM_ASSIGN(SinkUrl url, parse_sink_url(s.to, s.format));
+        TM_TRY(self->server_->allowed_destinations.check(url));
+        return self->server_->sinks->create(s);
+      },
+      [self = shared_from_this()](Result<std::string> r) {
+        if (!r) return self->respond_error(r.error());
+        self->respond(201, std::move(*r));
+      });
 }
 
 // A file sink writes only inside the server's file_sink_root. Its path is

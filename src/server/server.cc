@@ -10,6 +10,7 @@
 
 #include "server/server_impl.h"
 #include "server/session.h"
+#include "util/process_identity.h"
 #include "util/thread.h"
 
 namespace tidemark {
@@ -100,9 +101,15 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
                        std::to_string(impl->options.port) + ": " + ec.message());
   }
   impl->bound_port = impl->acceptor.local_endpoint(ec).port();
+  // Where its sinks run, as every server shows it: a wildcard address
+  // says nothing to a reader elsewhere, so the machine's name stands in.
+  std::string where = impl->options.host;
+  if (where.empty() || where == "0.0.0.0" || where == "::" || where == "[::]") {
+    where = this_process().host;
+  }
   impl->sinks = std::make_unique<SinkManager>(
       impl->client, impl->sink_pool,
-      SinkRunner{"tidemark serve on " + impl->options.host + ":" + std::to_string(impl->bound_port),
+      SinkRunner{"tidemark serve on " + where + ":" + std::to_string(impl->bound_port),
                  impl->options.sink_owner},
       impl->allowed_destinations, impl->options.idle_close);
   if (auto resumed = impl->sinks->resume_all(); !resumed) {

@@ -1702,7 +1702,11 @@ TEST_F(ServerTest, OutOfFileDescriptorsTheAcceptorWaitsAndRecovers) {
   EXPECT_EQ(status, 200u) << "the server accepts again once descriptors are free";
 }
 
-TEST_F(ServerTest, ASinkRunsOnlyOnTheServerThatCreatedIt) {
+// Two servers sharing one location (here one Client): the sink runs on the
+// server that created it, and the other answers for it from the shared
+// backends: listed, its status and runner, a 409 naming the runner for
+// its name, and a DELETE that stops it on its runner and drops its hold.
+TEST_F(ServerTest, EveryServerAnswersForEverySinkAndOnlyItsCreatorRunsIt) {
   options_.sink_owner = "server-a";
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
@@ -1711,22 +1715,88 @@ TEST_F(ServerTest, ASinkRunsOnlyOnTheServerThatCreatedIt) {
   Reply created = post("/v1/sinks", spec);
   ASSERT_EQ(created.status, 201u) << created.body;
   EXPECT_NE(created.body.find("\"owner\":\"server-a\""), std::string::npos) << created.body;
+  const std::string runner_a = "tidemark serve on 127.0.0.1:" + std::to_string(port_);
+  EXPECT_NE(created.body.find("\"runner\":\"" + runner_a + "\""), std::string::npos)
+      << created.body;
 
   ServerOptions other = options_;
   other.sink_owner = "server-b";
-  for (int round = 0; round < 2; ++round) {  // started fresh: resume_all skips it too
-    auto b = Server::start(client_, other);
-    ASSERT_TRUE(b) << b.error().message;
-    EXPECT_EQ(call((*b)->port(), http::verb::get, "/v1/sinks").body, "[]\n");
-    EXPECT_EQ(call((*b)->port(), http::verb::get, "/v1/sinks/files").status, 404u);
-    Reply taken = call((*b)->port(), http::verb::post, "/v1/sinks", spec);
-    EXPECT_EQ(taken.status, 409u) << taken.body;
-    EXPECT_NE(taken.body.find("server-a"), std::string::npos) << taken.body;
+  auto b = Server::start(client_, other);
+  ASSERT_TRUE(b) << b.error().message;
+  const std::uint16_t port_b = (*b)->port();
+  // Waits until server b's answer for the sink holds every one of `texts`.
+  auto b_shows = [&](const std::vector<std::string>& texts, std::chrono::seconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::string body;
+    while (Clock::now() < deadline) {
+      body = call(port_b, http::verb::get, "/v1/sinks/files").body;
+      bool all = true;
+      for (const auto& text : texts) all = all && body.find(text) != std::string::npos;
+      if (all) return std::string();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return body;
+  };
+  EXPECT_EQ(b_shows({"\"status\":\"running\"", "\"runner\":\"" + runner_a + "\"",
+                     "\"runner_server\":\"server-a\""},
+                    std::chrono::seconds(10)),
+            "");
+  Reply listed = call(port_b, http::verb::get, "/v1/sinks");
+  EXPECT_EQ(listed.status, 200u);
+  EXPECT_EQ(listed.body.rfind("[{\"name\":\"files\",", 0), 0u) << listed.body;
+  EXPECT_NE(listed.body.find("\"runner\":\"" + runner_a + "\""), std::string::npos) << listed.body;
+  Reply taken = call(port_b, http::verb::post, "/v1/sinks", spec);
+  EXPECT_EQ(taken.status, 409u) << taken.body;
+  EXPECT_NE(taken.body.find("run by " + runner_a), std::string::npos) << taken.body;
+
+  // The frontier server b shows follows what server a commits.
+  ASSERT_EQ(post("/v1/shards/s/append", "{\"key\": 1, \"value\": \"a\"}\n").status, 200u);
+  std::string frontier;  // server a's, once it has committed the append
+  for (auto deadline = Clock::now() + std::chrono::seconds(15);
+       frontier.empty() && Clock::now() < deadline;) {
+    const std::string body = get("/v1/sinks/files").body;
+    const auto at = body.find("\"frontier\":");
+    if (body.find("\"lag\":0") != std::string::npos && at != std::string::npos) {
+      frontier = body.substr(at, body.find(',', at) - at);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
   }
-  // Its own server resumes it after a restart.
-  server_.reset();
-  ASSERT_NO_FATAL_FAILURE(start());
-  EXPECT_EQ(get("/v1/sinks/files").status, 200u);
+  ASSERT_FALSE(frontier.empty()) << get("/v1/sinks/files").body;
+  EXPECT_EQ(b_shows({frontier, "\"lag\":0"}, std::chrono::seconds(10)), "");
+  EXPECT_NE(get("/v1/sinks/files").body.find("\"reported_at\":null"), std::string::npos);
+
+  // Deleted through server b: server a stops it, and its hold goes.
+  Reply deleted = call(port_b, http::verb::delete_, "/v1/sinks/files");
+  EXPECT_EQ(deleted.status, 200u) << deleted.body;
+  EXPECT_EQ(deleted.body, "{\"deleted\":\"files\",\"stopped\":true}\n");
+  EXPECT_EQ(get("/v1/sinks/files").status, 404u);
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+  EXPECT_EQ(call(port_b, http::verb::get, "/v1/sinks").body, "[]\n");
+  EXPECT_EQ(get("/v1/shards/s").body.find("sink-files"), std::string::npos)
+      << get("/v1/shards/s").body;
+  // Its name is free again, on either server.
+  Reply again = call(port_b, http::verb::post, "/v1/sinks", spec);
+  EXPECT_EQ(again.status, 201u) << again.body;
+  EXPECT_NE(again.body.find("\"runner_server\":\"server-b\""), std::string::npos) << again.body;
+
+  // A server that stops lets its sinks go: the other shows them stopped,
+  // with no runner, until their server is back.
+  b->reset();
+  Reply stopped = get("/v1/sinks/files");
+  EXPECT_NE(stopped.body.find("\"status\":\"stopped\""), std::string::npos) << stopped.body;
+  EXPECT_NE(stopped.body.find("\"runner\":null"), std::string::npos) << stopped.body;
+  auto b_again = Server::start(client_, other);
+  ASSERT_TRUE(b_again) << b_again.error().message;
+  const std::string runner_b = "tidemark serve on 127.0.0.1:" + std::to_string((*b_again)->port());
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  std::string body;
+  while (Clock::now() < deadline) {
+    body = get("/v1/sinks/files").body;
+    if (body.find("\"runner\":\"" + runner_b + "\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(body.find("\"runner\":\"" + runner_b + "\""), std::string::npos) << body;
 }
 
 // A sink's destination held by another runner (here a claim this test

@@ -2,17 +2,21 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <set>
 #include <thread>
 
 #include "server/metrics.h"
 #include "shard/state.h"
 #include "sink/destination_url.h"
+#include "sink/sink_status.h"
 #include "tidemark/read.h"
 #include "tidemark/retry.h"
 #include "tidemark/sink.h"
 #include "util/cancel.h"
+#include "util/clock.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/process_identity.h"
 #include "util/try.h"
 
 namespace tidemark {
@@ -26,6 +30,57 @@ constexpr std::chrono::milliseconds kIdlePollFallback{30'000};
 
 std::string spec_key(const std::string& name) {
   return std::string(kSpecPrefix) + name;
+}
+
+void append_optional_string(std::string* out, const std::optional<std::string>& text) {
+  if (text) {
+    append_json_string(out, *text);
+  } else {
+    out->append("null");
+  }
+}
+
+// One sink's answer: its definition, then "status", "frontier", "upper",
+// "lag" (upper - frontier), "error", "runner" (who runs it: "tidemark serve
+// on HOST:PORT"), "runner_server" (its server id) and "reported_at" (when
+// the answer is the runner's report read from the shared backends: when
+// it wrote it; null when this server runs the sink and answers live).
+std::string sink_json(const SinkSpec& spec, const std::string& status,
+                      const std::optional<Frontier>& frontier, const std::optional<Frontier>& upper,
+                      const std::optional<std::string>& error,
+                      const std::optional<std::string>& runner,
+                      const std::optional<std::string>& runner_server,
+                      std::optional<std::uint64_t> reported_at_ms) {
+  std::string out = spec.to_json();
+  out.pop_back();
+  out += ",\"status\":";
+  append_json_string(&out, status);
+  out += ",\"frontier\":";
+  out += frontier ? frontier->to_json() : "null";
+  out += ",\"upper\":";
+  out += upper ? upper->to_json() : "null";
+  out += ",\"lag\":";
+  if (upper && frontier && !upper->is_closed() && !frontier->is_closed()) {
+    out += std::to_string(upper->time() > frontier->time() ? upper->time() - frontier->time() : 0);
+  } else if (upper && frontier && frontier->is_closed()) {
+    out += "0";
+  } else {
+    out += "null";
+  }
+  out += ",\"error\":";
+  append_optional_string(&out, error);
+  out += ",\"runner\":";
+  append_optional_string(&out, runner && !runner->empty() ? runner : std::nullopt);
+  out += ",\"runner_server\":";
+  append_optional_string(&out,
+                         runner_server && !runner_server->empty() ? runner_server : std::nullopt);
+  out += ",\"reported_at\":";
+  if (reported_at_ms) {
+    append_json_string(&out, format_utc(*reported_at_ms));
+  } else {
+    out += "null";
+  }
+  return out + "}";
 }
 
 }  // namespace
@@ -49,6 +104,8 @@ struct SinkManager::Task {
   std::shared_ptr<SinkClaim> claim;
   DestinationAllowList allowed;
   std::chrono::milliseconds idle_close{0};
+  // What every server sharing the location shows of it (sink_status.h).
+  std::shared_ptr<SinkStatusPublisher> publisher;
   // Used by its steps only (one at a time): the run in progress, if any,
   // and its subscription to the shard's changes, which wakes the sink.
   std::unique_ptr<SinkDestination> destination;
@@ -73,10 +130,13 @@ struct SinkManager::Task {
   const std::shared_ptr<Waker> waker = std::make_shared<Waker>();
 
   void set(std::string s, std::optional<std::string> e = std::nullopt) {
-    std::lock_guard lock(mutex);
-    log_change(s, e);
-    status = std::move(s);
-    error = std::move(e);
+    {
+      std::lock_guard lock(mutex);
+      log_change(s, e);
+      status = s;
+      error = e;
+    }
+    if (publisher) (void)publisher->set_status(std::move(s), std::move(e));
   }
 
   // The server's log line for a change of status (util/log.h): running,
@@ -100,9 +160,13 @@ struct SinkManager::Task {
   // What the destination is retrying by itself (a broker it cannot reach):
   // shown as the error while the sink starts or runs, until the next
   // commit (or the run's end) replaces it.
+  // Called from the destination's threads: published by the next flush.
   void note_trouble(const std::string& what) {
     std::lock_guard lock(mutex);
-    if (status == "starting" || status == "running") error = what + " (retrying)";
+    if (status == "starting" || status == "running") {
+      error = what + " (retrying)";
+      if (publisher) publisher->stage_status(status, error);
+    }
   }
 
   // The shard this sink reads, once a run has opened it.
@@ -112,32 +176,10 @@ struct SinkManager::Task {
   }
 
   // `upper`: the shard's, when known; the lag is upper - frontier.
-  std::string to_json(std::optional<Frontier> upper) const {
+  std::string to_json(std::optional<Frontier> upper, const SinkRunner& runner) const {
     std::lock_guard lock(mutex);
-    std::string out = spec.to_json();
-    out.pop_back();
-    out += ",\"status\":";
-    append_json_string(&out, status);
-    out += ",\"frontier\":";
-    out += frontier ? frontier->to_json() : "null";
-    out += ",\"upper\":";
-    out += upper ? upper->to_json() : "null";
-    out += ",\"lag\":";
-    if (upper && frontier && !upper->is_closed() && !frontier->is_closed()) {
-      out +=
-          std::to_string(upper->time() > frontier->time() ? upper->time() - frontier->time() : 0);
-    } else if (upper && frontier && frontier->is_closed()) {
-      out += "0";
-    } else {
-      out += "null";
-    }
-    out += ",\"error\":";
-    if (error) {
-      append_json_string(&out, *error);
-    } else {
-      out += "null";
-    }
-    return out + "}";
+    return sink_json(spec, status, frontier, upper, error, runner.label, runner.owner,
+                     std::nullopt);
   }
 
   void mark_finished() {
@@ -302,16 +344,23 @@ struct SinkManager::Task {
       std::lock_guard lock(mutex);
       frontier = destination->progress();
     }
+    if (publisher && frontier) publisher->set_frontier(*frontier);
     SinkOptions options;
     options.sink_name = spec.name;
     options.idle_poll_interval = kIdlePollFallback;
     options.read_memory = ReadMemory{pool};  // its reads' blocks, beside its buffers
     options.stop = [this] { return stop.load(); };
     options.on_progress = [this](const SinkProgress& p) {
-      std::lock_guard lock(mutex);
-      // A commit went through: what the destination was retrying is over.
-      if (frontier && *frontier < p.frontier && status == "running") error.reset();
-      frontier = p.frontier;
+      {
+        std::lock_guard lock(mutex);
+        // A commit went through: what the destination was retrying is over.
+        if (frontier && *frontier < p.frontier && status == "running" && error) {
+          error.reset();
+          if (publisher) publisher->stage_status(status, std::nullopt);
+        }
+        frontier = p.frontier;
+      }
+      if (publisher) publisher->set_frontier(p.frontier);
     };
     TM_ASSIGN(run, SinkRun::open(*opened, *destination, std::move(options)));
     return {};
@@ -331,7 +380,15 @@ SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryP
       allowed_(std::move(allowed)),
       idle_close_(idle_close),
       threads_("sinks", threads),
-      timers_(&threads_) {}
+      timers_(&threads_) {
+  // Without its timer a server still runs and answers for its own sinks; it
+  // only notices deletions made through other servers at its next start.
+  (void)timers_.schedule(kReconcileEvery, [this]() -> std::optional<std::chrono::milliseconds> {
+    if (stopping_) return std::nullopt;
+    reconcile();
+    return std::chrono::duration_cast<std::chrono::milliseconds>(kReconcileEvery);
+  });
+}
 
 SinkManager::~SinkManager() {
   stop_all();
@@ -340,6 +397,8 @@ SinkManager::~SinkManager() {
 Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim) {
   auto task = std::make_shared<Task>();
   task->spec = spec;
+  task->publisher = std::make_shared<SinkStatusPublisher>(client_->location().consensus, spec.name,
+                                                          runner_.label, runner_.owner);
   task->claim = std::move(claim);
   task->allowed = allowed_;
   task->idle_close = idle_close_;
@@ -360,6 +419,7 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
     task->finished = true;
     task->status = "failed";
     task->error = timer.error().message;
+    task->publisher->stage_status(task->status, task->error);
   }
   task_lock.unlock();
   std::lock_guard lock(mutex_);
@@ -400,29 +460,38 @@ Status SinkManager::resume_all() {
   return first_error;
 }
 
-Result<std::string> SinkManager::create(const SinkSpec& spec) {
+Status SinkManager::check_name_free(const std::string& name) const {
   {
     std::lock_guard lock(mutex_);
-    if (tasks_.contains(spec.name)) {
-      return make_error(ErrorKind::kAlreadyExists, "a sink named " + spec.name + " exists");
+    if (tasks_.contains(name)) {
+      return make_error(ErrorKind::kAlreadyExists,
+                        "a sink named " + name + " exists (run by " + runner_.label + ")");
     }
   }
+  // Another server's sink of this name? (Blob has no create-if-absent: two
+  // servers creating one name at once both write; create() reads back
+  // which definition won, and only its owner runs it.)
+  TM_ASSIGN(auto existing, client_->location().blob->get(spec_key(name)));
+  if (!existing) return {};
+  auto stored = SinkSpec::parse(*existing);
+  return taken(name, stored ? *stored : SinkSpec{});
+}
+
+std::unexpected<Error> SinkManager::taken(const std::string& name, const SinkSpec& stored) const {
+  std::string where;
+  if (auto runner = stored.shard.empty() ? std::nullopt : live_runner(stored.shard, name)) {
+    where = " (run by " + *runner + ")";
+  } else if (!stored.owner.empty()) {
+    where = " (created by server " + stored.owner + ", which does not run it now)";
+  }
+  return make_error(ErrorKind::kAlreadyExists, "a sink named " + name + " exists" + where);
+}
+
+Result<std::string> SinkManager::create(const SinkSpec& spec) {
+  TM_TRY(check_name_free(spec.name));
   TM_ASSIGN(auto shard, client_->open_shard(spec.shard));  // NotFound early
   (void)shard;
   Blob& blob = *client_->location().blob;
-  auto taken = [&](const SinkSpec& stored) {
-    return make_error(ErrorKind::kAlreadyExists,
-                      "a sink named " + spec.name + " exists" +
-                          (stored.owner.empty() ? "" : " (run by server " + stored.owner + ")"));
-  };
-  // Another server's sink of this name? (Blob has no create-if-absent: two
-  // servers creating one name at once both write; each reads back which
-  // definition won, and only its owner runs it.)
-  TM_ASSIGN(auto existing, blob.get(spec_key(spec.name)));
-  if (existing) {
-    if (auto stored = SinkSpec::parse(*existing)) return taken(*stored);
-    return taken(SinkSpec{});
-  }
   // The sink and its destination, before anything is stored: a runner
   // elsewhere is named in the 409.
   TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
@@ -435,7 +504,7 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
   if (!written) return make_error(ErrorKind::kNotFound, "sink " + spec.name + " was deleted");
   if (*written != owned.to_json()) {
     auto stored = SinkSpec::parse(*written);
-    return taken(stored ? *stored : SinkSpec{});
+    return taken(spec.name, stored ? *stored : SinkSpec{});
   }
   if (auto started = start(owned, std::move(claim)); !started) {
     // Nothing half made: the definition goes again, and the request fails.
@@ -473,12 +542,76 @@ Result<std::string> SinkManager::status_json(const std::string& name) const {
   std::shared_ptr<Task> task;
   {
     std::lock_guard lock(mutex_);
-    auto it = tasks_.find(name);
-    if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
-    task = it->second;
+    if (auto it = tasks_.find(name); it != tasks_.end()) task = it->second;
   }
-  auto uppers = uppers_of(std::vector<std::shared_ptr<Task>>{task});
-  return task->to_json(uppers[task->spec.shard]);
+  if (task) {
+    auto uppers = uppers_of(std::vector<std::shared_ptr<Task>>{task});
+    return task->to_json(uppers[task->spec.shard], runner_);
+  }
+  // Another server's sink, or none.
+  Blob& blob = *client_->location().blob;
+  TM_ASSIGN(auto bytes, blob.get(spec_key(name)));
+  if (!bytes) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+  TM_ASSIGN(SinkSpec spec, SinkSpec::parse(*bytes));
+  return reported_json(spec);
+}
+
+std::optional<std::string> SinkManager::live_runner(const std::string& shard,
+                                                    const std::string& name) const {
+  auto lease = read_lease(*client_->location().consensus, sink_lease_key(shard, name));
+  if (!lease || !*lease || (*lease)->released() || (*lease)->expires_at_ms < wall_clock_millis() ||
+      liveness((*lease)->process) == Liveness::kDead) {
+    return std::nullopt;
+  }
+  const LeaseRecord& holder = **lease;
+  return holder.runner.empty() ? std::string("a sink runner") : holder.runner;
+}
+
+// A sink this server does not run, as the shared backends show it: the
+// runner's last report (sink_status.h), whether its lease is live, and
+// this server's view of the shard's upper. What cannot be read is said in
+// "error" rather than failing the answer.
+std::string SinkManager::reported_json(const SinkSpec& spec) const {
+  Consensus& consensus = *client_->location().consensus;
+  std::string status = "starting";  // created; its runner has not reported yet
+  std::optional<Frontier> frontier;
+  std::optional<std::string> error, runner, runner_server;
+  std::optional<std::uint64_t> reported_at;
+  auto record = read_sink_status(consensus, spec.name);
+  if (!record) {
+    error = "reading its status: " + record.error().message;
+  } else if (*record) {
+    status = (*record)->status;
+    error = (*record)->error;
+    frontier = (*record)->frontier;
+    reported_at = (*record)->written_at_ms;
+  }
+  auto lease = read_lease(consensus, sink_lease_key(spec.shard, spec.name));
+  if (!lease) {
+    if (!error) error = "reading its lease: " + lease.error().message;
+  } else if (*lease && !(*lease)->released()) {
+    const LeaseRecord& holder = **lease;
+    // A holder that was a process of this machine and runs no more is
+    // gone at once; one elsewhere when its lease lapses.
+    const bool dead = liveness(holder.process) == Liveness::kDead;
+    if (!dead && holder.expires_at_ms >= wall_clock_millis()) {
+      runner = holder.runner;
+      runner_server = holder.owner;
+    } else if (status == "starting" || status == "running" || status == "failed") {
+      // Its runner went without releasing it (killed, cut off): nothing
+      // runs the sink until that server is back.
+      status = "waiting";
+      error = "its runner " + holder.describe_holder() +
+              (dead ? " is not running" : " stopped renewing its lease");
+    }
+  } else if (status == "starting" || status == "running" || status == "failed") {
+    status = "waiting";  // released (its server stopped) without a final report
+  }
+  std::optional<Frontier> upper;
+  if (auto shard = client_->open_shard(spec.shard)) {
+    if (auto read = (*shard)->upper(false)) upper = *read;
+  }
+  return sink_json(spec, status, frontier, upper, error, runner, runner_server, reported_at);
 }
 
 std::string SinkManager::list_json() const {
@@ -488,35 +621,141 @@ std::string SinkManager::list_json() const {
     for (const auto& [name, task] : tasks_) tasks.push_back(task);
   }
   auto uppers = uppers_of(tasks);
+  std::map<std::string, std::string> rows;  // by name
+  for (const auto& task : tasks)
+    rows[task->spec.name] = task->to_json(uppers[task->spec.shard], runner_);
+  // Every other server's sinks, from the stored definitions. A store that
+  // cannot be listed leaves the list to this server's sinks.
+  std::set<std::string> here;
+  for (const auto& [name, row] : rows) here.insert(name);
+  for (const SinkSpec& spec : stored_definitions(here)) rows[spec.name] = reported_json(spec);
   std::string out = "[";
-  for (const auto& task : tasks) {
+  for (const auto& [name, row] : rows) {
     if (out.size() > 1) out += ",";
-    out += task->to_json(uppers[task->spec.shard]);
+    out += row;
   }
   return out + "]";
 }
 
-Status SinkManager::remove(const std::string& name) {
+std::vector<SinkSpec> SinkManager::stored_definitions(const std::set<std::string>& skip) const {
+  Blob& blob = *client_->location().blob;
+  std::vector<std::string> keys;
+  if (!blob.list(kSpecPrefix,
+                 [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); })) {
+    return {};
+  }
+  std::vector<SinkSpec> specs;
+  std::lock_guard lock(definitions_mu_);
+  std::map<std::string, SinkSpec> seen;
+  for (const std::string& key : keys) {
+    if (skip.contains(key.substr(kSpecPrefix.size()))) continue;
+    // A definition never changes once stored: read each one once.
+    if (auto known = definitions_.find(key); known != definitions_.end()) {
+      seen.emplace(key, known->second);
+      specs.push_back(known->second);
+      continue;
+    }
+    auto bytes = blob.get(key);
+    if (!bytes || !*bytes) continue;  // unreadable now, or deleted meanwhile
+    auto spec = SinkSpec::parse(**bytes);
+    if (!spec) continue;
+    seen.emplace(key, *spec);
+    specs.push_back(std::move(*spec));
+  }
+  definitions_ = std::move(seen);  // the deleted ones go
+  return specs;
+}
+
+Result<bool> SinkManager::remove(const std::string& name) {
   std::shared_ptr<Task> task;
   {
     std::lock_guard lock(mutex_);
     auto it = tasks_.find(name);
-    if (it == tasks_.end()) return make_error(ErrorKind::kNotFound, "no sink named " + name);
-    task = it->second;
-    tasks_.erase(it);
+    if (it != tasks_.end()) {
+      task = it->second;
+      tasks_.erase(it);
+    }
+  }
+  Blob& blob = *client_->location().blob;
+  if (!task) {
+    // Another server runs it (or none does now): its definition goes, and
+    // its runner, which looks for its definition every kReconcileEvery,
+    // stops it and drops its hold.
+    TM_ASSIGN(auto bytes, blob.get(spec_key(name)));
+    if (!bytes) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+    TM_ASSIGN(SinkSpec spec, SinkSpec::parse(*bytes));
+    TM_TRY(blob.remove(spec_key(name)));
+    expire_hold(spec);
+    // Answers once the runner has let go of its lease, or after
+    // kRemoteStopWait with stopped false (a runner cut off from the
+    // backends cannot be told; it stops writing when its lease lapses).
+    const auto deadline = std::chrono::steady_clock::now() + kRemoteStopWait;
+    while (live_runner(spec.shard, spec.name)) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    // Its runner may have moved the hold once more before it stopped.
+    expire_hold(spec);
+    return true;
   }
   // Deleted: nothing more of it is wanted, so it is not waited for.
   task->stop_by(timers_, std::chrono::steady_clock::now());
   task->join();
-  TM_TRY(client_->location().blob->remove(spec_key(name)));
+  TM_TRY(blob.remove(spec_key(name)));
+  expire_hold(task->spec);
+  return true;
+}
+
+void SinkManager::expire_hold(const SinkSpec& spec) const {
   // Its hold on the shard goes too: history it no longer needs.
-  if (auto shard = client_->open_shard(task->spec.shard)) {
-    if (auto reader = (*shard)->open_critical_reader("sink-" + name)) (void)(*reader)->expire();
+  if (auto shard = client_->open_shard(spec.shard)) {
+    if (auto reader = (*shard)->open_critical_reader("sink-" + spec.name)) {
+      (void)(*reader)->expire();
+    }
   }
-  return {};
+}
+
+// Every kReconcileEvery: publishes what the sinks' reports held back, and
+// stops the sinks of this server whose definitions are gone (deleted
+// through another server).
+void SinkManager::reconcile() {
+  std::map<std::string, std::shared_ptr<Task>> tasks;
+  {
+    std::lock_guard lock(mutex_);
+    tasks = tasks_;
+  }
+  for (const auto& [name, task] : tasks) {
+    if (task->publisher) task->publisher->flush();
+  }
+  if (tasks.empty()) return;
+  // Listed after the tasks were taken: a task's definition is stored before
+  // it starts, so a task taken above whose definition is not listed was
+  // deleted. (Read through the store, not the cache.)
+  Blob& blob = *client_->location().blob;
+  std::set<std::string> stored;
+  if (!blob.list(kSpecPrefix, [&](std::string_view key, std::uint64_t) {
+        stored.emplace(key.substr(kSpecPrefix.size()));
+      })) {
+    return;  // the next round tries again
+  }
+  for (const auto& [name, task] : tasks) {
+    if (stored.contains(name) || stopping_) continue;
+    {
+      std::lock_guard lock(mutex_);
+      auto it = tasks_.find(name);
+      if (it == tasks_.end() || it->second != task) continue;  // deleted here meanwhile
+      tasks_.erase(it);
+    }
+    log_line(LogLevel::kInfo, "sink " + name + " of shard " + task->spec.shard +
+                                  ": deleted through another server; stopping it");
+    task->stop_by(timers_, std::chrono::steady_clock::now());
+    task->join();
+    expire_hold(task->spec);
+  }
 }
 
 void SinkManager::stop_all(std::chrono::milliseconds grace) {
+  stopping_ = true;
   std::map<std::string, std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);

@@ -22,8 +22,14 @@
 // names its owner, the server that created it (ServerOptions::sink_owner),
 // and a server resumes only its own, plus definitions without an owner (a
 // single server's, from before owners). A name taken by any server is
-// AlreadyExists on every server. GET and DELETE see the sinks this server
-// runs.
+// AlreadyExists on every server, naming its runner. Every server answers
+// for every sink: its own live, the others from what their runners publish
+// in consensus (sink/sink_status.h: status and error at once, the frontier
+// at most every 2 s) and from their leases (a lapsed lease: "waiting").
+// DELETE through any server removes the definition and the hold; the
+// runner stops the sink when it next looks for its definitions (every
+// kReconcileEvery), and the DELETE waits for its lease to go (at most
+// kRemoteStopWait).
 //
 // A running sink holds a SinkClaim (sink/sink_claim.h) on itself and its
 // destination, from its start until it is stopped or deleted (across its
@@ -59,11 +65,15 @@
 // Thread-safety: all methods are safe for concurrent use.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "sink/destination_url.h"
 #include "sink/envelope.h"
@@ -83,6 +93,11 @@ class SinkManager {
   static constexpr std::chrono::milliseconds kPoolWait{1000};
   static constexpr std::chrono::seconds kStopGrace{10};
   static constexpr std::chrono::milliseconds kIdleClose{30'000};
+  // How often a server publishes its sinks' held-back reports and looks
+  // for its sinks deleted through other servers.
+  static constexpr std::chrono::milliseconds kReconcileEvery{2'000};
+  // How long a DELETE through another server waits for the runner to stop.
+  static constexpr std::chrono::milliseconds kRemoteStopWait{10'000};
 
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
@@ -104,6 +119,8 @@ class SinkManager {
   // be read or parsed is skipped (the first such error is returned) and
   // the others start.
   [[nodiscard]] Status resume_all();
+  // OK when no sink has `name`; AlreadyExists naming its runner otherwise.
+  [[nodiscard]] Status check_name_free(const std::string& name) const;
   // Claims, stores and starts a sink, owned by this server; AlreadyExists
   // (here or on another server sharing the blob store), NotFound (no such
   // shard), Held (the sink or its destination is run by another runner,
@@ -118,8 +135,12 @@ class SinkManager {
   std::string list_json() const;
   // Stops the sink at once (an S3 or Kafka call in progress is cancelled,
   // within about a second; what it wrote since its last commit is not
-  // committed), then drops its hold and its definition.
-  [[nodiscard]] Status remove(const std::string& name);
+  // committed), then drops its hold and its definition. Another server's
+  // sink: its definition and hold go, and its runner stops it within
+  // kReconcileEvery; true once its lease is let go (within
+  // kRemoteStopWait), false when the runner has not answered by then.
+  // NotFound.
+  [[nodiscard]] Result<bool> remove(const std::string& name);
   // Stops every sink: each running one commits what it has written
   // (progress recorded) if it can within `grace`; after that, and at once
   // for a sink still opening its destination, calls still waiting on a
@@ -135,6 +156,18 @@ class SinkManager {
   struct Task;
 
  private:
+  // Who holds the sink's lease now ("tidemark serve on HOST:PORT"), when
+  // the lease is live.
+  std::optional<std::string> live_runner(const std::string& shard, const std::string& name) const;
+  std::string reported_json(const SinkSpec& spec) const;
+  // AlreadyExists for `name`, stored as `stored`, naming its runner.
+  std::unexpected<Error> taken(const std::string& name, const SinkSpec& stored) const;
+  // Every stored definition but those named in `skip` (read once each,
+  // then cached), or none when the store cannot be listed.
+  std::vector<SinkSpec> stored_definitions(const std::set<std::string>& skip) const;
+  void expire_hold(const SinkSpec& spec) const;
+  void reconcile();
+
   // Schedules the sink's first step; when it cannot, the sink is listed as
   // failed (with the reason) and the error returned.
   [[nodiscard]] Status start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim);
@@ -146,6 +179,9 @@ class SinkManager {
   const std::chrono::milliseconds idle_close_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
+  mutable std::mutex definitions_mu_;
+  mutable std::map<std::string, SinkSpec> definitions_;  // by key; guarded by definitions_mu_
+  std::atomic<bool> stopping_{false};
   WorkPool threads_;  // before timers_: destroyed after them
   Timers timers_;
 };
