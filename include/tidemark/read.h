@@ -160,6 +160,14 @@ struct SnapshotListen {
 // lost (read again later, or with more memory). So huge updates are read
 // within the pool, and ordinary blocks are counted in it. The default (no
 // pool) charges nothing.
+//
+// Read-ahead (where fetching parts is slow, as from S3): a snapshot or
+// listen may also fetch spans of its parts ahead of the merge, at most 16
+// MiB and 16 fetches in flight per read. With a pool each span's bytes are
+// taken from it only when they fit (never forced past its capacity), so
+// fetching ahead never crowds out the merge's own blocks; a span that
+// does not fit is simply not fetched early. Without a pool the 16 MiB
+// bound alone applies. Compaction never reads ahead.
 struct ReadMemory {
   std::shared_ptr<MemoryPool> pool;
   std::chrono::milliseconds wait{10'000};
