@@ -18,7 +18,10 @@
 //                        peak RSS (its VmHWM); --blob-latency-ms L
 //                        injects L ms before each of the child's blob
 //                        calls (a FaultyBlob: the reads alone, not the
-//                        ingest)
+//                        ingest); --background-compaction off: the
+//                        bench's clients do not compact, so the snapshot
+//                        reads the shard as ingested (one batch per
+//                        million updates) with nothing else at work
 // The fsync probes measure the scratch directory's disk and are skipped
 // against remote URLs.
 //
@@ -38,6 +41,7 @@
 #include "location/faulty.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "util/number.h"
 #include "util/try.h"
 
 namespace tidemark::cli {
@@ -105,8 +109,13 @@ class FsyncProbe {
   std::uint64_t writes_ = 0;
 };
 
+// Whether the bench's clients compact in the background (--background-compaction).
+bool g_background_compaction = true;
+
 Result<std::shared_ptr<Shard>> fresh_shard(const BenchPlace& place, const std::string& name) {
-  TM_ASSIGN(auto client, Client::open(place.blob, place.consensus));
+  ClientOptions options;
+  options.background_compaction = g_background_compaction;
+  TM_ASSIGN(auto client, Client::open(place.blob, place.consensus, options));
   TM_TRY(client->create_shard(place.shard(name)));
   return client->open_shard(place.shard(name));
 }
@@ -341,12 +350,14 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
       (argv[0] == "sink" || argv[0] == "sink-child" || argv[0] == "sink-debezium-child")) {
     return run_bench_sink(globals, argv);
   }
-  auto args = Args::parse(argv, {"--updates", "--appends", "--dir", "--blob-latency-ms"}, {"--json"});
+  auto args = Args::parse(
+      argv, {"--updates", "--appends", "--dir", "--blob-latency-ms", "--background-compaction"},
+      {"--json"});
   if (!args) return usage_error(args.error().message);
   if (args->positionals() != std::vector<std::string>{"engine"}) {
     return usage_error(
         "bench engine [--json] [--updates N] [--appends N] [--dir DIR] [--blob-latency-ms L] "
-        "[--blob URL --consensus URL] | bench appender "
+        "[--background-compaction on|off] [--blob URL --consensus URL] | bench appender "
         "[--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N] [--batch-appends "
         "on|off] [--blob-latency-ms L] [--consensus-latency-ms L] [--duration S] [--blob URL "
         "--consensus URL] [--json] | bench "
@@ -358,13 +369,22 @@ int run_bench(const Globals& globals, const std::vector<std::string>& argv) {
   }
   std::uint64_t updates = 10'000'000;
   int appends = 200;
-  try {
-    if (auto v = args->get("--updates")) updates = std::stoull(*v);
-    if (auto v = args->get("--appends")) appends = std::stoi(*v);
-  } catch (...) {
-    return usage_error("--updates and --appends take numbers");
+  if (auto v = args->get("--updates")) {
+    auto parsed = parse_decimal(*v, 1);
+    if (!parsed) return usage_error("--updates takes a positive integer, got \"" + *v + "\"");
+    updates = *parsed;
   }
-  if (updates == 0 || appends <= 0) return usage_error("--updates and --appends must be positive");
+  if (auto v = args->get("--appends")) {
+    auto parsed = parse_decimal(*v, 1, 1'000'000);
+    if (!parsed) {
+      return usage_error("--appends takes an integer from 1 to 1000000, got \"" + *v + "\"");
+    }
+    appends = static_cast<int>(*parsed);
+  }
+  if (auto v = args->get("--background-compaction")) {
+    if (*v != "on" && *v != "off") return usage_error("--background-compaction takes on or off");
+    g_background_compaction = *v == "on";
+  }
   double blob_latency_ms = 0;
   if (auto v = args->get("--blob-latency-ms")) {
     auto parsed = parse_latency_ms("--blob-latency-ms", *v);

@@ -192,8 +192,9 @@ Benchmarks that print figures (docs/benchmarks.md has them, with the
 command beside each row); --json prints them as JSON. Each works in a
 fresh temporary directory, removed after; engine, compaction, sink,
 shards and listen take --dir DIR to work in DIR and keep it.
-  engine      [--updates N] [--appends N] [--blob-latency-ms L]: ingest,
-              snapshot (its reads L ms slower each), listen, sizes
+  engine      [--updates N] [--appends N] [--blob-latency-ms L]
+              [--background-compaction on|off]: ingest, snapshot (its reads
+              L ms slower each), listen, sizes
   appender    [--producers N] [--record-bytes B] [--queue bytes:SIZE|records:N]
               [--batch-appends on|off] [--blob-latency-ms L]
               [--consensus-latency-ms L] [--duration S]: concurrent producers
