@@ -27,7 +27,16 @@
 // not run again.
 //
 // With no progress yet it emits the snapshot at as_of (default: upper - 1)
-// as pairs at time as_of, committed as the interval [0, as_of + 1). From
+// as pairs at time as_of, committed as the interval [0, as_of + 1). A
+// destination that commits a snapshot in parts (Kafka: one transaction
+// each) gets it in bounded parts: a part is committed once it holds
+// snapshot_part_bytes or is snapshot_part_interval old, with a
+// SnapshotPosition that says exactly which pairs are in, and the last part
+// with the progress as_of + 1. A restarted sink that finds a snapshot in
+// progress reopens it at the same as_of (its recorded as_of wins over
+// options.as_of, as progress does), skips exactly the pairs committed and
+// goes on. The hold of "sink-<name>" does not move until the snapshot is
+// complete, so the since stays at or below as_of for the resume. From
 // then on it follows the shard: for each new upper it walks the pairs of
 // the times [progress, upper) and commits once the open interval holds
 // roll_bytes or is commit_interval old, then moves its since hold to
@@ -39,14 +48,16 @@
 // past those ends the run with the error (a caller that runs it again
 // resumes from the committed progress).
 //
-// Memory: the walker's (O(1) in diffs and group sizes) plus the reads'
+// Memory: the walker's (O(1) in diffs and group sizes, also while a
+// resumed snapshot skips what is committed) plus the reads'
 // (O(open parts x block), charged to options.read_memory when it has a
 // pool) plus the destination's own bound (a file's write buffer, a Kafka
 // producer's queue).
 //
 // SinkRun is the same sink taken one step at a time, so that many sinks
 // can share a few threads: step() does the work that is ready (polls the
-// upper once, then emits and commits an interval or the snapshot) and says
+// upper once, then emits and commits an interval, or the snapshot or one
+// part of it) and says
 // how long to wait before the next step, and finish() commits what a
 // stopped run has written. run_sink drives one on the caller's thread;
 // `tidemark serve` drives its sinks so, on a shared pool.
@@ -93,6 +104,20 @@ struct DiffPair {
   std::uint64_t index_in_group = 0;
 };
 
+// How far a snapshot committed in parts has got: exact, in the order the
+// sink writes the snapshot's pairs (keys in increasing order; within a key
+// the DiffPairWalker's pairs, index_in_group 0, 1, ...). Every pair of the
+// keys before `key` is committed, and the first `key_pairs` pairs of `key`
+// (so a key whose diff fans out into many messages can be cut anywhere);
+// `pairs` counts them all, from the snapshot's first pair.
+struct SnapshotPosition {
+  Time as_of = 0;
+  std::string key;              // the key of the last committed pair
+  std::uint64_t key_pairs = 0;  // >= 1
+  std::uint64_t pairs = 0;      // >= key_pairs
+  bool operator==(const SnapshotPosition&) const = default;
+};
+
 // Where a sink's messages go; implement it for a destination of your own
 // and run it with run_sink(shard, destination, options).
 //
@@ -134,6 +159,24 @@ class SinkDestination {
   [[nodiscard]] virtual Status commit(Frontier upper) = 0;
 
   virtual std::uint64_t primary_key_violations() const = 0;
+
+  // A snapshot in parts (optional: a destination that does not override
+  // these gets its snapshot as one interval). True if it does.
+  virtual bool commits_snapshot_in_parts() const { return false; }
+  // The snapshot in progress, as its last committed part recorded it;
+  // nullopt when none is (then progress() says where the sink is).
+  // REQUIRES for it to be set: progress() is nullopt.
+  virtual std::optional<SnapshotPosition> snapshot_position() const { return std::nullopt; }
+  // Commits the open interval (begun at lower 0) as the part of the
+  // snapshot that ends at `position`, atomically with that position;
+  // progress() stays nullopt, and the sink begins the next part. The
+  // snapshot's last part is committed with commit(as_of + 1). Errors as for
+  // commit(). REQUIRES: commits_snapshot_in_parts(); every pair written
+  // since begin() is at position.as_of and ends at `position`.
+  [[nodiscard]] virtual Status commit_snapshot_part(const SnapshotPosition& position) {
+    (void)position;
+    return invalid_usage("this destination commits a snapshot whole");
+  }
 };
 
 struct SinkProgress {
@@ -153,6 +196,12 @@ struct SinkOptions {
   std::optional<Time> until;  // stop once the committed frontier reaches it
   std::uint64_t roll_bytes = 64ull << 20;
   std::chrono::milliseconds commit_interval{1000};
+  // A snapshot into a destination that commits it in parts: a part is
+  // committed once it holds snapshot_part_bytes or is
+  // snapshot_part_interval old, whichever comes first (each part then is a
+  // Kafka transaction well within its 10-minute timeout).
+  std::uint64_t snapshot_part_bytes = 64ull << 20;
+  std::chrono::milliseconds snapshot_part_interval{60'000};
   // How often the shard's upper is polled while an interval is open; with
   // nothing pending the polls slow down, doubling up to idle_poll_interval
   // (a sink that has been idle sees the next change within that).
@@ -200,7 +249,10 @@ class SinkRun {
  private:
   SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options,
           std::unique_ptr<ReadHandle> reader);
+  struct Snapshot;
   Result<std::optional<std::chrono::milliseconds>> snapshot_step();
+  Status open_snapshot(Time as_of);
+  Status commit_snapshot_part();
   Result<std::optional<std::chrono::milliseconds>> follow_step();
   Status commit();
   void report();
@@ -217,6 +269,7 @@ class SinkRun {
   std::chrono::steady_clock::time_point committed_at_;  // or opened, if none yet
   Frontier written_;                                    // pairs below it are in the open interval
   std::chrono::milliseconds wait_{0};                   // the next wait while nothing is pending
+  std::unique_ptr<Snapshot> snapshot_;                  // the snapshot being written, if any
 };
 
 // Runs the sink on the caller's thread into a destination the caller

@@ -137,7 +137,24 @@ std::string KafkaProgressRecord::to_json() const {
     append_i64(&out, offsets[i].last);
     out += ']';
   }
-  out += "]}";
+  out += ']';
+  if (snapshot) {
+    out += ",\"snapshot\":{\"as_of\":";
+    append_u64(&out, snapshot->as_of);
+    out += ",\"key_hex\":\"";
+    constexpr char kDigits[] = "0123456789abcdef";
+    for (const char c : snapshot->key) {
+      const auto byte = static_cast<unsigned char>(c);
+      out += kDigits[byte >> 4];
+      out += kDigits[byte & 0xf];
+    }
+    out += "\",\"key_pairs\":";
+    append_u64(&out, snapshot->key_pairs);
+    out += ",\"pairs\":";
+    append_u64(&out, snapshot->pairs);
+    out += '}';
+  }
+  out += '}';
   return out;
 }
 
@@ -167,6 +184,34 @@ Result<KafkaProgressRecord> KafkaProgressRecord::parse(std::string_view text) {
     }
     record.offsets.push_back({static_cast<std::int32_t>(*partition), *first, *last});
   }
+  if (const JsonValue* snapshot = json->find("snapshot"); snapshot != nullptr) {
+    if (!snapshot->is_object()) return bad("snapshot is not an object");
+    const JsonValue* as_of = snapshot->find("as_of");
+    const JsonValue* key = snapshot->find("key_hex");
+    const JsonValue* key_pairs = snapshot->find("key_pairs");
+    const JsonValue* pairs = snapshot->find("pairs");
+    if (as_of == nullptr || !as_of->as_u64() || key == nullptr || !key->is_string() ||
+        key_pairs == nullptr || !key_pairs->as_u64() || pairs == nullptr || !pairs->as_u64()) {
+      return bad("a snapshot position needs as_of, key_hex, key_pairs and pairs");
+    }
+    SnapshotPosition position;
+    position.as_of = *as_of->as_u64();
+    position.key_pairs = *key_pairs->as_u64();
+    position.pairs = *pairs->as_u64();
+    const std::string& hex = key->as_string();
+    if (hex.size() % 2 != 0) return bad("key_hex has an odd length");
+    for (std::size_t i = 0; i < hex.size(); i += 2) {
+      std::uint8_t byte = 0;
+      const auto [end, ec] = std::from_chars(hex.data() + i, hex.data() + i + 2, byte, 16);
+      if (ec != std::errc{} || end != hex.data() + i + 2) return bad("key_hex is not hex");
+      position.key += static_cast<char>(byte);
+    }
+    if (position.key_pairs == 0 || position.pairs < position.key_pairs) {
+      return bad("a snapshot position's counts are inconsistent");
+    }
+    if (record.frontier != Frontier::at(0)) return bad("a snapshot part's frontier is not 0");
+    record.snapshot = std::move(position);
+  }
   return record;
 }
 
@@ -184,6 +229,7 @@ struct KafkaDestination::State {
   HandlePtr producer;
 
   std::optional<Frontier> progress;
+  std::optional<SnapshotPosition> snapshot;  // a snapshot in progress
   bool open = false;
   Frontier lower;
   std::uint64_t bytes = 0;
@@ -314,7 +360,10 @@ struct KafkaDestination::State {
         [&](const KafkaMessageView& message) -> Status {
           if (message.key != options.sink_id || !message.value) return {};
           TM_ASSIGN(auto record, KafkaProgressRecord::parse(*message.value));
-          progress = record.frontier;
+          // A snapshot part's frontier 0 is no progress: the snapshot is
+          // not complete.
+          snapshot = std::move(record.snapshot);
+          progress = snapshot ? std::nullopt : std::optional<Frontier>(record.frontier);
           return {};
         },
         options.cancel.get());
@@ -352,6 +401,8 @@ struct KafkaDestination::State {
     if (++messages % kPollEveryMessages == 0) rd_kafka_poll(producer.get(), 0);
     return {};
   }
+
+  Status commit(KafkaProgressRecord record);
 
   // Aborts the open transaction, if any; the first error wins.
   Status abort(Status cause) {
@@ -437,6 +488,43 @@ Status KafkaDestination::commit(Frontier upper) {
     return invalid_usage("kafka destination: commit upper " + upper.to_string() +
                          " is not above lower " + s.lower.to_string());
   }
+  KafkaProgressRecord record;
+  record.frontier = upper;
+  TM_TRY(s.commit(std::move(record)));
+  s.progress = upper;
+  s.snapshot.reset();
+  return {};
+}
+
+Status KafkaDestination::commit_snapshot_part(const SnapshotPosition& position) {
+  State& s = *state_;
+  if (!s.open) return invalid_usage("kafka destination: commit with no interval open");
+  if (s.progress || s.lower != Frontier::at(0)) {
+    return invalid_usage("kafka destination: a snapshot part after the snapshot");
+  }
+  if (position.key_pairs == 0 || position.pairs < position.key_pairs ||
+      (s.snapshot && (s.snapshot->as_of != position.as_of || position.pairs < s.snapshot->pairs))) {
+    return invalid_usage("kafka destination: snapshot position " + std::to_string(position.pairs) +
+                         " at " + std::to_string(position.as_of) +
+                         " does not follow the committed one");
+  }
+  KafkaProgressRecord record;
+  record.frontier = Frontier::at(0);
+  record.snapshot = position;
+  TM_TRY(s.commit(std::move(record)));
+  s.snapshot = position;
+  return {};
+}
+
+std::optional<SnapshotPosition> KafkaDestination::snapshot_position() const {
+  return state_->snapshot;
+}
+
+// Commits the open transaction with `record` (its topic and offsets filled
+// in here) as its progress record.
+Status KafkaDestination::State::commit(KafkaProgressRecord record) {
+  State& s = *this;
+  const Frontier upper = record.frontier;
   // Every data message acknowledged before the progress record is produced.
   rd_kafka_resp_err_t flushed;
   for (const auto deadline = Clock::now() + s.options.operation_timeout;;) {
@@ -452,8 +540,6 @@ Status KafkaDestination::commit(Frontier upper) {
   }
   if (Status errors = s.check_errors(); !errors) return s.abort(std::move(errors));
 
-  KafkaProgressRecord record;
-  record.frontier = upper;
   record.topic = s.address.topic;
   for (const auto& [partition, range] : s.ranges) {
     record.offsets.push_back({partition, range.first, range.second});
@@ -491,7 +577,6 @@ Status KafkaDestination::commit(Frontier upper) {
     return txn_error(error, "commit_transaction", ErrorKind::kIndeterminate);
   }
   s.open = false;
-  s.progress = upper;
   return {};
 }
 

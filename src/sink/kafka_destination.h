@@ -9,10 +9,34 @@
 //
 //   key   the sink's id (also the producer's transactional.id)
 //   value {"frontier": U, "topic": "<topic>", "offsets": [[partition, first, last], ...]}
+//         and, for a part of a snapshot in progress,
+//         "snapshot": {"as_of": T, "key_hex": "<hex of the key's bytes>",
+//                      "key_pairs": n, "pairs": N}
 //
 // `offsets` are the data messages of this transaction, per partition (from
 // the delivery reports), so an auditor can tell which messages a frontier
 // covers. Both commit or neither does.
+//
+// Snapshots in parts: the snapshot is several transactions, each bounded by
+// the sink (SinkOptions::snapshot_part_bytes and snapshot_part_interval, 64
+// MiB or 60 s by default, so each part is well within
+// transaction_timeout). Each part's progress record has "snapshot" (a
+// SnapshotPosition: the pairs are written key by key in increasing key
+// order, and the part ends after the key_pairs-th pair of the key
+// key_hex, N pairs from the snapshot's start) and "frontier" 0: nothing is
+// complete yet. The last part's record is {"frontier": as_of + 1, ...}
+// without "snapshot", as a snapshot in one transaction has always been
+// written (and a record without "snapshot" is read as it always was). A
+// restarted sink finds the position in the last record and goes on after
+// it, at the same as_of.
+//
+// What a read_committed consumer sees of the data topic meanwhile: a
+// prefix of the snapshot in key order (all of a key's messages except,
+// possibly, the last key's: a key whose diff fans out into many messages
+// may be split between two transactions), growing one transaction at a
+// time. The snapshot is complete when the progress record without
+// "snapshot" (frontier as_of + 1) is committed; a consumer that needs a
+// consistent state waits for it.
 //
 // Opening: init_transactions() first (which fences an older producer with
 // the same id and aborts its open transaction), then the progress topic is
@@ -42,9 +66,10 @@
 // delivery reports and waits. Plus O(partitions) offsets and one encoded
 // message.
 //
-// Transactions: the snapshot is one transaction, so it must finish within
-// transaction_timeout (default 10 minutes; a broker refuses more than its
-// transaction.max.timeout.ms, 15 minutes by default).
+// Transactions: each must finish within transaction_timeout (default 10
+// minutes; a broker refuses more than its transaction.max.timeout.ms, 15
+// minutes by default): intervals are committed every commit_interval, and
+// a snapshot is cut in parts (above), however large it is.
 //
 // Errors: an unreachable cluster, or a topic that does not exist, is
 // Determinate after operation_timeout. A failed delivery (librdkafka gives
@@ -132,6 +157,9 @@ class KafkaDestination final : public SinkDestination {
   std::uint64_t open_bytes() const override;
   [[nodiscard]] Status commit(Frontier upper) override;
   std::uint64_t primary_key_violations() const override;
+  bool commits_snapshot_in_parts() const override { return true; }
+  std::optional<SnapshotPosition> snapshot_position() const override;
+  [[nodiscard]] Status commit_snapshot_part(const SnapshotPosition& position) override;
 
  private:
   struct State;
@@ -149,6 +177,8 @@ struct KafkaProgressRecord {
     std::int64_t last = 0;
   };
   std::vector<Range> offsets;
+  // Set on the parts of a snapshot in progress (frontier is then 0).
+  std::optional<SnapshotPosition> snapshot;
 
   std::string to_json() const;
   [[nodiscard]] static Result<KafkaProgressRecord> parse(std::string_view text);

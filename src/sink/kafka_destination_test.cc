@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "sink/destination_url.h"
-#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
+#include "testing/kafka_mock_process.h"
 #include "testing/sink_util.h"
 
 namespace tidemark {
@@ -114,6 +114,89 @@ TEST(KafkaProgressRecordTest, RoundTripsAndRejectsCorruptRecords) {
     ASSERT_FALSE(p) << bad;
     EXPECT_EQ(p.error().kind, ErrorKind::kCorruption);
   }
+}
+
+TEST(KafkaProgressRecordTest, ASnapshotPartRoundTripsAndAnOldRecordHasNone) {
+  KafkaProgressRecord record;
+  record.frontier = Frontier::at(0);
+  record.topic = "out";
+  // Any bytes of a key, exactly.
+  record.snapshot = SnapshotPosition{7, std::string("\"k\"\x00\xff\n", 6), 3, 1000};
+  const std::string json = record.to_json();
+  EXPECT_NE(json.find(R"("snapshot":{"as_of":7,"key_hex":"226b2200ff0a","key_pairs":3,)"),
+            std::string::npos)
+      << json;
+  auto parsed = KafkaProgressRecord::parse(json);
+  ASSERT_TRUE(parsed) << parsed.error().message;
+  EXPECT_EQ(parsed->snapshot, record.snapshot);
+  // A record written before snapshots came in parts reads as it always did.
+  auto old = KafkaProgressRecord::parse(R"({"frontier":5,"topic":"t","offsets":[[0,1,2]]})");
+  ASSERT_TRUE(old) << old.error().message;
+  EXPECT_EQ(old->frontier, Frontier::at(5));
+  EXPECT_EQ(old->snapshot, std::nullopt);
+  for (
+      const char* bad : {
+          R"({"frontier":0,"topic":"t","offsets":[],"snapshot":1})",
+          R"({"frontier":0,"topic":"t","offsets":[],"snapshot":{"as_of":1,"key_hex":"a","key_pairs":1,"pairs":1}})",
+          R"({"frontier":0,"topic":"t","offsets":[],"snapshot":{"as_of":1,"key_hex":"zz","key_pairs":1,"pairs":1}})",
+          R"({"frontier":0,"topic":"t","offsets":[],"snapshot":{"as_of":1,"key_hex":"61","key_pairs":0,"pairs":1}})",
+          R"({"frontier":0,"topic":"t","offsets":[],"snapshot":{"as_of":1,"key_hex":"61","key_pairs":2,"pairs":1}})",
+          R"({"frontier":3,"topic":"t","offsets":[],"snapshot":{"as_of":1,"key_hex":"61","key_pairs":1,"pairs":1}})",
+      }) {
+    auto p = KafkaProgressRecord::parse(bad);
+    ASSERT_FALSE(p) << bad;
+    EXPECT_EQ(p.error().kind, ErrorKind::kCorruption);
+  }
+}
+
+// A snapshot's parts: each a transaction with its position; a reopened
+// destination finds the position and no progress, and the last part's
+// commit ends the snapshot.
+TEST_F(KafkaDestinationTest, SnapshotPartsKeepTheirPositionUntilTheSnapshotIsCommitted) {
+  auto destination = open();
+  ASSERT_TRUE(destination) << destination.error().message;
+  EXPECT_TRUE((*destination)->commits_snapshot_in_parts());
+  ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*destination)->write(insert(R"("a")", 4, "1")));
+  ASSERT_TRUE((*destination)->write(insert(R"("b")", 4, "2")));
+  const SnapshotPosition first{4, R"("b")", 1, 2};
+  ASSERT_TRUE((*destination)->commit_snapshot_part(first));
+  EXPECT_EQ((*destination)->progress(), std::nullopt);
+  EXPECT_EQ((*destination)->snapshot_position(), first);
+  ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+  ASSERT_TRUE((*destination)->write(insert(R"("b")", 4, "2")));
+  // Destroyed with the part open: aborted.
+  destination->reset();
+
+  auto reopened = open();
+  ASSERT_TRUE(reopened) << reopened.error().message;
+  EXPECT_EQ((*reopened)->progress(), std::nullopt);
+  EXPECT_EQ((*reopened)->snapshot_position(), first);
+  auto [audit, messages] = committed();
+  EXPECT_EQ(audit.frontier, std::nullopt);
+  EXPECT_EQ(audit.snapshot, first);
+  EXPECT_EQ(messages.size(), 2u);
+  // A part behind the committed one is refused (and the part stays open).
+  ASSERT_TRUE((*reopened)->begin(Frontier::at(0)));
+  EXPECT_EQ((*reopened)->commit_snapshot_part(SnapshotPosition{4, R"("a")", 1, 1}).error().kind,
+            ErrorKind::kInvalidUsage);
+  ASSERT_TRUE((*reopened)->write(insert(R"("b")", 4, "2")));
+  ASSERT_TRUE((*reopened)->commit(Frontier::at(5)));
+  EXPECT_EQ((*reopened)->progress(), Frontier::at(5));
+  EXPECT_EQ((*reopened)->snapshot_position(), std::nullopt);
+  reopened->reset();
+
+  auto again = open();
+  ASSERT_TRUE(again) << again.error().message;
+  EXPECT_EQ((*again)->progress(), Frontier::at(5));
+  EXPECT_EQ((*again)->snapshot_position(), std::nullopt);
+  auto [final_audit, final_messages] = committed();
+  EXPECT_EQ(final_audit.frontier, Frontier::at(5));
+  EXPECT_EQ(final_audit.snapshot, std::nullopt);
+  EXPECT_EQ(final_audit.transactions, 2u);
+  std::multiset<Received> got(final_messages.begin(), final_messages.end());
+  std::multiset<Received> want{{R"("a")", "1", "4"}, {R"("b")", "2", "4"}, {R"("b")", "2", "4"}};
+  EXPECT_EQ(got, want);
 }
 
 TEST_F(KafkaDestinationTest, CommitsMessagesAndProgressTogether) {

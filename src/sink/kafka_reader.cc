@@ -213,11 +213,27 @@ Result<KafkaSinkAudit> audit_kafka_sink(
         if (m.key != sink_id || !m.value) return {};
         TM_ASSIGN(auto record, KafkaProgressRecord::parse(*m.value));
         if (record.topic != address.topic) return {};
-        if (audit.frontier && !(*audit.frontier < record.frontier)) {
+        if (record.snapshot) {
+          // A part of a snapshot: before the snapshot is complete, each
+          // further on at the same as_of.
+          if (audit.frontier ||
+              (audit.snapshot && (audit.snapshot->as_of != record.snapshot->as_of ||
+                                  audit.snapshot->pairs >= record.snapshot->pairs))) {
+            return corruption("kafka sink " + sink_id + ": a snapshot part of " +
+                              std::to_string(record.snapshot->pairs) + " pairs at " +
+                              std::to_string(record.snapshot->as_of) + " does not follow " +
+                              (audit.frontier ? "progress " + audit.frontier->to_string()
+                                              : std::to_string(audit.snapshot->pairs) + " pairs"));
+          }
+          audit.snapshot = record.snapshot;
+        } else if (audit.frontier && !(*audit.frontier < record.frontier)) {
           return corruption("kafka sink " + sink_id + ": progress went from " +
                             audit.frontier->to_string() + " to " + record.frontier.to_string());
         }
-        audit.frontier = record.frontier;
+        if (!record.snapshot) {
+          audit.frontier = record.frontier;
+          audit.snapshot.reset();
+        }
         ++audit.transactions;
         for (const auto& range : record.offsets) {
           auto& list = ranges[range.partition];

@@ -75,9 +75,12 @@ struct KafkaMessageView {
 
 struct KafkaSinkAudit {
   std::optional<Frontier> frontier;  // the last committed progress
-  std::uint64_t transactions = 0;    // progress records of this sink
-  std::uint64_t committed = 0;       // data messages inside their ranges
-  std::uint64_t outside = 0;         // data messages outside every range
+  // The last committed part of a snapshot still in progress (frontier is
+  // then nullopt).
+  std::optional<SnapshotPosition> snapshot;
+  std::uint64_t transactions = 0;  // progress records of this sink
+  std::uint64_t committed = 0;     // data messages inside their ranges
+  std::uint64_t outside = 0;       // data messages outside every range
 };
 
 [[nodiscard]] Result<KafkaSinkAudit> audit_kafka_sink(

@@ -85,6 +85,15 @@ constexpr std::chrono::milliseconds kAtOnce{0};
 
 }  // namespace
 
+// The snapshot being written: its walk, and how far it has got (the pairs
+// committed and those in the open part).
+struct SinkRun::Snapshot {
+  Time as_of = 0;
+  DiffPairWalker walker;
+  SnapshotPosition position;
+  std::uint64_t part_pairs = 0;  // pairs in the open part
+};
+
 SinkRun::SinkRun(Shard& shard, SinkDestination& destination, SinkOptions options,
                  std::unique_ptr<ReadHandle> reader)
     : shard_(shard),
@@ -141,31 +150,110 @@ Result<Next> SinkRun::step() {
   return snapshot_done_ ? follow_step() : snapshot_step();
 }
 
-// The snapshot, once: at as_of, committed as [0, as_of + 1).
-Result<Next> SinkRun::snapshot_step() {
-  Time as_of = options_.as_of.value_or(0);
-  TM_ASSIGN(Frontier upper, upper_of(shard_, options_));
-  if (!upper.is_past(as_of)) {
-    if (upper.is_closed()) return Next{};
-    return Next{backoff(std::nullopt)};
-  }
-  if (!options_.as_of && !upper.is_closed()) as_of = upper.time() - 1;
+// Opens the snapshot at as_of; when resuming, skips the pairs that the
+// destination's committed parts hold. The skip reads them again (time in
+// what is committed) but keeps nothing of them: the pairs are counted, and
+// the last one skipped must be the position's (its key, and key_pairs as
+// its index in its key plus one), or the snapshot at as_of is not the one
+// the parts were cut from.
+Status SinkRun::open_snapshot(Time as_of) {
+  const std::optional<SnapshotPosition> resumed = destination_.snapshot_position();
   TM_ASSIGN(DiffPairWalker walker,
             DiffPairWalker::open([&]() -> Result<std::unique_ptr<UpdateSource>> {
               TM_ASSIGN(SnapshotCursor cursor, shard_.snapshot(as_of, options_.read_memory));
               return std::make_unique<SnapshotSource>(std::move(cursor));
             }));
-  progress_.target = Frontier::at(as_of + 1);
-  progress_.snapshot = true;
-  TM_TRY(destination_.begin(Frontier::at(0)));
-  TM_TRY(emit_all(walker, destination_, progress_, options_));
+  auto snapshot = std::make_unique<Snapshot>(Snapshot{as_of, std::move(walker), {}, 0});
+  snapshot->position.as_of = as_of;
+  if (resumed) {
+    auto mismatch = [&](const std::string& what) {
+      return corruption("sink " + options_.sink_name + ": the snapshot at " +
+                        std::to_string(as_of) + " " + what + " than its committed parts (" +
+                        std::to_string(resumed->pairs) + " pairs, the last the " +
+                        std::to_string(resumed->key_pairs) + "th of its key)");
+    };
+    for (std::uint64_t skipped = 0; skipped < resumed->pairs; ++skipped) {
+      TM_ASSIGN(auto pair, snapshot->walker.next());
+      if (!pair) return mismatch("has fewer pairs");
+      if (skipped + 1 == resumed->pairs &&
+          (pair->key != resumed->key || pair->index_in_group + 1 != resumed->key_pairs)) {
+        return mismatch("has other pairs");
+      }
+    }
+    snapshot->position = *resumed;
+  }
+  snapshot_ = std::move(snapshot);
+  return {};
+}
+
+Status SinkRun::commit_snapshot_part() {
+  TM_TRY(destination_.commit_snapshot_part(snapshot_->position));
+  interval_open_ = false;
+  ++progress_.commits;
+  report();
+  return {};
+}
+
+// The snapshot: at as_of, committed as [0, as_of + 1); into a destination
+// that commits it in parts, one bounded part per step.
+Result<Next> SinkRun::snapshot_step() {
+  if (!snapshot_) {
+    // A snapshot in progress is resumed at its as_of: the sink's hold has
+    // not moved since it began, so it is still readable.
+    const std::optional<SnapshotPosition> resumed = destination_.snapshot_position();
+    Time as_of = resumed ? resumed->as_of : options_.as_of.value_or(0);
+    TM_ASSIGN(Frontier upper, upper_of(shard_, options_));
+    if (!upper.is_past(as_of)) {
+      if (upper.is_closed()) return Next{};
+      return Next{backoff(std::nullopt)};
+    }
+    if (!resumed && !options_.as_of && !upper.is_closed()) as_of = upper.time() - 1;
+    TM_TRY(open_snapshot(as_of));
+    progress_.target = Frontier::at(as_of + 1);
+    progress_.snapshot = true;
+  }
+  Snapshot& snapshot = *snapshot_;
+  if (!interval_open_) {
+    TM_TRY(destination_.begin(Frontier::at(0)));
+    interval_open_ = true;
+    opened_at_ = std::chrono::steady_clock::now();
+    snapshot.part_pairs = 0;
+  }
+  const bool in_parts = destination_.commits_snapshot_in_parts();
+  for (;;) {
+    TM_ASSIGN(auto pair, snapshot.walker.next());
+    if (!pair) break;
+    TM_TRY(destination_.write(*pair));
+    SnapshotPosition& position = snapshot.position;
+    if (pair->index_in_group == 0) {  // the first pair of a key
+      position.key.assign(pair->key);
+      position.key_pairs = 0;
+    }
+    ++position.key_pairs;
+    ++position.pairs;
+    ++snapshot.part_pairs;
+    if (++progress_.pairs % SinkOptions::kTickPairs == 0 && options_.on_tick) {
+      options_.on_tick(progress_);
+    }
+    if (in_parts &&
+        (destination_.open_bytes() >= options_.snapshot_part_bytes ||
+         std::chrono::steady_clock::now() - opened_at_ >= options_.snapshot_part_interval)) {
+      TM_TRY(commit_snapshot_part());
+      return Next{kAtOnce};
+    }
+  }
+  const Time as_of = snapshot.as_of;
   TM_TRY(destination_.commit(Frontier::at(as_of + 1)));
+  interval_open_ = false;
+  snapshot_.reset();
   ++progress_.commits;
   progress_.frontier = Frontier::at(as_of + 1);
   progress_.snapshot = false;
   written_ = progress_.frontier;
   snapshot_done_ = true;
   wait_ = options_.poll_interval;
+  // Only now may the since pass as_of: a snapshot in progress is read
+  // again at as_of by a restarted sink.
   TM_TRY(with_retries(
       options_.retry, [&] { return reader_->downgrade_since(Frontier::at(as_of)); },
       options_.stop));
@@ -186,6 +274,13 @@ Status SinkRun::commit() {
 }
 
 Status SinkRun::finish() {
+  if (snapshot_) {
+    // A part of a snapshot, when the destination takes parts.
+    if (interval_open_ && snapshot_->part_pairs > 0 && destination_.commits_snapshot_in_parts()) {
+      TM_TRY(commit_snapshot_part());
+    }
+    return {};
+  }
   if (interval_open_ && progress_.frontier < written_) TM_TRY(commit());
   return {};
 }
