@@ -33,6 +33,10 @@
 // times until the kill rounds are over, so no killed run can reach U; a
 // final run then follows the shard to U and exits 0.
 //
+// A second test kills a Kafka snapshot committed in small parts
+// (--snapshot-part-bytes) between and inside its parts, with a hot key of
+// 50,000 copies that spans many parts.
+//
 // TIDEMARK_SINK_CRASH_SEED=<n> replays a seed (printed at the start). The
 // scratch directory is kept when the test fails.
 #include <fcntl.h>
@@ -63,8 +67,8 @@
 
 #include "server_process.h"
 #include "sink/file_destination.h"
-#include "testing/kafka_mock_process.h"
 #include "sink/kafka_reader.h"
+#include "testing/kafka_mock_process.h"
 
 namespace {
 
@@ -513,14 +517,15 @@ class KafkaCrashDestination final : public CrashDestination {
     EXPECT_EQ(*audit_.frontier, tidemark::Frontier::at(kUntil));
     // The first committed progress is the snapshot's.
     std::optional<Time> first;
-    auto read = tidemark::consume_topic(
-        address_.brokers, address_.progress_topic, kTimeout,
-        [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
-          if (!first && m.key == kSinkId && m.value) {
-            first = tidemark::KafkaProgressRecord::parse(*m.value)->frontier.time();
-          }
-          return {};
-        });
+    // The first record that is not a part of the snapshot.
+    auto read =
+        tidemark::consume_topic(address_.brokers, address_.progress_topic, kTimeout,
+                                [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+                                  if (first || m.key != kSinkId || !m.value) return {};
+                                  auto record = tidemark::KafkaProgressRecord::parse(*m.value);
+                                  if (!record->snapshot) first = record->frontier.time();
+                                  return {};
+                                });
     ASSERT_TRUE(read) << read.error().message;
     EXPECT_EQ(first, kAsOf + 1) << "the snapshot transaction";
     std::printf("kafka: %llu committed transactions, %llu messages outside them (aborted)\n",
@@ -544,14 +549,15 @@ class KafkaCrashDestination final : public CrashDestination {
 
   std::optional<tidemark::Frontier> read_frontier() {
     std::optional<tidemark::Frontier> frontier;
-    auto read = tidemark::consume_topic(
-        address_.brokers, address_.progress_topic, kTimeout,
-        [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
-          if (m.key == kSinkId && m.value) {
-            frontier = tidemark::KafkaProgressRecord::parse(*m.value)->frontier;
-          }
-          return {};
-        });
+    // A part of the snapshot is no frontier yet.
+    auto read =
+        tidemark::consume_topic(address_.brokers, address_.progress_topic, kTimeout,
+                                [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+                                  if (m.key != kSinkId || !m.value) return {};
+                                  auto record = tidemark::KafkaProgressRecord::parse(*m.value);
+                                  if (!record->snapshot) frontier = record->frontier;
+                                  return {};
+                                });
     EXPECT_TRUE(read) << read.error().message;
     return frontier;
   }
@@ -880,6 +886,193 @@ TEST(SinkCrashTest, FileSinkKilledMidSnapshotAndMidListenRestartsExactlyOnce) {
 
 TEST(SinkCrashTest, KafkaSinkKilledMidSnapshotAndMidListenRestartsExactlyOnce) {
   run_crash_test("kafka");
+}
+
+// A Kafka snapshot in parts (a transaction per --snapshot-part-bytes),
+// killed with SIGKILL a random 0-40 ms after one of its parts commits, so
+// that the kill lands between two parts or inside the next one, and
+// restarted each time: the final output must be the snapshot exactly, no
+// message twice, none missing. A hot key with a diff of 50,000 sorts among
+// the first keys and spans many parts, so parts begin and end inside its
+// fan-out and a resumed run skips into the middle of it.
+TEST(SinkCrashTest, KafkaSnapshotInPartsKilledBetweenPartsResumesExactlyOnce) {
+  constexpr Time kPartsAsOf = 1;
+  constexpr std::int64_t kHotCopies = 50'000;
+  constexpr int kRounds = 6;
+  constexpr char kSinkId[] = "tidemark/s/s";
+  const fs::path scratch =
+      fs::temp_directory_path() / ("tidemark-sinkparts-" + std::to_string(getpid()));
+  fs::remove_all(scratch);
+  fs::create_directories(scratch);
+  const fs::path data = scratch / "data";
+  auto broker = tidemark::KafkaMockProcess::start(
+      TIDEMARK_KAFKA_MOCK, {"--topic", "out:16", "--topic", "out-progress:1"});
+  ASSERT_TRUE(broker) << broker.error().message;
+  const auto address = *tidemark::KafkaAddress::parse("kafka://" + (*broker)->brokers() + "/out");
+  std::uint64_t seed = std::random_device{}();
+  if (const char* env = std::getenv("TIDEMARK_SINK_CRASH_SEED")) seed = std::stoull(env);
+  std::printf("seed %llu, scratch %s\n", static_cast<unsigned long long>(seed),
+              scratch.string().c_str());
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", scratch " + scratch.string());
+  std::mt19937_64 rng(seed);
+
+  std::string err;
+  ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
+  Model model(seed ^ 0x5eed);
+  std::string setup;
+  model.begin(0);
+  for (int i = 0; i < 20000; ++i) model.add(model.new_key(), model.new_value(), 1);
+  model.add(Model::kHot, "\"h\"", kHotCopies);
+  setup += model.records();
+  model.begin(1);
+  while (model.count() < 10000) model.random_op();
+  setup += model.records();
+  std::vector<std::string> expected;
+  model.expect_snapshot(kPartsAsOf, &expected);
+  std::ofstream(scratch / "setup.ndjson", std::ios::binary) << setup;
+  ASSERT_EQ(run_tidemark(data,
+                         {"append", "s", "--lower", "0", "--upper", std::to_string(kPartsAsOf + 1),
+                          "--input", (scratch / "setup.ndjson").string()},
+                         scratch, "setup", &err),
+            0)
+      << err;
+
+  // The progress topic's end offset: grows by one with each commit.
+  char errstr[512];
+  rd_kafka_conf_t* conf = rd_kafka_conf_new();
+  rd_kafka_conf_set(conf, "bootstrap.servers", address.brokers.c_str(), errstr, sizeof errstr);
+  rd_kafka_conf_set(conf, "group.id", "parts-test-watermarks", errstr, sizeof errstr);
+  std::unique_ptr<rd_kafka_t, void (*)(rd_kafka_t*)> watcher(
+      rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof errstr), &rd_kafka_destroy);
+  ASSERT_NE(watcher, nullptr) << errstr;
+  auto progress_end = [&] {
+    std::int64_t low = 0, high = 0;
+    return rd_kafka_query_watermark_offsets(watcher.get(), "out-progress", 0, &low, &high, 5000) ==
+                   RD_KAFKA_RESP_ERR_NO_ERROR
+               ? high
+               : std::int64_t{-1};
+  };
+  auto audit = [&](std::vector<std::string>* lines) {
+    return tidemark::audit_kafka_sink(
+        address, kSinkId, std::chrono::seconds(30),
+        [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+          if (lines != nullptr) {
+            lines->push_back("{\"time\":" + std::string(m.time.value_or("?")) +
+                             ",\"key\":" + std::string(m.key) +
+                             ",\"value\":" + std::string(m.value.value_or("null")) + "}");
+          }
+          return {};
+        });
+  };
+
+  const std::vector<std::string> sink_args = {"sink",
+                                              "run",
+                                              "s",
+                                              "--to",
+                                              "kafka://" + address.brokers + "/out",
+                                              "--as-of",
+                                              std::to_string(kPartsAsOf),
+                                              "--until",
+                                              std::to_string(kPartsAsOf + 1),
+                                              "--snapshot-part-bytes",
+                                              "32768"};
+  int kills_mid_snapshot = 0;
+  std::uint64_t last_pairs = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    const std::int64_t start_end = progress_end();
+    const fs::path err_path = scratch / ("sink-" + std::to_string(round) + ".err");
+    pid_t pid = spawn_tidemark(data, sink_args, scratch / "sink.out", err_path);
+    ASSERT_GT(pid, 0);
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    int status = 0;
+    bool exited = false;
+    for (;;) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
+      ASSERT_LT(Clock::now(), deadline) << "no part committed: " << slurp(err_path);
+      if (progress_end() > start_end) break;  // a part committed in this run
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (exited) {  // it finished the snapshot before the kill
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(err_path);
+      break;
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 40)(rng)));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    auto audited = audit(nullptr);
+    ASSERT_TRUE(audited) << audited.error().message;
+    if (audited->frontier) {
+      std::printf("round %d: the snapshot completed before the kill\n", round);
+      break;
+    }
+    ASSERT_TRUE(audited->snapshot.has_value());
+    EXPECT_GT(audited->snapshot->pairs, last_pairs) << "no progress in this round";
+    last_pairs = audited->snapshot->pairs;
+    ++kills_mid_snapshot;
+    std::printf("round %d: killed mid-snapshot, %llu pairs committed in %llu transactions\n", round,
+                static_cast<unsigned long long>(last_pairs),
+                static_cast<unsigned long long>(audited->transactions));
+  }
+
+  // The final run completes the snapshot and exits 0.
+  {
+    std::string final_err;
+    ASSERT_EQ(run_tidemark(data, sink_args, scratch, "sink-final", &final_err), 0) << final_err;
+  }
+  std::vector<std::string> lines;
+  auto audited = audit(&lines);
+  ASSERT_TRUE(audited) << audited.error().message;
+  EXPECT_EQ(audited->frontier, tidemark::Frontier::at(kPartsAsOf + 1));
+  EXPECT_FALSE(audited->snapshot.has_value());
+
+  // The parts: several, and at least one ends inside the hot key's fan-out.
+  std::size_t parts = 0, parts_inside_hot = 0;
+  auto read = tidemark::consume_topic(
+      address.brokers, address.progress_topic, std::chrono::seconds(30),
+      [&](const tidemark::KafkaMessageView& m) -> tidemark::Status {
+        if (m.key != kSinkId || !m.value) return {};
+        auto record = tidemark::KafkaProgressRecord::parse(*m.value);
+        if (!record) return std::unexpected(record.error());
+        if (!record->snapshot) return {};
+        ++parts;
+        EXPECT_EQ(record->frontier, tidemark::Frontier::at(0));
+        EXPECT_EQ(record->snapshot->as_of, kPartsAsOf);
+        if (record->snapshot->key == Model::kHot &&
+            record->snapshot->key_pairs < static_cast<std::uint64_t>(kHotCopies)) {
+          ++parts_inside_hot;
+        }
+        return {};
+      });
+  ASSERT_TRUE(read) << read.error().message;
+  std::sort(lines.begin(), lines.end());
+  std::sort(expected.begin(), expected.end());
+  if (lines != expected) {
+    std::vector<std::string> missing, extra;
+    std::set_difference(expected.begin(), expected.end(), lines.begin(), lines.end(),
+                        std::back_inserter(missing));
+    std::set_difference(lines.begin(), lines.end(), expected.begin(), expected.end(),
+                        std::back_inserter(extra));
+    FAIL() << lines.size() << " lines written, " << expected.size() << " expected; "
+           << missing.size() << " missing, " << extra.size() << " extra (duplicates)"
+           << (missing.empty() ? "" : "\n  missing " + missing.front())
+           << (extra.empty() ? "" : "\n  extra " + extra.front());
+  }
+  std::printf(
+      "%d kills mid-snapshot; %zu snapshot parts (%zu ending inside the hot key) and the last "
+      "transaction, %llu transactions committed in all, %llu messages outside them (aborted); "
+      "%zu pairs verified\n",
+      kills_mid_snapshot, parts, parts_inside_hot,
+      static_cast<unsigned long long>(audited->transactions),
+      static_cast<unsigned long long>(audited->outside), lines.size());
+  EXPECT_GE(kills_mid_snapshot, 2) << "too few kills landed mid-snapshot";
+  EXPECT_GE(parts, 3u);
+  EXPECT_GE(parts_inside_hot, 1u);
+  if (!::testing::Test::HasFailure()) fs::remove_all(scratch);
 }
 
 }  // namespace

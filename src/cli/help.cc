@@ -122,6 +122,7 @@ Example:
 constexpr std::string_view kSink =
     R"(usage: tidemark sink run NAME --to URL [--envelope upsert|debezium]
                          [--format json|csv] [--sink-name S] [--as-of T] [--until T]
+                         [--snapshot-part-bytes N]
        tidemark sink audit NAME --to kafka://HOST:PORT/TOPIC|file:///DIR
                            [--sink-name S] [--format json|csv] [--messages]
                            [--timeout-ms MS]
@@ -139,12 +140,18 @@ resumes where the last commit left off.
                   upper - 1, when it first starts)
   --until T       stop once the output is complete up to T (default: run
                   until interrupted)
+  --snapshot-part-bytes N
+                  kafka: commit the snapshot in transactions of about N
+                  bytes (default 64MiB; also one every 60 s), each with its
+                  progress, so a snapshot of any size commits and a rerun
+                  resumes it where the last one ended
 s3:// takes credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
 audit reads back what a sink has committed and checks it against its
 progress. Kafka: read_committed, counting the messages inside its progress
 records' offset ranges; prints {"sink","frontier","transactions",
-"committed","outside"}, after each committed message {"partition","offset",
+"committed","outside"} (and "snapshot": {"as_of","pairs"} while a snapshot
+is committed in part only), after each committed message {"partition","offset",
 "time","key","value"} with --messages. File: the files' names must tile
 the progress with no gap and each line's time lie in its file's range;
 prints {"sink","frontier","files","committed","outside"}, after each line

@@ -22,6 +22,7 @@
 #include "sink/sink_claim.h"
 #include "tidemark/sink.h"
 #include "util/json.h"
+#include "util/size.h"
 
 namespace tidemark::cli {
 namespace {
@@ -243,6 +244,10 @@ int run_sink_audit(const std::vector<std::string>& argv) {
   b.append("{\"sink\":");
   append_json_string(&b, sink_name);
   b.append(",\"frontier\":").append(audit->frontier ? audit->frontier->to_json() : "null");
+  if (audit->snapshot) {
+    b.append(",\"snapshot\":{\"as_of\":").append(std::to_string(audit->snapshot->as_of));
+    b.append(",\"pairs\":").append(std::to_string(audit->snapshot->pairs)).append("}");
+  }
   b.append(",\"transactions\":").append(std::to_string(audit->transactions));
   b.append(",\"committed\":").append(std::to_string(audit->committed));
   b.append(",\"outside\":").append(std::to_string(audit->outside)).append("}\n");
@@ -262,8 +267,10 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
         "--help)");
   }
   std::vector<std::string> rest(argv.begin() + 1, argv.end());
-  auto args = Args::parse(
-      rest, {"--to", "--envelope", "--format", "--sink-name", "--as-of", "--until"}, {});
+  auto args = Args::parse(rest,
+                          {"--to", "--envelope", "--format", "--sink-name", "--as-of", "--until",
+                           "--snapshot-part-bytes"},
+                          {});
   if (!args) return usage_error(args.error().message);
   if (args->positionals().size() != 1)
     return usage_error("sink run takes one NAME (tidemark sink --help)");
@@ -294,6 +301,14 @@ int run_sink(const Globals& globals, const std::vector<std::string>& argv) {
   options.sink_name = sink_name;
   if (*as_of) options.as_of = (*as_of)->time();
   if (*until) options.until = (*until)->time();
+  if (auto text = args->get("--snapshot-part-bytes")) {
+    auto bytes = parse_size(*text);
+    if (!bytes || *bytes == 0) {
+      return usage_error("--snapshot-part-bytes takes a size above 0 (1048576, 64MiB), got " +
+                         *text);
+    }
+    options.snapshot_part_bytes = *bytes;
+  }
   ProgressReporter reporter(sink_name, options.until);
   options.on_progress = [&](const SinkProgress& p) { reporter.update(p, true); };
   options.on_tick = [&](const SinkProgress& p) { reporter.update(p, false); };
