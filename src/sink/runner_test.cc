@@ -337,5 +337,43 @@ TEST_F(FileSinkTest, IntoKafkaASnapshotCommitsInBoundedPartsAndResumes) {
   EXPECT_EQ(lines, expected_lines(all_, 1, 3));
 }
 
+// A part is also bounded in time: with snapshot_part_interval 0 each pair
+// is a transaction of its own, and the snapshot still arrives whole.
+TEST_F(FileSinkTest, IntoKafkaASnapshotPartIsBoundedInTimeToo) {
+  if (kUnderTsan) GTEST_SKIP() << kKafkaUnderTsan;
+  auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:2"});
+  ASSERT_TRUE(mock) << mock.error().message;
+  const KafkaAddress address = *KafkaAddress::parse("kafka://" + (*mock)->brokers() + "/out");
+  append_at(0, {{"\"a\"", "1", 0, 1}, {"\"b\"", "2", 0, 3}, {"\"c\"", "3", 0, -2}});
+  KafkaDestinationOptions kafka;
+  kafka.sink_id = "runner-test";
+  kafka.queue_bytes = 256 << 10;
+  auto destination = KafkaDestination::open(address, Envelope::kUpsert, kafka);
+  ASSERT_TRUE(destination) << destination.error().message;
+  SinkOptions options;
+  options.sink_name = "kafka";
+  options.as_of = 0;
+  options.until = 1;
+  options.snapshot_part_interval = std::chrono::milliseconds(0);
+  std::uint64_t parts = 0;
+  options.on_progress = [&](const SinkProgress& p) { parts += p.snapshot ? 1 : 0; };
+  auto ran = run_sink(*shard_, **destination, options);
+  ASSERT_TRUE(ran) << ran.error().to_string();
+  EXPECT_EQ(parts, 6u);  // 1 + 3 + 2 pairs
+  std::vector<std::string> lines;
+  auto audit = audit_kafka_sink(
+      address, "runner-test", std::chrono::seconds(20), [&](const KafkaMessageView& m) -> Status {
+        lines.push_back("{\"time\":" + std::string(m.time.value_or("?")) +
+                        ",\"key\":" + std::string(m.key) +
+                        ",\"value\":" + std::string(m.value.value_or("null")) + "}");
+        return {};
+      });
+  ASSERT_TRUE(audit) << audit.error().message;
+  EXPECT_EQ(audit->frontier, Frontier::at(1));
+  EXPECT_EQ(audit->transactions, 7u);  // the last one holds only the progress
+  std::sort(lines.begin(), lines.end());
+  EXPECT_EQ(lines, expected_lines(all_, 0, 1));
+}
+
 }  // namespace
 }  // namespace tidemark
