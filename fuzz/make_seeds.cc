@@ -90,6 +90,9 @@ int main() {
   progress.topic = "out";
   progress.offsets = {{0, 5, 9}, {1, 0, 3}};
   write("sink_records", "progress", progress.to_json());
+  progress.frontier = Frontier::at(0);
+  progress.snapshot = SnapshotPosition{11, "\"hot\"", 4096, 20480};
+  write("sink_records", "snapshot_part", progress.to_json());
   write("sink_records", "name", "00000000000000000000-00000000000000000002.json");
   write("sink_records", "kafka", "kafka://h1:9092,h2:9093/topic?progress_topic=p");
   // The first byte is the size of the pieces the request arrives in.
