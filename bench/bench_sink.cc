@@ -211,7 +211,8 @@ Result<Output> read_kafka_output(const std::string& brokers) {
                          if (!m.value) return {};
                          TM_ASSIGN(auto record, KafkaProgressRecord::parse(*m.value));
                          ++out.files;
-                         frontier = record.frontier;
+                         // A part of the snapshot is no frontier yet.
+                         if (!record.snapshot) frontier = record.frontier;
                          for (const auto& range : record.offsets) {
                            out.lines += static_cast<std::uint64_t>(range.last - range.first + 1);
                          }

@@ -35,8 +35,10 @@
 // with the progress as_of + 1. A restarted sink that finds a snapshot in
 // progress reopens it at the same as_of (its recorded as_of wins over
 // options.as_of, as progress does), skips exactly the pairs committed and
-// goes on. The hold of "sink-<name>" does not move until the snapshot is
-// complete, so the since stays at or below as_of for the resume. From
+// goes on (reading the committed pairs again to count them: time in what
+// is committed, no memory). The hold of "sink-<name>" does not move until
+// the snapshot is complete, so the since stays at or below as_of for the
+// resume. From
 // then on it follows the shard: for each new upper it walks the pairs of
 // the times [progress, upper) and commits once the open interval holds
 // roll_bytes or is commit_interval old, then moves its since hold to
@@ -57,9 +59,8 @@
 // SinkRun is the same sink taken one step at a time, so that many sinks
 // can share a few threads: step() does the work that is ready (polls the
 // upper once, then emits and commits an interval, or the snapshot or one
-// part of it) and says
-// how long to wait before the next step, and finish() commits what a
-// stopped run has written. run_sink drives one on the caller's thread;
+// part of it) and says how long to wait before the next step, and finish()
+// commits what a stopped run has written. run_sink drives one on the caller's thread;
 // `tidemark serve` drives its sinks so, on a shared pool.
 //
 // Thread-safety: run_sink runs on the caller's thread until `until` is
@@ -237,7 +238,8 @@ class SinkRun {
   // nullopt once the run is over (`until` reached, or the shard closed:
   // everything written is committed).
   [[nodiscard]] Result<std::optional<std::chrono::milliseconds>> step();
-  // Commits the open interval, if any (a stopped sink keeps what it wrote).
+  // Commits the open interval, if any, or the open part of a snapshot in
+  // parts (a stopped sink keeps what it wrote).
   [[nodiscard]] Status finish();
   const SinkProgress& progress() const { return progress_; }
   // Since when the run has had nothing in hand: its snapshot and every
