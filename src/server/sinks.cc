@@ -556,13 +556,22 @@ Result<std::string> SinkManager::status_json(const std::string& name) const {
   return reported_json(spec);
 }
 
+namespace {
+
+// Whether a sink's lease still names a runner: not released, not lapsed,
+// and its holder not a process of this machine that runs no more (one
+// elsewhere is gone only when its lease lapses).
+bool held_now(const LeaseRecord& lease) {
+  return !lease.released() && lease.expires_at_ms >= wall_clock_millis() &&
+         liveness(lease.process) != Liveness::kDead;
+}
+
+}  // namespace
+
 std::optional<std::string> SinkManager::live_runner(const std::string& shard,
                                                     const std::string& name) const {
   auto lease = read_lease(*client_->location().consensus, sink_lease_key(shard, name));
-  if (!lease || !*lease || (*lease)->released() || (*lease)->expires_at_ms < wall_clock_millis() ||
-      liveness((*lease)->process) == Liveness::kDead) {
-    return std::nullopt;
-  }
+  if (!lease || !*lease || !held_now(**lease)) return std::nullopt;
   const LeaseRecord& holder = **lease;
   return holder.runner.empty() ? std::string("a sink runner") : holder.runner;
 }
@@ -591,10 +600,7 @@ std::string SinkManager::reported_json(const SinkSpec& spec) const {
     if (!error) error = "reading its lease: " + lease.error().message;
   } else if (*lease && !(*lease)->released()) {
     const LeaseRecord& holder = **lease;
-    // A holder that was a process of this machine and runs no more is
-    // gone at once; one elsewhere when its lease lapses.
-    const bool dead = liveness(holder.process) == Liveness::kDead;
-    if (!dead && holder.expires_at_ms >= wall_clock_millis()) {
+    if (held_now(holder)) {
       runner = holder.runner;
       runner_server = holder.owner;
     } else if (status == "starting" || status == "running" || status == "failed") {
@@ -602,7 +608,8 @@ std::string SinkManager::reported_json(const SinkSpec& spec) const {
       // runs the sink until that server is back.
       status = "waiting";
       error = "its runner " + holder.describe_holder() +
-              (dead ? " is not running" : " stopped renewing its lease");
+              (liveness(holder.process) == Liveness::kDead ? " is not running"
+                                                           : " stopped renewing its lease");
     }
   } else if (status == "starting" || status == "running" || status == "failed") {
     status = "waiting";  // released (its server stopped) without a final report

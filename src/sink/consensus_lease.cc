@@ -19,12 +19,6 @@ constexpr int kAttempts = 8;  // lost races before acquire() gives up
 
 using SteadyClock = std::chrono::steady_clock;
 
-std::optional<std::string> text_field(const JsonValue& json, std::string_view name) {
-  const JsonValue* value = json.find(name);
-  if (value == nullptr || !value->is_string()) return std::nullopt;
-  return value->as_string();
-}
-
 std::optional<std::uint64_t> number_field(const JsonValue& json, std::string_view name) {
   const JsonValue* value = json.find(name);
   if (value == nullptr) return std::nullopt;
@@ -200,10 +194,10 @@ Result<LeaseRecord> LeaseRecord::parse(std::string_view json) {
   auto value = parse_json(json);
   if (!value || !value->is_object()) return corruption("a lease record that is not a JSON object");
   LeaseRecord record;
-  auto token = text_field(*value, "token"), subject = text_field(*value, "subject"),
-       sink = text_field(*value, "sink"), owner = text_field(*value, "owner"),
-       runner = text_field(*value, "runner"), host = text_field(*value, "host"),
-       machine = text_field(*value, "machine");
+  auto token = value->find_string("token"), subject = value->find_string("subject"),
+       sink = value->find_string("sink"), owner = value->find_string("owner"),
+       runner = value->find_string("runner"), host = value->find_string("host"),
+       machine = value->find_string("machine");
   auto pid = value->find("pid") ? value->find("pid")->as_i64() : std::nullopt;
   auto start_ticks = number_field(*value, "start_ticks"),
        started_at = number_field(*value, "started_at_ms"), epoch = number_field(*value, "epoch"),

@@ -11,12 +11,6 @@ namespace {
 
 constexpr int kAttempts = 4;  // lost races (a previous runner's write) before giving up
 
-std::optional<std::string> text_field(const JsonValue& json, std::string_view name) {
-  const JsonValue* value = json.find(name);
-  if (value == nullptr || !value->is_string()) return std::nullopt;
-  return value->as_string();
-}
-
 }  // namespace
 
 std::string sink_status_key(std::string_view sink_name) {
@@ -55,8 +49,8 @@ std::string SinkStatusRecord::to_json() const {
 Result<SinkStatusRecord> SinkStatusRecord::parse(std::string_view json) {
   auto value = parse_json(json);
   if (!value || !value->is_object()) return corruption("a sink status that is not a JSON object");
-  auto status = text_field(*value, "status"), runner = text_field(*value, "runner"),
-       owner = text_field(*value, "owner");
+  auto status = value->find_string("status"), runner = value->find_string("runner"),
+       owner = value->find_string("owner");
   const JsonValue* error = value->find("error");
   const JsonValue* frontier = value->find("frontier");
   const JsonValue* written = value->find("written_at_ms");
@@ -178,8 +172,8 @@ Status SinkStatusPublisher::publish() {
     }
     seqno_known_ = false;  // another writer's version (a previous runner): read it, try again
   }
-  return failed(Error{ErrorKind::kDeterminate,
-                      key_ + ": lost " + std::to_string(kAttempts) + " races to write it"});
+  return failed(
+      determinate(key_ + ": lost " + std::to_string(kAttempts) + " races to write it").error());
 }
 
 }  // namespace tidemark

@@ -815,6 +815,12 @@ const JsonValue* JsonValue::find(std::string_view name) const {
   return nullptr;
 }
 
+std::optional<std::string> JsonValue::find_string(std::string_view name) const {
+  const JsonValue* member = find(name);
+  if (member == nullptr || !member->is_string()) return std::nullopt;
+  return member->as_string();
+}
+
 std::optional<std::uint64_t> JsonValue::as_u64() const {
   if (!is_number()) return std::nullopt;
   return parse_integer_text<std::uint64_t>(number_text());

@@ -148,6 +148,9 @@ class JsonValue {
   // The member named `name`, or nullptr when there is none or this is not
   // an object.
   const JsonValue* find(std::string_view name) const;
+  // The text of the string member named `name`, or nullopt when there is
+  // none, it is not a string, or this is not an object.
+  std::optional<std::string> find_string(std::string_view name) const;
 
   // The value as an integer, or nullopt when it is not a number, has a
   // fraction or exponent, or does not fit.
