@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "server_process.h"
+#include "testing/s3_test_prefix.h"
 #include "testing/server_client.h"
 
 namespace {
@@ -141,10 +142,10 @@ class ScaleOutTest : public testing::Test {
             "--consensus", consensus_url_};
   }
 
-  ServerProcess start(int index, int generation) {
+  ServerProcess start(int index, int generation, const std::vector<std::string>& flags = {}) {
     const std::string name = "serve-" + std::to_string(index);
     return tidemark::testing::start_server(
-        location(name), scratch_ / (name + "-" + std::to_string(generation) + ".err"));
+        location(name), scratch_ / (name + "-" + std::to_string(generation) + ".err"), flags);
   }
 
   // Clients sending managed appends of 1-4 records with distinct keys, each
@@ -446,9 +447,10 @@ TEST_F(ScaleOutTest, AListenOnOneServerWakesOnAnAppendThroughAnother) {
 
 // A sink created on one server is seen, checked and deleted through
 // another: listed with its runner, its frontier followed, 409 for its name,
-// "waiting" while its server is killed, back with the restarted server, and
-// a DELETE through the other server stops it on its runner and drops its
-// hold, after which nothing more is written.
+// taken over by the other server when its own is killed (and kept there
+// when that one restarts), and a DELETE through the server that does not
+// run it stops it on its runner and drops its hold, after which nothing
+// more is written.
 TEST_F(ScaleOutTest, AnyServerAnswersForASinkAndDeletesIt) {
   for (int i = 0; i < 2; ++i) {
     servers_.push_back(start(i, 0));
@@ -509,26 +511,26 @@ TEST_F(ScaleOutTest, AnyServerAnswersForASinkAndDeletesIt) {
   EXPECT_GT(frontier, 0);
   EXPECT_EQ(number_field(http_call(a, http::verb::get, target).body, "frontier"), frontier);
 
-  // Its server killed: "waiting", with no runner; back when it restarts.
+  // Its server killed: b (on the same machine, so it may write the
+  // directory) takes the sink over, and keeps it when a comes back.
   kill(servers_[0].pid, SIGKILL);
   waitpid(servers_[0].pid, nullptr, 0);
   servers_[0].pid = -1;
-  EXPECT_TRUE(shows(b, {"\"status\":\"waiting\"", "\"runner\":null", "is not running"},
-                    std::chrono::seconds(5)));
+  EXPECT_TRUE(shows(b, {"\"status\":\"running\"", runner_on(b)}, std::chrono::seconds(20)));
   servers_[0] = start(0, 1);
   ASSERT_GT(servers_[0].port, 0) << slurp(scratch_ / "serve-0-1.err");
   const std::uint16_t a2 = servers_[0].port;
-  EXPECT_TRUE(shows(b, {"\"status\":\"running\"", runner_on(a2)}, std::chrono::seconds(15)));
+  EXPECT_TRUE(shows(a2, {"\"status\":\"running\"", runner_on(b)}, std::chrono::seconds(15)));
 
-  // Deleted through b: a stops it and its hold goes.
-  Reply deleted = http_call(b, http::verb::delete_, target);
+  // Deleted through a2: b stops it and its hold goes.
+  Reply deleted = http_call(a2, http::verb::delete_, target);
   EXPECT_EQ(deleted.status, 200u) << deleted.body;
   EXPECT_EQ(deleted.body, "{\"deleted\":\"" + sink + "\",\"stopped\":true}\n");
   EXPECT_EQ(http_call(a2, http::verb::get, target).status, 404u);
   EXPECT_EQ(http_call(b, http::verb::get, target).status, 404u);
   Reply shard = http_call(a2, http::verb::get, "/v1/shards/" + shard_);
   EXPECT_EQ(shard.body.find("sink-" + sink), std::string::npos) << shard.body;
-  EXPECT_NE(slurp(scratch_ / "serve-0-1.err").find("deleted through another server"),
+  EXPECT_NE(slurp(scratch_ / "serve-1-0.err").find("deleted through another server"),
             std::string::npos);
   auto committed = [&] {
     std::set<std::string> names;
@@ -548,6 +550,217 @@ TEST_F(ScaleOutTest, AnyServerAnswersForASinkAndDeletesIt) {
   }
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(committed(), before) << "a deleted sink wrote on";
+}
+
+// The committed output of a sink, as (lower, upper) -> the file's lines,
+// from the names "<lower>-<upper>.json" a file or S3 sink commits.
+using Committed = std::map<std::pair<long long, long long>, std::vector<std::string>>;
+
+void add_committed(Committed* out, const std::string& name, const std::string& text) {
+  if (!name.ends_with(".json") || name.size() != 46 || name[20] != '-') return;
+  (*out)[{std::stoll(name.substr(0, 20)), std::stoll(name.substr(21, 20))}] = lines_of(text);
+}
+
+Committed committed_files(const fs::path& dir) {
+  Committed out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    add_committed(&out, entry.path().filename().string(), slurp(entry.path()));
+  }
+  return out;
+}
+
+Committed committed_objects(tidemark::S3Blob& prefix) {
+  auto credentials = tidemark::s3_credentials_from_environment();
+  EXPECT_TRUE(credentials.has_value()) << credentials.error().to_string();
+  tidemark::S3Client client(prefix.url(), credentials.value_or(tidemark::S3Credentials{}));
+  std::vector<std::string> names;
+  auto listed =
+      prefix.list("", [&](std::string_view name, std::uint64_t) { names.emplace_back(name); });
+  EXPECT_TRUE(listed.has_value()) << listed.error().to_string();
+  Committed out;
+  for (const std::string& name : names) {
+    tidemark::S3Request request{.method = "GET", .target = client.object_path(name)};
+    tidemark::S3Call call{.operation = "scaleout test: read", .subject = name, .accepted = {200}};
+    auto answer = client.exchange(request, call);
+    EXPECT_TRUE(answer.has_value()) << answer.error().to_string();
+    if (answer) add_committed(&out, name, answer->body);
+  }
+  return out;
+}
+
+// A sink's committed output holds every acknowledged record exactly once
+// and nothing never sent, in intervals that meet end to end from 0 up to
+// `frontier` at least.
+testing::AssertionResult exactly_once(const Committed& committed, long long frontier,
+                                      const std::set<std::string>& acked,
+                                      const std::set<std::string>& sent) {
+  long long next = 0;
+  std::set<std::string> seen;
+  for (const auto& [range, lines] : committed) {
+    if (range.first != next) {
+      return testing::AssertionFailure()
+             << "interval [" << range.first << ", " << range.second << ") after " << next;
+    }
+    next = range.second;
+    for (const auto& line : lines) {
+      const std::string key = string_field(line, "key");
+      if (!sent.contains(key)) return testing::AssertionFailure() << "never sent: " << line;
+      if (!seen.insert(key).second) return testing::AssertionFailure() << "twice: " << line;
+    }
+  }
+  if (next < frontier) {
+    return testing::AssertionFailure() << "output ends at " << next << ", frontier " << frontier;
+  }
+  std::size_t missing = 0;
+  for (const auto& key : acked) missing += seen.contains(key) ? 0 : 1;
+  if (missing > 0) return testing::AssertionFailure() << missing << " acknowledged records missing";
+  return testing::AssertionSuccess()
+         << seen.size() << " records in " << committed.size() << " intervals";
+}
+
+// Sinks outlive their server. Three servers on PostgreSQL + S3 run a file
+// sink and an S3 sink of a shard that three clients append to without a
+// pause. Their runner is killed (SIGKILL); later the server running the S3
+// sink is paused past its lease (SIGSTOP), then resumed (SIGCONT). Each
+// time another server takes the sinks over, and in the end each
+// destination holds every acknowledged record exactly once, in intervals
+// that meet end to end. The takeover times are printed.
+TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
+  auto s3 = tidemark::s3_test_server();
+  ASSERT_TRUE(s3);
+  auto prefix = tidemark::open_fresh_s3_blob(*s3);
+  ASSERT_TRUE(prefix) << prefix.error().to_string();
+  const std::vector<std::string> flags = {"--allow-s3-endpoints", (*prefix)->url().endpoint};
+  constexpr int kThree = 3;
+  for (int i = 0; i < kThree; ++i) {
+    servers_.push_back(start(i, 0, flags));
+    ASSERT_GT(servers_.back().port, 0)
+        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+    ports_[i] = servers_.back().port;
+  }
+  auto index_of = [&](std::uint16_t port) {
+    for (int i = 0; i < kThree; ++i) {
+      if (servers_[i].port == port) return i;
+    }
+    return -1;
+  };
+  ASSERT_EQ(
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
+          .status,
+      201u);
+  const fs::path files = scratch_ / "data-serve-0" / "sinks" / "files";
+  const std::string file_sink = "f" + shard_, object_sink = "o" + shard_;
+  for (const auto& [name, to] : {std::pair{file_sink, "file://" + files.string()},
+                                 std::pair{object_sink, (*prefix)->url().to_string()}}) {
+    Reply created =
+        http_call(servers_[0].port, http::verb::post, "/v1/sinks",
+                  "{\"name\":\"" + name + "\",\"shard\":\"" + shard_ + "\",\"to\":\"" + to + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  // The port of the server that runs `sink` and reports it running, as
+  // server `ask` answers (0 while none does).
+  auto runner_port = [&](int ask, const std::string& sink) -> std::uint16_t {
+    const std::string body =
+        http_call(servers_[ask].port, http::verb::get, "/v1/sinks/" + sink).body;
+    if (body.find("\"status\":\"running\"") == std::string::npos) return 0;
+    const std::string runner = string_field(body, "runner");
+    const auto colon = runner.rfind(':');
+    if (colon == std::string::npos) return 0;
+    return static_cast<std::uint16_t>(std::stoul(runner.substr(colon + 1)));
+  };
+  // Waits until server `ask` shows `sink` running on a server other than
+  // `not_on`; returns its port (0 after `timeout`).
+  auto moved_from = [&](int ask, const std::string& sink, std::uint16_t not_on,
+                        std::chrono::seconds timeout) -> std::uint16_t {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const std::uint16_t port = runner_port(ask, sink);
+      if (port != 0 && port != not_on) return port;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return 0;
+  };
+  for (const auto& sink : {file_sink, object_sink}) {
+    ASSERT_EQ(moved_from(1, sink, 0, std::chrono::seconds(15)), servers_[0].port) << sink;
+  }
+
+  Appends appends;
+  start_appends(appends, kThree, kThree, /*errors_fail=*/false);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+
+  // 1. The runner killed: both sinks move to the other two servers.
+  const std::uint16_t first = servers_[0].port;
+  ports_[0] = servers_[1].port;  // its clients go on
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(servers_[0].pid, SIGKILL);
+  waitpid(servers_[0].pid, nullptr, 0);
+  servers_[0].pid = -1;
+  std::map<std::string, std::uint16_t> runner;
+  for (const auto& sink : {file_sink, object_sink}) {
+    runner[sink] = moved_from(1, sink, first, std::chrono::seconds(40));
+    ASSERT_NE(runner[sink], 0)
+        << sink << " was not taken over: "
+        << http_call(servers_[1].port, http::verb::get, "/v1/sinks/" + sink).body;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    std::fprintf(stderr, "sink %s: running on another server %.1f s after its runner's SIGKILL\n",
+                 sink.c_str(), seconds);
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+
+  // 2. The S3 sink's runner paused past its lease, then resumed: another
+  // server takes the S3 sink meanwhile; the paused one stops writing it.
+  const int paused = index_of(runner[object_sink]);
+  ASSERT_GE(paused, 1);
+  const int ask = paused == 1 ? 2 : 1;
+  ports_[paused] = servers_[ask].port;  // its clients go on elsewhere
+  for (int c = 0; c < kThree; ++c) {
+    if (ports_[c] == servers_[paused].port) ports_[c] = servers_[ask].port;
+  }
+  const auto paused_at = std::chrono::steady_clock::now();
+  kill(servers_[paused].pid, SIGSTOP);
+  const std::uint16_t taker =
+      moved_from(ask, object_sink, servers_[paused].port, std::chrono::seconds(40));
+  EXPECT_EQ(taker, servers_[ask].port);
+  std::fprintf(stderr, "sink %s: running on another server %.1f s after its runner's SIGSTOP\n",
+               object_sink.c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - paused_at).count());
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  kill(servers_[paused].pid, SIGCONT);
+  // Both run somewhere once the paused server has noticed it lost them.
+  for (const auto& sink : {file_sink, object_sink}) {
+    EXPECT_NE(moved_from(ask, sink, 0, std::chrono::seconds(40)), 0) << sink;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  appends.stop();
+  EXPECT_GT(appends.acked_count(), 0u);
+
+  // Each sink catches up with the shard's upper; its output is then exact.
+  const std::string shard_body =
+      http_call(servers_[ask].port, http::verb::get, "/v1/shards/" + shard_).body;
+  const long long upper = number_field(shard_body, "upper");
+  ASSERT_GT(upper, 0) << shard_body;
+  std::map<std::string, long long> frontier;
+  for (const auto& sink : {file_sink, object_sink}) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::string body;
+    while (std::chrono::steady_clock::now() < deadline) {
+      body = http_call(servers_[ask].port, http::verb::get, "/v1/sinks/" + sink).body;
+      frontier[sink] = number_field(body, "frontier");
+      if (frontier[sink] >= upper) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ASSERT_GE(frontier[sink], upper) << body;
+  }
+  std::lock_guard lock(appends.mutex);
+  EXPECT_TRUE(
+      exactly_once(committed_files(files), frontier[file_sink], appends.acked, appends.sent));
+  EXPECT_TRUE(exactly_once(committed_objects(**prefix), frontier[object_sink], appends.acked,
+                           appends.sent));
+  for (int i = 1; i < kThree; ++i) {
+    EXPECT_EQ(slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err")).find("overlap"),
+              std::string::npos);
+  }
 }
 
 TEST_F(ScaleOutTest, ServersRideOutAPostgresOutage) {

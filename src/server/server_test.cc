@@ -913,7 +913,8 @@ TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnect
   EXPECT_EQ(target.connections(), 0);
 
   // A sink stored before (when the list allowed it) does not reach its
-  // destination either: it fails, saying why, on every attempt.
+  // destination either: this server leaves it for a server that allows it,
+  // and says why it does not run it.
   server_.reset();
   SinkSpec stored;
   stored.name = "old";
@@ -926,11 +927,16 @@ TEST_F(ServerTest, SinkDestinationsOutsideTheAllowListAreRefusedBeforeAnyConnect
   Reply status;
   for (int i = 0; i < 500; ++i) {
     status = get("/v1/sinks/old");
-    if (status.body.find("\"failed\"") != std::string::npos) break;
+    if (status.body.find("\"waiting\"") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  EXPECT_NE(status.body.find("\"status\":\"failed\""), std::string::npos) << status.body;
+  EXPECT_NE(status.body.find("\"status\":\"waiting\""), std::string::npos) << status.body;
+  EXPECT_NE(status.body.find("not run by this server"), std::string::npos) << status.body;
   EXPECT_NE(status.body.find("--allow-kafka-brokers"), std::string::npos) << status.body;
+  EXPECT_NE(status.body.find("\"runner\":null"), std::string::npos) << status.body;
+  // Not even after a few looks for free sinks.
+  std::this_thread::sleep_for(SinkManager::kReconcileEvery * 2);
+  EXPECT_NE(get("/v1/sinks/old").body.find("\"status\":\"waiting\""), std::string::npos);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(target.connections(), 0);
 }
@@ -1706,7 +1712,8 @@ TEST_F(ServerTest, OutOfFileDescriptorsTheAcceptorWaitsAndRecovers) {
 // server that created it, and the other answers for it from the shared
 // backends: listed, its status and runner, a 409 naming the runner for
 // its name, and a DELETE that stops it on its runner and drops its hold.
-TEST_F(ServerTest, EveryServerAnswersForEverySinkAndOnlyItsCreatorRunsIt) {
+// A server that stops hands its sinks to the other.
+TEST_F(ServerTest, EveryServerAnswersForEverySinkAndAStoppingServerHandsItOver) {
   options_.sink_owner = "server-a";
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
@@ -1780,23 +1787,28 @@ TEST_F(ServerTest, EveryServerAnswersForEverySinkAndOnlyItsCreatorRunsIt) {
   EXPECT_EQ(again.status, 201u) << again.body;
   EXPECT_NE(again.body.find("\"runner_server\":\"server-b\""), std::string::npos) << again.body;
 
-  // A server that stops lets its sinks go: the other shows them stopped,
-  // with no runner, until their server is back.
+  // A server that stops hands its sinks over: it lets their leases go, and
+  // the other takes them at its next look for free sinks; back, the first
+  // does not take them back while the other runs them.
   b->reset();
-  Reply stopped = get("/v1/sinks/files");
-  EXPECT_NE(stopped.body.find("\"status\":\"stopped\""), std::string::npos) << stopped.body;
-  EXPECT_NE(stopped.body.find("\"runner\":null"), std::string::npos) << stopped.body;
-  auto b_again = Server::start(client_, other);
-  ASSERT_TRUE(b_again) << b_again.error().message;
-  const std::string runner_b = "tidemark serve on 127.0.0.1:" + std::to_string((*b_again)->port());
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   std::string body;
   while (Clock::now() < deadline) {
     body = get("/v1/sinks/files").body;
-    if (body.find("\"runner\":\"" + runner_b + "\"") != std::string::npos) break;
+    if (body.find("\"runner\":\"" + runner_a + "\"") != std::string::npos &&
+        body.find("\"status\":\"running\"") != std::string::npos) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  EXPECT_NE(body.find("\"runner\":\"" + runner_b + "\""), std::string::npos) << body;
+  EXPECT_NE(body.find("\"runner\":\"" + runner_a + "\""), std::string::npos) << body;
+  EXPECT_NE(body.find("\"reported_at\":null"), std::string::npos) << body;  // a runs it
+  auto b_again = Server::start(client_, other);
+  ASSERT_TRUE(b_again) << b_again.error().message;
+  const std::uint16_t port_b2 = (*b_again)->port();
+  std::this_thread::sleep_for(SinkManager::kReconcileEvery * 2);
+  body = call(port_b2, http::verb::get, "/v1/sinks/files").body;
+  EXPECT_NE(body.find("\"runner\":\"" + runner_a + "\""), std::string::npos) << body;
 }
 
 // A sink's destination held by another runner (here a claim this test
@@ -1831,7 +1843,7 @@ TEST_F(ServerTest, ASinkWhoseDestinationIsHeldIsRefusedNamingTheHolder) {
 }
 
 // A stored sink whose destination another runner took while the server was
-// down: resumed as "failed" naming the holder, and running once it is gone.
+// down: "waiting", naming the holder, and running once it is gone.
 TEST_F(ServerTest, AResumedSinkWaitsForTheHolderOfItsDestination) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
@@ -1854,14 +1866,15 @@ TEST_F(ServerTest, AResumedSinkWaitsForTheHolderOfItsDestination) {
     }
     return false;
   };
-  EXPECT_TRUE(status_has("\"status\":\"failed\"", std::chrono::seconds(10)))
+  // Not run while its directory is another runner's: "waiting", saying why.
+  EXPECT_TRUE(status_has("\"status\":\"waiting\"", std::chrono::seconds(10)))
       << get("/v1/sinks/files").body;
   EXPECT_NE(get("/v1/sinks/files").body.find("is written by sink cli of shard s"),
             std::string::npos)
       << get("/v1/sinks/files").body;
   held->reset();
-  // Retried every SinkManager::kRetryInterval.
-  EXPECT_TRUE(status_has("\"status\":\"running\"", SinkManager::kRetryInterval * 3))
+  // Taken at the server's next look for free sinks.
+  EXPECT_TRUE(status_has("\"status\":\"running\"", std::chrono::seconds(6)))
       << get("/v1/sinks/files").body;
 }
 

@@ -88,6 +88,10 @@ std::string sink_json(const SinkSpec& spec, const std::string& status,
 struct SinkManager::Task {
   SinkSpec spec;
   std::atomic<bool> stop{false};
+  // Set once another runner holds the sink (it took the lease over after
+  // this server stopped renewing it): the task ends without a report (the
+  // new runner's stands) and the next reconcile drops it.
+  std::atomic<bool> moved{false};
   // Raised once the sink must stop now: its destination's calls give up.
   const std::shared_ptr<Cancellation> cancel = std::make_shared<Cancellation>();
   mutable std::mutex mutex;
@@ -273,8 +277,26 @@ struct SinkManager::Task {
   std::optional<std::chrono::milliseconds> failed(const Error& error) {
     drop_run();
     if (stop) return end();
+    if (error.is(ErrorKind::kHeld)) return moved_away(error);
     set("failed", error.message);
     return std::chrono::duration_cast<std::chrono::milliseconds>(kRetryInterval);
+  }
+
+  // Another runner holds the sink now (or its directory): this server lets
+  // go of what it still holds (a destination lease, a directory lock) and
+  // ends the task, publishing nothing: the sink's report is the new
+  // runner's.
+  std::optional<std::chrono::milliseconds> moved_away(const Error& error) {
+    claim.reset();
+    moved = true;
+    {
+      std::lock_guard lock(mutex);
+      status = "moved";
+      this->error = error.message;
+    }
+    log_line(LogLevel::kInfo, "sink " + spec.name + " of shard " + spec.shard + ": " +
+                                  error.message + "; no longer run here");
+    return std::nullopt;
   }
 
   // A stopped sink commits what it has written, unless it was cancelled
@@ -430,8 +452,8 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
 
 Status SinkManager::resume_all() {
   // The blob store's reads retry as the shards' reads do (a fault at start
-  // must not leave the stored sinks stopped until the next restart), and
-  // one definition that cannot be read or parsed does not stop the others.
+  // must not leave the stored sinks stopped until the next look), and one
+  // definition that cannot be read or parsed does not stop the others.
   const RetryPolicy& retry = client_->options().read_retry;
   Blob& blob = *client_->location().blob;
   std::vector<std::string> keys;
@@ -454,10 +476,116 @@ Status SinkManager::resume_all() {
         first_error = corruption("sink definition " + key + ": " + spec.error().message);
       continue;
     }
-    if (!spec->owner.empty() && spec->owner != runner_.owner) continue;  // another server's
-    (void)start(*spec, nullptr);  // a failure shows in the sink's status
+    // The first look takes every free sink at once (its own previous
+    // life's included); the ones held elsewhere stay there.
+    (void)adopt(*spec, /*spread=*/false);
   }
   return first_error;
+}
+
+std::optional<std::string> SinkManager::not_here(const SinkSpec& spec) const {
+  auto url = parse_sink_url(spec.to, spec.format);
+  if (!url) return url.error().message;
+  if (auto allowed = allowed_.check(*url); !allowed) return allowed.error().message;
+  if (!url->directory) return std::nullopt;
+  // A directory is its machine's disk.
+  if (!spec.host.empty()) {
+    if (spec.host == this_process().host) return std::nullopt;
+    return "its directory is on host " + spec.host + ": only a server there runs it";
+  }
+  if (spec.owner.empty() || spec.owner == runner_.owner) return std::nullopt;
+  return "its directory is on the machine of server " + spec.owner + ", which runs it";
+}
+
+void SinkManager::note_adoption(const std::string& name, std::optional<std::string> error) {
+  std::lock_guard lock(adoption_mu_);
+  if (error) {
+    adoption_errors_[name] = std::move(*error);
+  } else {
+    adoption_errors_.erase(name);
+  }
+}
+
+bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
+  if (not_here(spec)) return false;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = tasks_.find(spec.name); it != tasks_.end() && !it->second->moved) return false;
+  }
+  Consensus& consensus = *client_->location().consensus;
+  const std::string key = sink_lease_key(spec.shard, spec.name);
+  const std::uint64_t now = wall_clock_millis();
+  {
+    // A runner that renews is not looked at again before its lease ends,
+    // unless it was a process of this machine that has died since.
+    std::lock_guard lock(adoption_mu_);
+    if (auto it = held_leases_.find(spec.name);
+        it != held_leases_.end() && now <= it->second.expires_at_ms &&
+        liveness(it->second.process) != Liveness::kDead) {
+      return false;
+    }
+  }
+  auto lease = read_lease(consensus, key);
+  if (!lease) return false;  // the next look tries again
+  // This process holds it (a sink being created, or one still stopping).
+  if (*lease && !(*lease)->released() && (*lease)->process == this_process()) return false;
+  LeaseRecord candidate;
+  candidate.owner = runner_.owner;
+  candidate.sink = spec.shard + "/" + spec.name;
+  const Liveness alive =
+      *lease && !(*lease)->released() ? liveness((*lease)->process) : Liveness::kUnknown;
+  const Takeover takeover = take_over(*lease, candidate, now, alive);
+  {
+    std::lock_guard lock(adoption_mu_);
+    if (takeover == Takeover::kRefused) {
+      held_leases_[spec.name] = **lease;
+      waiting_rounds_.erase(spec.name);
+      return false;
+    }
+    held_leases_.erase(spec.name);
+    if (spread && takeover != Takeover::kSameRunner) {
+      // Spread: a server that runs n sinks already lets min(n, kSpreadLooks) looks go
+      // by first, so the idler servers take a lost server's sinks.
+      std::size_t running = 0;
+      {
+        std::lock_guard tasks_lock(mutex_);
+        for (const auto& [name, task] : tasks_) running += task->moved ? 0 : 1;
+      }
+      int& waited = waiting_rounds_[spec.name];
+      if (waited < static_cast<int>(std::min<std::size_t>(running, kSpreadLooks))) {
+        ++waited;
+        return false;
+      }
+    }
+    waiting_rounds_.erase(spec.name);
+  }
+  // A sink that finished (its shard closed) stays finished.
+  if (auto report = read_sink_status(consensus, spec.name); report && *report) {
+    if ((*report)->status == "done") return false;
+  }
+  auto url = parse_sink_url(spec.to, spec.format);
+  if (!url) return false;
+  auto claim =
+      SinkClaim::acquire(client_->location().consensus, spec.shard, spec.name, *url, runner_);
+  if (!claim) {
+    // Taken by another server first, or its destination is held by another
+    // runner (shown while no server runs it).
+    note_adoption(spec.name, claim.error().message);
+    return false;
+  }
+  note_adoption(spec.name, std::nullopt);
+  // Deleted between the listing and the claim? (A deletion removes the
+  // definition before its runner lets go of the lease.)
+  auto stored = client_->location().blob->get(spec_key(spec.name));
+  if (!stored || !*stored) return false;
+  log_line(LogLevel::kInfo,
+           "sink " + spec.name + " of shard " + spec.shard + ": taken over (" +
+               (takeover == Takeover::kFree         ? "its lease was free"
+                : takeover == Takeover::kExpired    ? "its runner's lease lapsed"
+                : takeover == Takeover::kHolderDead ? "its runner is not running"
+                                                    : "a previous life of this server") +
+               ")");
+  return static_cast<bool>(start(spec, std::move(*claim)));
 }
 
 Status SinkManager::check_name_free(const std::string& name) const {
@@ -499,6 +627,7 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
             SinkClaim::acquire(client_->location().consensus, spec.shard, spec.name, url, runner_));
   SinkSpec owned = spec;
   owned.owner = runner_.owner;
+  owned.host = url.directory ? this_process().host : std::string();
   TM_TRY(blob.set(spec_key(spec.name), owned.to_json()));
   TM_ASSIGN(auto written, blob.get(spec_key(spec.name)));
   if (!written) return make_error(ErrorKind::kNotFound, "sink " + spec.name + " was deleted");
@@ -542,7 +671,7 @@ Result<std::string> SinkManager::status_json(const std::string& name) const {
   std::shared_ptr<Task> task;
   {
     std::lock_guard lock(mutex_);
-    if (auto it = tasks_.find(name); it != tasks_.end()) task = it->second;
+    if (auto it = tasks_.find(name); it != tasks_.end() && !it->second->moved) task = it->second;
   }
   if (task) {
     auto uppers = uppers_of(std::vector<std::shared_ptr<Task>>{task});
@@ -605,14 +734,27 @@ std::string SinkManager::reported_json(const SinkSpec& spec) const {
       runner_server = holder.owner;
     } else if (status == "starting" || status == "running" || status == "failed") {
       // Its runner went without releasing it (killed, cut off): nothing
-      // runs the sink until that server is back.
+      // runs the sink until another server takes it over.
       status = "waiting";
       error = "its runner " + holder.describe_holder() +
               (liveness(holder.process) == Liveness::kDead ? " is not running"
                                                            : " stopped renewing its lease");
     }
-  } else if (status == "starting" || status == "running" || status == "failed") {
-    status = "waiting";  // released (its server stopped) without a final report
+  } else if (status != "done") {
+    // Released (its server stopped or let it go), or never claimed: the
+    // next server to look takes it.
+    status = "waiting";
+  }
+  if (status == "waiting" && !runner) {
+    // Why this server has not taken it, when it cannot.
+    if (auto reason = not_here(spec)) {
+      error = (error ? *error + "; " : std::string()) + "not run by this server: " + *reason;
+    } else {
+      std::lock_guard lock(adoption_mu_);
+      if (auto it = adoption_errors_.find(spec.name); it != adoption_errors_.end()) {
+        error = it->second;
+      }
+    }
   }
   std::optional<Frontier> upper;
   if (auto shard = client_->open_shard(spec.shard)) {
@@ -625,7 +767,9 @@ std::string SinkManager::list_json() const {
   std::vector<std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);
-    for (const auto& [name, task] : tasks_) tasks.push_back(task);
+    for (const auto& [name, task] : tasks_) {
+      if (!task->moved) tasks.push_back(task);
+    }
   }
   auto uppers = uppers_of(tasks);
   std::map<std::string, std::string> rows;  // by name
@@ -651,6 +795,12 @@ std::vector<SinkSpec> SinkManager::stored_definitions(const std::set<std::string
                  [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); })) {
     return {};
   }
+  return definitions_of(keys, skip);
+}
+
+std::vector<SinkSpec> SinkManager::definitions_of(const std::vector<std::string>& keys,
+                                                  const std::set<std::string>& skip) const {
+  Blob& blob = *client_->location().blob;
   std::vector<SinkSpec> specs;
   std::lock_guard lock(definitions_mu_);
   std::map<std::string, SinkSpec> seen;
@@ -677,11 +827,7 @@ Result<bool> SinkManager::remove(const std::string& name) {
   std::shared_ptr<Task> task;
   {
     std::lock_guard lock(mutex_);
-    auto it = tasks_.find(name);
-    if (it != tasks_.end()) {
-      task = it->second;
-      tasks_.erase(it);
-    }
+    if (auto it = tasks_.find(name); it != tasks_.end() && !it->second->moved) task = it->second;
   }
   Blob& blob = *client_->location().blob;
   if (!task) {
@@ -705,10 +851,16 @@ Result<bool> SinkManager::remove(const std::string& name) {
     expire_hold(spec);
     return true;
   }
+  // The definition goes first: a server looking for free sinks never finds
+  // this one's lease released while its definition is still stored.
+  TM_TRY(blob.remove(spec_key(name)));
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = tasks_.find(name); it != tasks_.end() && it->second == task) tasks_.erase(it);
+  }
   // Deleted: nothing more of it is wanted, so it is not waited for.
   task->stop_by(timers_, std::chrono::steady_clock::now());
   task->join();
-  TM_TRY(blob.remove(spec_key(name)));
   expire_hold(task->spec);
   return true;
 }
@@ -722,19 +874,26 @@ void SinkManager::expire_hold(const SinkSpec& spec) const {
   }
 }
 
-// Every kReconcileEvery: publishes what the sinks' reports held back, and
+// Every kReconcileEvery: publishes what the sinks' reports held back,
 // stops the sinks of this server whose definitions are gone (deleted
-// through another server).
+// through another server), drops the ones another runner took over, and
+// takes the free ones (see adopt()).
 void SinkManager::reconcile() {
   std::map<std::string, std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);
-    tasks = tasks_;
+    for (auto it = tasks_.begin(); it != tasks_.end();) {
+      if (it->second->moved) {
+        it = tasks_.erase(it);  // its last step has ended it (moved is set there, last)
+      } else {
+        tasks.insert(*it);
+        ++it;
+      }
+    }
   }
   for (const auto& [name, task] : tasks) {
     if (task->publisher) task->publisher->flush();
   }
-  if (tasks.empty()) return;
   // Listed after the tasks were taken: a task's definition is stored before
   // it starts, so a task taken above whose definition is not listed was
   // deleted. (Read through the store, not the cache.)
@@ -758,6 +917,21 @@ void SinkManager::reconcile() {
     task->stop_by(timers_, std::chrono::steady_clock::now());
     task->join();
     expire_hold(task->spec);
+  }
+  {
+    // adopt()'s memory keeps only the sinks still defined.
+    std::lock_guard lock(adoption_mu_);
+    std::erase_if(held_leases_, [&](const auto& e) { return !stored.contains(e.first); });
+    std::erase_if(waiting_rounds_, [&](const auto& e) { return !stored.contains(e.first); });
+    std::erase_if(adoption_errors_, [&](const auto& e) { return !stored.contains(e.first); });
+  }
+  std::set<std::string> here;
+  for (const auto& [name, task] : tasks) here.insert(name);
+  std::vector<std::string> keys;
+  for (const std::string& name : stored) keys.push_back(spec_key(name));
+  for (const SinkSpec& spec : definitions_of(keys, here)) {
+    if (stopping_) return;
+    (void)adopt(spec, /*spread=*/true);
   }
 }
 

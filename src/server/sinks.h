@@ -17,29 +17,43 @@
 // Deleting a sink stops it, drops its critical reader's hold and its
 // definition; its output stays where it is.
 //
-// Several servers sharing one blob store (PostgreSQL + S3) see every
-// stored definition, but a sink must run in one place: each definition
-// names its owner, the server that created it (ServerOptions::sink_owner),
-// and a server resumes only its own, plus definitions without an owner (a
-// single server's, from before owners). A name taken by any server is
-// AlreadyExists on every server, naming its runner. Every server answers
-// for every sink: its own live, the others from what their runners publish
-// in consensus (sink/sink_status.h: status and error at once, the frontier
-// at most every 2 s) and from their leases (a lapsed lease: "waiting").
-// DELETE through any server removes the definition and the hold; the
-// runner stops the sink when it next looks for its definitions (every
+// Several servers sharing one blob store and consensus (PostgreSQL + S3)
+// see every stored definition, and each sink runs on exactly one of them:
+// the one holding its lease (sink/sink_claim.h). The server that creates a
+// sink runs it first. Every kReconcileEvery each server looks at the
+// stored sinks it does not run and takes over those whose lease is free
+// (released by a server stopping cleanly: a draining server hands its
+// sinks over this way), lapsed (its runner stopped renewing: killed,
+// paused, cut off; LeaseOptions says when), held by a dead process of this
+// machine, or held by this server's previous life. A sink is taken over
+// within the lease's duration (8 s) after its runner's last renewal, plus
+// two looks at most (kReconcileEvery each, one for the spread below): 12 s
+// with the defaults; at the next look when its runner was a process of
+// this machine that died. A runner whose sink was taken over learns
+// it at its next check of the claim, before it makes anything visible,
+// and lets go ("moved": the task ends, its report is the new runner's).
+// Spread: a server running n sinks lets min(n, kSpreadLooks) looks go by
+// before it takes one, so the idler servers take a lost server's sinks
+// first. A held lease is read again only once it could have lapsed. What
+// a server may take: a destination it allows, and a file:// sink only on
+// the machine of the server that created it (its "host": the directory is
+// that machine's disk); a sink whose report says "done" (its shard
+// closed) stays done. A name taken by any server is AlreadyExists on every
+// server, naming its runner. Every server answers for every sink: its own
+// live, the others from what their runners publish in consensus
+// (sink/sink_status.h: status and error at once, the frontier at most
+// every 2 s) and from their leases (a lapsed lease: "waiting"). DELETE
+// through any server removes the definition and the hold; the runner
+// stops the sink when it next looks for its definitions (every
 // kReconcileEvery), and the DELETE waits for its lease to go (at most
 // kRemoteStopWait).
 //
 // A running sink holds a SinkClaim (sink/sink_claim.h) on itself and its
-// destination, from its start until it is stopped or deleted (across its
-// retries), so no other runner (a `tidemark sink run`, another server, or
-// another sink of this server) writes its destination meanwhile. create()
-// claims before it stores anything: a sink or destination held elsewhere
-// is Held naming the holder (409). A resumed sink claims on its thread; a
-// previous life of this server (same owner and sink), or a dead process of
-// this machine, is taken over at once; a claim held by a live runner makes
-// the sink "failed" with the holder named, retried every kRetryInterval.
+// destination, from its start until it is stopped, deleted or taken over
+// (across its retries), so no other runner (a `tidemark sink run`, another
+// server, or another sink of this server) writes its destination
+// meanwhile. create() claims before it stores anything: a sink or
+// destination held elsewhere is Held naming the holder (409).
 //
 // Status: "starting", "running" (snapshot or following), "failed" (with
 // error; retried), "done" (the shard closed), "stopped".
@@ -98,6 +112,9 @@ class SinkManager {
   static constexpr std::chrono::milliseconds kReconcileEvery{2'000};
   // How long a DELETE through another server waits for the runner to stop.
   static constexpr std::chrono::milliseconds kRemoteStopWait{10'000};
+  // A server running n sinks lets min(n, kSpreadLooks) looks go by before
+  // it takes a free sink (see the header).
+  static constexpr std::size_t kSpreadLooks = 1;
 
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
@@ -114,10 +131,11 @@ class SinkManager {
               std::size_t threads = default_threads());
   ~SinkManager();  // stop_all()
 
-  // Starts every stored sink this server owns (see above). Its blob reads
-  // retry under ClientOptions::read_retry; a definition that still cannot
-  // be read or parsed is skipped (the first such error is returned) and
-  // the others start.
+  // The first look (see above): takes and starts every stored sink whose
+  // lease is free, at once (no spread). Its blob reads retry under
+  // ClientOptions::read_retry; a definition that still cannot be read or
+  // parsed is skipped (the first such error is returned) and the others
+  // start.
   [[nodiscard]] Status resume_all();
   // OK when no sink has `name`; AlreadyExists naming its runner otherwise.
   [[nodiscard]] Status check_name_free(const std::string& name) const;
@@ -165,6 +183,19 @@ class SinkManager {
   // Every stored definition but those named in `skip` (read once each,
   // then cached), or none when the store cannot be listed.
   std::vector<SinkSpec> stored_definitions(const std::set<std::string>& skip) const;
+  // The same for the definitions under `keys`, listed already.
+  std::vector<SinkSpec> definitions_of(const std::vector<std::string>& keys,
+                                       const std::set<std::string>& skip) const;
+  // Why this server may not run `spec`, or nullopt when it may: its
+  // destination must be allowed here, and a file:// sink's host be this
+  // machine's.
+  std::optional<std::string> not_here(const SinkSpec& spec) const;
+  // What stopped this server from taking `name` last time (nullopt: clear).
+  void note_adoption(const std::string& name, std::optional<std::string> error);
+  // Takes `spec` and starts it when no runner holds its lease (free,
+  // released, lapsed, its holder dead, or this server's previous life),
+  // `spread`ing as the header says; true once started.
+  bool adopt(const SinkSpec& spec, bool spread);
   void expire_hold(const SinkSpec& spec) const;
   void reconcile();
 
@@ -181,6 +212,16 @@ class SinkManager {
   std::map<std::string, std::shared_ptr<Task>> tasks_;
   mutable std::mutex definitions_mu_;
   mutable std::map<std::string, SinkSpec> definitions_;  // by key; guarded by definitions_mu_
+  // adopt()'s memory, by sink name, guarded by adoption_mu_: the lease of
+  // a sink held elsewhere as last read (not read again before it can
+  // lapse, unless its holder was a process of this machine that died), how
+  // many looks a free sink has been let go by (spread), and what stopped
+  // this server from taking one (its destination held elsewhere). Each
+  // holds only sinks still defined (pruned at every look).
+  mutable std::mutex adoption_mu_;
+  std::map<std::string, LeaseRecord> held_leases_;
+  std::map<std::string, int> waiting_rounds_;
+  std::map<std::string, std::string> adoption_errors_;
   std::atomic<bool> stopping_{false};
   WorkPool threads_;  // before timers_: destroyed after them
   Timers timers_;

@@ -236,9 +236,12 @@ Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord&
       candidate.sink == current->sink) {
     return Takeover::kSameRunner;
   }
-  // A live holder on this machine keeps it, renewed or not: it may be
-  // paused between its check and its write.
-  if (holder == Liveness::kAlive) return Takeover::kRefused;
+  // A live holder on this machine keeps it, renewed or not (it may be
+  // paused between its check and its write, and it can be killed), unless
+  // both are servers: a server's sink moves to another server once its
+  // runner stops renewing, wherever that runner is (cluster failover).
+  const bool between_servers = !candidate.owner.empty() && !current->owner.empty();
+  if (holder == Liveness::kAlive && !between_servers) return Takeover::kRefused;
   if (now_ms > current->expires_at_ms) return Takeover::kExpired;
   return Takeover::kRefused;
 }

@@ -21,6 +21,10 @@
 //     its holder is not a live process of this machine. A live holder here
 //     keeps it however long it stalls: it may be paused between its check
 //     and its write, and it can be killed (the refusal names its pid).
+//     Between servers (both holder and candidate have an owner) an expired
+//     lease is taken even from a live process of this machine: a server
+//     that stops renewing (paused, cut off) loses its sinks to the others,
+//     wherever it runs, and learns it at its next check().
 // Otherwise acquire() is Held, naming the holder and its expiry.
 //
 // The holder renews every `renew_every` (expires_at = now + duration) on
@@ -97,10 +101,14 @@ Takeover take_over(const std::optional<LeaseRecord>& current, const LeaseRecord&
 [[nodiscard]] Result<std::optional<LeaseRecord>> read_lease(Consensus& consensus,
                                                             std::string_view key);
 
+// A holder that stops renewing loses the lease `duration` after its last
+// renewal landed (so a server's sink is taken over within duration plus
+// the other servers' look, SinkManager::kReconcileEvery), and stops
+// trusting it itself `duration - margin` after that renewal started.
 struct LeaseOptions {
-  std::chrono::milliseconds duration{30'000};
-  std::chrono::milliseconds renew_every{10'000};
-  std::chrono::milliseconds margin{10'000};
+  std::chrono::milliseconds duration{8'000};
+  std::chrono::milliseconds renew_every{2'000};
+  std::chrono::milliseconds margin{3'000};
 };
 
 class RenewalGroup;

@@ -85,6 +85,13 @@ TEST(TakeOverTest, WhenALeaseMayBeTaken) {
   // A live holder of this machine keeps it even expired (it may be paused).
   EXPECT_EQ(take_over(current, me, 1001, Liveness::kAlive), Takeover::kRefused);
   EXPECT_EQ(take_over(current, me, 500, Liveness::kDead), Takeover::kHolderDead);
+  // Between servers an expired lease moves even from a live holder here (a
+  // paused server), never one still within its expiry.
+  LeaseRecord server = current;
+  server.owner = "server-2";
+  EXPECT_EQ(take_over(server, me, 1001, Liveness::kAlive), Takeover::kExpired);
+  EXPECT_EQ(take_over(server, me, 500, Liveness::kAlive), Takeover::kRefused);
+  EXPECT_EQ(take_over(server, holder("me"), 1001, Liveness::kAlive), Takeover::kRefused);
   current.owner = "server-1";  // a previous life of this server's same sink
   EXPECT_EQ(take_over(current, me, 500, Liveness::kUnknown), Takeover::kSameRunner);
   current.sink = "s/b";  // but not another sink of it

@@ -19,11 +19,12 @@
 // and the lock file still the one locked. Destroying the claim releases
 // everything.
 //
-// Residual window: a runner on one machine paused after check() and before
-// its write lands (a stopped process, a long stall, a slow S3 copy) for
-// longer than its lease's margin (LeaseOptions: 10 s by default) can
-// overlap a successor on another machine that took the expired lease.
-// A successor on the same machine never takes a live holder's lease; file
+// Residual window: a runner paused after check() and before its write
+// lands (a stopped process, a long stall, a slow S3 copy) for longer than
+// its lease's margin (LeaseOptions: 3 s by default) can overlap a
+// successor that took the expired lease: one on another machine, or, when
+// both are servers, one on the same machine (servers fail over to each
+// other; a live `sink run` is never taken over on its machine). File
 // destinations have no window at all (the kernel holds the flock while the
 // process lives); and two runners of one Kafka sink cannot both commit
 // (its transactional id fences the older producer).

@@ -22,6 +22,10 @@ std::string SinkSpec::to_json() const {
     out += ",\"owner\":";
     append_json_string(&out, owner);
   }
+  if (!host.empty()) {
+    out += ",\"host\":";
+    append_json_string(&out, host);
+  }
   return out + "}";
 }
 
@@ -32,8 +36,8 @@ Result<SinkSpec> SinkSpec::parse(std::string_view json) {
   }
   // Every field is known and a string: a misspelt or unsupported one (an
   // "as_of", say) is an error, never silently dropped.
-  static constexpr std::string_view kFields[] = {"name",     "shard",  "to",
-                                                 "envelope", "format", "owner"};
+  static constexpr std::string_view kFields[] = {"name",   "shard", "to",  "envelope",
+                                                 "format", "owner", "host"};
   for (const auto& [field, v] : value->as_object()) {
     if (std::find(std::begin(kFields), std::end(kFields), field) == std::end(kFields)) {
       return invalid_usage("unknown field \"" + field +
@@ -63,6 +67,7 @@ Result<SinkSpec> SinkSpec::parse(std::string_view json) {
     TM_ASSIGN(spec.format, parse_sink_format(*format));
   }
   if (auto owner = text("owner")) spec.owner = *owner;
+  if (auto host = text("host")) spec.host = *host;
   TM_ASSIGN(SinkUrl url, parse_sink_url(spec.to, spec.format));
   (void)url;
   return spec;

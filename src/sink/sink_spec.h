@@ -1,5 +1,5 @@
 // SinkSpec: a sink's definition as the server stores and takes it over
-// HTTP: {"name", "shard", "to", "envelope", "format"[, "owner"]}.
+// HTTP: {"name", "shard", "to", "envelope", "format"[, "owner"][, "host"]}.
 //
 // parse() checks everything a definition holds without touching anything:
 // the names (shard-name rules), the destination URL for its format
@@ -25,7 +25,13 @@ struct SinkSpec {
   std::string to;
   Envelope envelope = Envelope::kUpsert;
   SinkFormat format = SinkFormat::kJson;
-  std::string owner;  // the server that runs it; "" for any (one server)
+  // The server that created it; "" in a definition from before servers
+  // shared sinks.
+  std::string owner;
+  // A file:// sink's machine (its creator's host name): its directory is
+  // that machine's disk, so only servers of that host name run it. "" for
+  // other destinations, and in older definitions (only `owner` runs those).
+  std::string host;
 
   std::string to_json() const;
   // InvalidUsage naming what is wrong (names, URL, envelope, format).
