@@ -507,6 +507,10 @@ void SinkManager::note_adoption(const std::string& name, std::optional<std::stri
 }
 
 bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
+  // One at a time (the first look at start and the timer's may meet), and
+  // none once stop_all() has begun.
+  std::lock_guard adopting(adopt_mu_);
+  if (stopping_) return false;
   if (not_here(spec)) return false;
   {
     std::lock_guard lock(mutex_);
@@ -937,6 +941,10 @@ void SinkManager::reconcile() {
 
 void SinkManager::stop_all(std::chrono::milliseconds grace) {
   stopping_ = true;
+  {
+    // A sink being taken over now is started before the tasks are taken.
+    std::lock_guard adopted(adopt_mu_);
+  }
   std::map<std::string, std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);

@@ -219,6 +219,7 @@ class SinkManager {
   // this server from taking one (its destination held elsewhere). Each
   // holds only sinks still defined (pruned at every look).
   mutable std::mutex adoption_mu_;
+  std::mutex adopt_mu_;  // held by each adopt(), and by stop_all() once
   std::map<std::string, LeaseRecord> held_leases_;
   std::map<std::string, int> waiting_rounds_;
   std::map<std::string, std::string> adoption_errors_;
