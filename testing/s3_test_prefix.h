@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,6 +95,28 @@ inline Result<std::shared_ptr<Blob>> open_s3_test_blob() {
   TM_ASSIGN(std::shared_ptr<S3Blob> blob, open_fresh_s3_blob(*server));
   TM_TRY(blob->list("", [](std::string_view, std::uint64_t) {}));
   return std::shared_ptr<Blob>(std::move(blob));
+}
+
+// Every object under `prefix` (a fresh test prefix): name -> bytes, read
+// with plain GETs (sink objects carry no S3Blob digest). A failure is a
+// test failure, and its object reads "<error>".
+inline std::map<std::string, std::string> s3_objects(S3Blob& prefix) {
+  auto credentials = s3_credentials_from_environment();
+  EXPECT_TRUE(credentials.has_value()) << credentials.error().to_string();
+  S3Client client(prefix.url(), credentials.value_or(S3Credentials{}));
+  std::vector<std::string> names;
+  auto listed =
+      prefix.list("", [&](std::string_view name, std::uint64_t) { names.emplace_back(name); });
+  EXPECT_TRUE(listed.has_value()) << listed.error().to_string();
+  std::map<std::string, std::string> out;
+  for (const std::string& name : names) {
+    S3Request request{.method = "GET", .target = client.object_path(name)};
+    S3Call call{.operation = "test: read an object", .subject = name, .accepted = {200}};
+    auto answer = client.exchange(request, call);
+    EXPECT_TRUE(answer.has_value()) << answer.error().to_string();
+    out[name] = answer ? answer->body : "<error>";
+  }
+  return out;
 }
 
 // Sets (or, with nullopt, unsets) an environment variable for one scope.

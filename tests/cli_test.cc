@@ -684,27 +684,6 @@ TEST_F(CliTest, BenchDirKeepsWhatWasThere) {
   EXPECT_EQ(slurp(dir / "precious.txt"), "keep me\n");
 }
 
-// Every object under `prefix` (a fresh test prefix): name -> bytes, read
-// with plain GETs (sink objects carry no S3Blob digest).
-std::map<std::string, std::string> s3_objects(tidemark::S3Blob& prefix) {
-  auto credentials = tidemark::s3_credentials_from_environment();
-  EXPECT_TRUE(credentials.has_value()) << credentials.error().to_string();
-  tidemark::S3Client client(prefix.url(), credentials.value_or(tidemark::S3Credentials{}));
-  std::vector<std::string> names;
-  auto listed =
-      prefix.list("", [&](std::string_view name, std::uint64_t) { names.emplace_back(name); });
-  EXPECT_TRUE(listed.has_value()) << listed.error().to_string();
-  std::map<std::string, std::string> out;
-  for (const std::string& name : names) {
-    tidemark::S3Request request{.method = "GET", .target = client.object_path(name)};
-    tidemark::S3Call call{.operation = "cli test: read", .subject = name, .accepted = {200}};
-    auto answer = client.exchange(request, call);
-    EXPECT_TRUE(answer.has_value()) << answer.error().to_string();
-    out[name] = answer ? answer->body : "<error>";
-  }
-  return out;
-}
-
 // `sink run --to s3://...`: the snapshot, then a restart that resumes at
 // the committed progress, read back as objects. Each object holds the
 // lines of its interval, and the objects' ranges are contiguous from 0.

@@ -238,6 +238,28 @@ class ScaleOutTest : public testing::Test {
     }
   }
 
+  // Starts servers 0..count-1 with `flags`; client c appends to server c.
+  // Fails the test (fatally) when one does not start.
+  void start_servers(int count, const std::vector<std::string>& flags) {
+    for (int i = 0; i < count; ++i) {
+      servers_.push_back(start(i, 0, flags));
+      ASSERT_GT(servers_.back().port, 0)
+          << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+      ports_[i] = servers_.back().port;
+    }
+  }
+
+  // SIGKILLs server `index` (its clients go on to server `clients_to`);
+  // returns when.
+  std::chrono::steady_clock::time_point kill_server(int index, int clients_to) {
+    ports_[index] = servers_[clients_to].port;
+    const auto killed_at = std::chrono::steady_clock::now();
+    kill(servers_[index].pid, SIGKILL);
+    waitpid(servers_[index].pid, nullptr, 0);
+    servers_[index].pid = -1;
+    return killed_at;
+  }
+
   // The port of the server that runs `sink` and reports it running, as
   // server `ask` answers (0 while none does).
   std::uint16_t runner_port(int ask, const std::string& sink) {
@@ -611,21 +633,8 @@ Committed committed_files(const fs::path& dir) {
 }
 
 Committed committed_objects(tidemark::S3Blob& prefix) {
-  auto credentials = tidemark::s3_credentials_from_environment();
-  EXPECT_TRUE(credentials.has_value()) << credentials.error().to_string();
-  tidemark::S3Client client(prefix.url(), credentials.value_or(tidemark::S3Credentials{}));
-  std::vector<std::string> names;
-  auto listed =
-      prefix.list("", [&](std::string_view name, std::uint64_t) { names.emplace_back(name); });
-  EXPECT_TRUE(listed.has_value()) << listed.error().to_string();
   Committed out;
-  for (const std::string& name : names) {
-    tidemark::S3Request request{.method = "GET", .target = client.object_path(name)};
-    tidemark::S3Call call{.operation = "scaleout test: read", .subject = name, .accepted = {200}};
-    auto answer = client.exchange(request, call);
-    EXPECT_TRUE(answer.has_value()) << answer.error().to_string();
-    if (answer) add_committed(&out, name, answer->body);
-  }
+  for (const auto& [name, bytes] : tidemark::s3_objects(prefix)) add_committed(&out, name, bytes);
   return out;
 }
 
@@ -671,14 +680,9 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
   ASSERT_TRUE(s3);
   auto prefix = tidemark::open_fresh_s3_blob(*s3);
   ASSERT_TRUE(prefix) << prefix.error().to_string();
-  const std::vector<std::string> flags = {"--allow-s3-endpoints", (*prefix)->url().endpoint};
   constexpr int kThree = 3;
-  for (int i = 0; i < kThree; ++i) {
-    servers_.push_back(start(i, 0, flags));
-    ASSERT_GT(servers_.back().port, 0)
-        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
-    ports_[i] = servers_.back().port;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      start_servers(kThree, {"--allow-s3-endpoints", (*prefix)->url().endpoint}));
   auto index_of = [&](std::uint16_t port) {
     for (int i = 0; i < kThree; ++i) {
       if (servers_[i].port == port) return i;
@@ -708,11 +712,7 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
 
   // 1. The runner killed: both sinks move to the other two servers.
   const std::uint16_t first = servers_[0].port;
-  ports_[0] = servers_[1].port;  // its clients go on
-  const auto killed_at = std::chrono::steady_clock::now();
-  kill(servers_[0].pid, SIGKILL);
-  waitpid(servers_[0].pid, nullptr, 0);
-  servers_[0].pid = -1;
+  const auto killed_at = kill_server(0, 1);
   std::map<std::string, std::uint16_t> runner;
   for (const auto& sink : {file_sink, object_sink}) {
     runner[sink] = moved_from(1, sink, first, std::chrono::seconds(40));
@@ -788,14 +788,8 @@ TEST_F(ScaleOutTest, ASinkIntoKafkaFailsOverExactlyOnceWhenItsServerIsKilled) {
   auto broker = tidemark::KafkaMockProcess::start(
       TIDEMARK_KAFKA_MOCK, {"--topic", "out:8", "--topic", "out-progress:1"});
   ASSERT_TRUE(broker) << broker.error().message;
-  const std::vector<std::string> flags = {"--allow-kafka-brokers", "127.0.0.1"};
   constexpr int kThree = 3;
-  for (int i = 0; i < kThree; ++i) {
-    servers_.push_back(start(i, 0, flags));
-    ASSERT_GT(servers_.back().port, 0)
-        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
-    ports_[i] = servers_.back().port;
-  }
+  ASSERT_NO_FATAL_FAILURE(start_servers(kThree, {"--allow-kafka-brokers", "127.0.0.1"}));
   ASSERT_EQ(
       http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
           .status,
@@ -812,11 +806,7 @@ TEST_F(ScaleOutTest, ASinkIntoKafkaFailsOverExactlyOnceWhenItsServerIsKilled) {
   start_appends(appends, kThree, kThree, /*errors_fail=*/false);
   std::this_thread::sleep_for(std::chrono::seconds(3));
   const std::uint16_t first = servers_[0].port;
-  ports_[0] = servers_[1].port;  // its clients go on
-  const auto killed_at = std::chrono::steady_clock::now();
-  kill(servers_[0].pid, SIGKILL);
-  waitpid(servers_[0].pid, nullptr, 0);
-  servers_[0].pid = -1;
+  const auto killed_at = kill_server(0, 1);
   ASSERT_NE(moved_from(1, sink, first, std::chrono::seconds(40)), 0)
       << http_call(servers_[1].port, http::verb::get, "/v1/sinks/" + sink).body;
   std::fprintf(stderr, "sink %s: running on another server %.1f s after its runner's SIGKILL\n",
