@@ -108,13 +108,17 @@ struct ServerOptions {
   // address are two entries), and an entry without a port allows every
   // port of its host. A Kafka URL is allowed when every bootstrap broker it
   // names is. Empty: none. A malformed entry fails start() with
-  // InvalidUsage. Sinks stored before are resumed whatever the lists say.
+  // InvalidUsage. A stored sink whose destination the lists do not allow
+  // is not run here: it shows "waiting", saying why, and another server
+  // that allows it takes it.
   std::string allowed_s3_endpoints;
   std::string allowed_kafka_brokers;
-  // This server's id among servers sharing one blob store: sinks it creates
-  // are its own, and on start it resumes only those (and ownerless ones).
-  // Empty: it resumes every stored sink (one server). `tidemark serve`
-  // keeps its id in <data>/server-id.
+  // This server's id among servers sharing one blob store, written into the
+  // sinks it creates and into its sink leases: on start it takes back at
+  // once the sinks its previous life held, and any server takes a sink
+  // whose lease is free or lapsed (server/sinks.h). A file:// sink stored
+  // without a host name stays with the server that created it. `tidemark
+  // serve` keeps its id in <data>/server-id.
   std::string sink_owner;
   // The shards' appenders: batch limits, linger, batched appends, retries.
   // The server sets parent_pool and queue_bytes (its appenders pool).
