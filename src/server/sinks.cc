@@ -401,6 +401,7 @@ SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryP
       runner_(std::move(runner)),
       allowed_(std::move(allowed)),
       idle_close_(idle_close),
+      self_(this_process()),
       threads_("sinks", threads),
       timers_(&threads_) {
   // Without its timer a server still runs and answers for its own sinks; it
@@ -490,7 +491,7 @@ std::optional<std::string> SinkManager::not_here(const SinkSpec& spec) const {
   if (!url->directory) return std::nullopt;
   // A directory is its machine's disk.
   if (!spec.host.empty()) {
-    if (spec.host == this_process().host) return std::nullopt;
+    if (spec.host == self_.host) return std::nullopt;
     return "its directory is on host " + spec.host + ": only a server there runs it";
   }
   if (spec.owner.empty() || spec.owner == runner_.owner) return std::nullopt;
@@ -523,16 +524,16 @@ bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
     // A runner that renews is not looked at again before its lease ends,
     // unless it was a process of this machine that has died since.
     std::lock_guard lock(adoption_mu_);
-    if (auto it = held_leases_.find(spec.name);
-        it != held_leases_.end() && now <= it->second.expires_at_ms &&
-        liveness(it->second.process) != Liveness::kDead) {
+    if (auto it = held_leases_.find(spec.name); it != held_leases_.end() &&
+                                                now <= it->second.expires_at_ms &&
+                                                liveness(it->second.process) != Liveness::kDead) {
       return false;
     }
   }
   auto lease = read_lease(consensus, key);
   if (!lease) return false;  // the next look tries again
   // This process holds it (a sink being created, or one still stopping).
-  if (*lease && !(*lease)->released() && (*lease)->process == this_process()) return false;
+  if (*lease && !(*lease)->released() && (*lease)->process == self_) return false;
   LeaseRecord candidate;
   candidate.owner = runner_.owner;
   candidate.sink = spec.shard + "/" + spec.name;
@@ -631,7 +632,7 @@ Result<std::string> SinkManager::create(const SinkSpec& spec) {
             SinkClaim::acquire(client_->location().consensus, spec.shard, spec.name, url, runner_));
   SinkSpec owned = spec;
   owned.owner = runner_.owner;
-  owned.host = url.directory ? this_process().host : std::string();
+  owned.host = url.directory ? self_.host : std::string();
   TM_TRY(blob.set(spec_key(spec.name), owned.to_json()));
   TM_ASSIGN(auto written, blob.get(spec_key(spec.name)));
   if (!written) return make_error(ErrorKind::kNotFound, "sink " + spec.name + " was deleted");

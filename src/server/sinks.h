@@ -208,6 +208,9 @@ class SinkManager {
   const SinkRunner runner_;
   const DestinationAllowList allowed_;
   const std::chrono::milliseconds idle_close_;
+  // This process, read from /proc once: its host names the machine of the
+  // file sinks it creates and may run, and a lease naming it is held here.
+  const ProcessIdentity self_;
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Task>> tasks_;
   mutable std::mutex definitions_mu_;
