@@ -353,6 +353,7 @@ void MergeCursor::open_ahead(Run& run) const {
     std::lock_guard lock(pending->mu);
     pending->result = std::move(part);
     pending->state = PendingOpen::State::kDone;
+    pending->grant.end_fetch();  // its bytes stay granted until the part is taken
     pending->done.notify_all();
   };
   if (!WorkPool::blob_io().submit(std::move(job))) return;
@@ -398,6 +399,7 @@ Status MergeCursor::open_next_part(Input& input) {
       TM_ASSIGN(part, open_part(blob_, run.parts[run.next_part], window_, budget_));
     }
     const PartRef& ref = run.parts[run.next_part++];
+    top_up_due_ = true;  // the part before is done
     if (!part) continue;
     input.min = part->min;
     input.max = part->max;
@@ -408,6 +410,16 @@ Status MergeCursor::open_next_part(Input& input) {
     return {};
   }
   return {};
+}
+
+void MergeCursor::top_up_read_ahead() {
+  top_up_due_ = false;
+  if (!budget_ || !read_ahead_) return;
+  auto top_up = [](Input& input) { return !input.source || input.source->resume(); };
+  if (current_ && !top_up(inputs_[*current_])) return;
+  for (const std::size_t i : heap_) {
+    if (!top_up(inputs_[i])) return;
+  }
 }
 
 void MergeCursor::drop_read_ahead() {
@@ -533,8 +545,9 @@ Status MergeCursor::advance(Input& input) {
     TM_ASSIGN(auto update, input.reader->next());
     if (!update) {
       input.reader.reset();  // release its block buffers early
-      input.source.reset();
+      input.source.reset();  // and its read-ahead's
       release_block(input);
+      top_up_due_ = true;
       continue;
     }
     const bool wanted = update->time >= input.min && update->time <= input.max;
@@ -620,6 +633,8 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
     std::make_heap(heap_.begin(), heap_.end(), greater);
   } else if (advance_current_ && current_) {
     TM_TRY(advance(inputs_[*current_]));
+    if (top_up_due_) [[unlikely]]
+      top_up_read_ahead();
     if (!inputs_[*current_].head) {
       current_.reset();
     } else if (inputs_[*current_].deferred || (!heap_.empty() && less(heap_.front(), *current_))) {

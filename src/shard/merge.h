@@ -41,8 +41,9 @@
 //
 // Read-ahead (read_ahead.h, issue #22): besides, up to
 // ReadAheadBudget::kCursorBytes (16 MiB) of spans of the parts' objects
-// fetched ahead or in flight, plus a run's next part opened ahead (its
-// footer and index), each granted before its fetch is issued and, with a
+// fetched ahead or in flight (at most kCursorFetches in flight), plus a
+// run's next part opened ahead (its footer and index), each granted
+// before its fetch is issued and, with a
 // ReadMemory pool, reserved from it with try_reserve (never past its
 // capacity, and leaving the merge's blocks as much room again). Fetches
 // run on the process's blob_io() threads; a cursor destroyed or moved with
@@ -181,6 +182,11 @@ class MergeCursor {
   static void cancel_ahead(Run& run);
   // Every input's read-ahead gives its bytes back.
   void drop_read_ahead();
+  // Once a part is done (its bytes and fetches free): the inputs whose
+  // spans the budget refused issue them now, those the merge needs first
+  // first (the current input, then the heap's, its front first), until the
+  // budget refuses again.
+  void top_up_read_ahead();
 
   std::shared_ptr<Blob> blob_;               // the parts' readers fetch from *blob_
   std::shared_ptr<ReadAheadBudget> budget_;  // null: no read-ahead
@@ -192,6 +198,7 @@ class MergeCursor {
   bool started_ = false;
   bool read_ahead_ = true;  // false: the budget stays paused (see open())
   bool advance_current_ = false;
+  bool top_up_due_ = false;  // a part was done since the last top_up_read_ahead()
 };
 
 // Parts whose reference allows a largest block above this have their footer

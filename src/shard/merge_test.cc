@@ -920,6 +920,92 @@ TEST_F(ReadAheadTest, ADamagedBlockFailsWhereTheSequentialReadFails) {
   }
 }
 
+// The budget bounds fetches in flight, not spans fetched and waiting for
+// their reader: those hold bytes only.
+TEST(ReadAheadBudgetTest, AFetchedSpanHoldsBytesButNoFetch) {
+  auto budget = std::make_shared<ReadAheadBudget>(nullptr);
+  std::vector<ReadAheadGrant> grants;
+  for (std::size_t i = 0; i < ReadAheadBudget::kCursorFetches; ++i) {
+    auto grant = budget->try_take(1024);
+    ASSERT_TRUE(grant);
+    grants.push_back(std::move(*grant));
+  }
+  EXPECT_FALSE(budget->try_take(1024));  // as many fetches in flight as allowed
+  grants[0].end_fetch();
+  grants[0].end_fetch();  // once only
+  auto more = budget->try_take(1024);
+  ASSERT_TRUE(more);
+  EXPECT_FALSE(budget->try_take(1024));
+  EXPECT_EQ(budget->bytes(), (ReadAheadBudget::kCursorFetches + 1) * 1024);
+  // Bytes still bound what is held, fetched or not.
+  for (ReadAheadGrant& grant : grants) grant.end_fetch();
+  more->end_fetch();
+  EXPECT_FALSE(budget->try_take(ReadAheadBudget::kCursorBytes));
+  grants.clear();  // a grant whose fetch ended gives back its bytes alone
+  EXPECT_EQ(budget->bytes(), 1024u);
+  auto rest = budget->try_take(ReadAheadBudget::kCursorBytes - 1024);
+  EXPECT_TRUE(rest);
+}
+
+// A merge of more small parts than fetches may be in flight reads ahead in
+// every one of them, not only in the first kCursorFetches (whose spans, once
+// fetched, used to hold their fetches until read, so the other parts were
+// read block by block when the merge reached them: a freshly appended shard
+// on S3 read at a quarter of a merged one's speed). Once the first spans
+// are fetched, the first part done tops the others up, and the rest of the
+// merge reads nothing more from the blob.
+TEST_F(ReadAheadTest, ReadsAheadInEveryOneOfManySmallParts) {
+  // One span covers what a part holds below the tail opening reads, so
+  // twice kCursorFetches parts take two rounds of fetches.
+  ReadAheadSource::set_span_bytes_for_testing(PartReader::kOpenFetchBytes);
+  constexpr int kParts = 2 * ReadAheadBudget::kCursorFetches;
+  std::vector<PartRef> parts;
+  for (int p = 0; p < kParts; ++p) {
+    std::vector<Update> updates;
+    std::mt19937_64 random(p);
+    for (int i = 0; i < 100; ++i) {  // about 100 KiB: beyond the 64 KiB tail opening reads
+      std::string value(1000, ' ');
+      for (char& c : value) c = static_cast<char>(random());  // incompressible
+      updates.push_back(Update{"k" + std::to_string(1000 + p) + "-" + std::to_string(100 + i),
+                               std::move(value), 1, 1});
+    }
+    parts.push_back(write_part("small" + std::to_string(p), description(0, 10), updates, 4096));
+    ASSERT_GT(parts.back().size, PartReader::kOpenFetchBytes);
+    ASSERT_LT(parts.back().size, 2 * PartReader::kOpenFetchBytes);
+  }
+  // Slow enough that the first spans are still in flight while the
+  // merge's first next() issues them.
+  blob_->latency = std::chrono::milliseconds(20);
+  auto cursor = MergeCursor::open(blob_, {PartRun{parts, /*ordered=*/false}}, {});
+  ASSERT_TRUE(cursor) << cursor.error().to_string();
+  std::vector<Update> out;
+  auto read = [&](std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+      auto update = cursor->next();
+      ASSERT_TRUE(update) << update.error().to_string();
+      if (!*update) return;
+      out.push_back((*update)->to_owned());
+    }
+  };
+  // The first kCursorFetches parts' spans go out at the first next().
+  read(1);
+  wait_for_quiet(nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // their jobs end
+  // Through the first part: its end tops up every other part.
+  read(100);
+  wait_for_quiet(nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  blob_->fetches.clear();
+  read(SIZE_MAX);
+  blob_->latency = std::chrono::milliseconds(0);
+  EXPECT_EQ(out.size(), static_cast<std::size_t>(kParts) * 100);
+  EXPECT_TRUE(std::is_sorted(out.begin(), out.end(),
+                             [](const Update& a, const Update& b) { return a.key < b.key; }));
+  EXPECT_TRUE(blob_->fetches_so_far().empty())
+      << blob_->fetches_so_far().size() << " reads after the top-up, the first of "
+      << blob_->fetches_so_far().front();
+}
+
 TEST_F(ReadAheadTest, ACursorDestroyedWithFetchesInFlightIsSafe) {
   const std::vector<PartRun> shard = runs(17);
   auto pool = MemoryPool::create("reads", 64 << 20);

@@ -15,6 +15,7 @@ ReadAheadGrant& ReadAheadGrant::operator=(ReadAheadGrant&& other) noexcept {
     release();
     budget_ = std::move(other.budget_);
     bytes_ = std::exchange(other.bytes_, 0);
+    fetching_ = std::exchange(other.fetching_, false);
     lease_ = std::move(other.lease_);
     other.lease_.reset();
   }
@@ -27,9 +28,16 @@ ReadAheadGrant::~ReadAheadGrant() {
 
 void ReadAheadGrant::release() {
   lease_.reset();
-  if (budget_) budget_->give_back(bytes_);
+  if (budget_) budget_->give_back(bytes_, fetching_);
   budget_.reset();
   bytes_ = 0;
+  fetching_ = false;
+}
+
+void ReadAheadGrant::end_fetch() {
+  if (!fetching_) return;
+  fetching_ = false;
+  budget_->fetch_ended();
 }
 
 std::optional<ReadAheadGrant> ReadAheadBudget::try_take(std::uint64_t bytes) {
@@ -44,6 +52,7 @@ std::optional<ReadAheadGrant> ReadAheadBudget::try_take(std::uint64_t bytes) {
   ReadAheadGrant grant;
   grant.budget_ = shared_from_this();
   grant.bytes_ = bytes;
+  grant.fetching_ = true;
   if (pool_) {
     // Room left for the blocks the merge loads (charged without waiting,
     // and may overdraw: a full pool must not be full of read-ahead).
@@ -56,9 +65,14 @@ std::optional<ReadAheadGrant> ReadAheadBudget::try_take(std::uint64_t bytes) {
   return grant;
 }
 
-void ReadAheadBudget::give_back(std::uint64_t bytes) {
+void ReadAheadBudget::give_back(std::uint64_t bytes, bool fetching) {
   std::lock_guard lock(mu_);
   bytes_ -= bytes;
+  if (fetching) --fetches_;
+}
+
+void ReadAheadBudget::fetch_ended() {
+  std::lock_guard lock(mu_);
   --fetches_;
 }
 
@@ -120,6 +134,7 @@ void ReadAheadSource::run(const std::shared_ptr<Span>& span, const std::shared_p
   std::lock_guard lock(span->mu);
   span->result = std::move(bytes);
   span->state = Span::State::kDone;
+  span->grant.end_fetch();
   span->done.notify_all();
 }
 
@@ -133,6 +148,7 @@ void ReadAheadSource::wait(const std::shared_ptr<Span>& span) {
     lock.lock();
     span->result = std::move(bytes);
     span->state = Span::State::kDone;
+    span->grant.end_fetch();
     return;
   }
   span->done.wait(lock, [&] { return span->state == Span::State::kDone; });
@@ -155,19 +171,21 @@ void ReadAheadSource::drop() {
   next_issue_ = 0;
 }
 
-void ReadAheadSource::read_ahead_from(std::uint64_t offset) {
-  if (!enabled_ || !budget_ || offset >= limit_) return;
+bool ReadAheadSource::read_ahead_from(std::uint64_t offset) {
+  if (!enabled_ || !budget_ || offset >= limit_) return true;
   next_issue_ = std::max(next_issue_, offset);
   WorkPool& pool = WorkPool::blob_io();
   while (spans_.size() < kSpansPerPart && next_issue_ < limit_) {
     const std::uint64_t length = std::min(span_bytes_, limit_ - next_issue_);
     std::optional<ReadAheadGrant> grant = budget_->try_take(length);
-    if (!grant) return;  // no room: read-ahead shrinks
+    if (!grant) return false;  // no room: read-ahead shrinks
     auto span = std::make_shared<Span>(next_issue_, length, std::move(*grant));
-    if (!pool.submit([span, blob = blob_, key = key_] { run(span, blob, *key); })) return;
+    // A full pool: the reader fetches what it needs itself.
+    if (!pool.submit([span, blob = blob_, key = key_] { run(span, blob, *key); })) return true;
     spans_.push_back(std::move(span));
     next_issue_ += length;
   }
+  return true;
 }
 
 Result<std::string> ReadAheadSource::fetch(std::uint64_t offset, std::uint64_t length) {

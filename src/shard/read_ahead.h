@@ -17,7 +17,11 @@
 // error, and a damaged block fails its checksum where it always did.
 //
 // Budget: every span is granted by the cursor's ReadAheadBudget before it
-// is issued: at most kCursorBytes and kCursorFetches per cursor, and, when
+// is issued: at most kCursorBytes per cursor, of which at most
+// kCursorFetches fetches in flight at once (a span fetched and waiting for
+// its reader holds bytes, not a fetch: a merge of many small parts keeps
+// one span of each, up to kCursorBytes, rather than only kCursorFetches of
+// them), and, when
 // the read has a memory pool, its bytes try_reserve()d from that pool (never
 // past its capacity), only while the pool keeps free besides it as much
 // room as the merge's own blocks hold (MergeCursor charges those without
@@ -64,12 +68,16 @@ class ReadAheadGrant {
   ReadAheadGrant& operator=(ReadAheadGrant&& other) noexcept;
   ~ReadAheadGrant();
   std::uint64_t bytes() const { return bytes_; }
+  // Its fetch has ended (or never will): the cursor may start another,
+  // while the bytes stay granted until this is destroyed.
+  void end_fetch();
 
  private:
   friend class ReadAheadBudget;
   void release();
   std::shared_ptr<ReadAheadBudget> budget_;
   std::uint64_t bytes_ = 0;
+  bool fetching_ = false;       // counted in the budget's fetches in flight
   std::optional<Lease> lease_;  // from the read's pool, when it has one
 };
 
@@ -83,7 +91,8 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
   explicit ReadAheadBudget(std::shared_ptr<MemoryPool> pool) : pool_(std::move(pool)) {}
 
   // A grant of `bytes` for one fetch, or nullopt when it does not fit now
-  // (or the budget is paused).
+  // (or the budget is paused). The fetch counts as in flight until the
+  // grant's end_fetch() (or its end).
   [[nodiscard]] std::optional<ReadAheadGrant> try_take(std::uint64_t bytes);
 
   // While paused nothing is granted.
@@ -101,7 +110,8 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
 
  private:
   friend class ReadAheadGrant;
-  void give_back(std::uint64_t bytes);
+  void give_back(std::uint64_t bytes, bool fetching);
+  void fetch_ended();
 
   const std::shared_ptr<MemoryPool> pool_;
   std::atomic<bool> paused_{false};
@@ -109,7 +119,7 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
   mutable std::mutex mu_;
   std::uint64_t bytes_ = 0;  // GUARDED_BY(mu_)
   std::uint64_t peak_ = 0;   // GUARDED_BY(mu_)
-  std::size_t fetches_ = 0;  // GUARDED_BY(mu_)
+  std::size_t fetches_ = 0;  // GUARDED_BY(mu_), in flight
 };
 
 class ReadAheadSource {
@@ -135,13 +145,13 @@ class ReadAheadSource {
   // From now on each fetch tops up the spans ahead of it.
   void enable() { enabled_ = true; }
   // Issues spans from `offset` on now (when enabled), as if a read had
-  // just ended there.
-  void read_ahead_from(std::uint64_t offset);
+  // just ended there. False when the budget refused one (it is spent for
+  // now); true when as many spans as wanted are issued (or none is).
+  bool read_ahead_from(std::uint64_t offset);
   // read_ahead_from() where the last read below the tail ended (when there
-  // was one).
-  void resume() {
-    if (last_end_ > 0) read_ahead_from(last_end_);
-  }
+  // was one). The merge calls it again for parts whose spans the budget
+  // refused, once a part is done (MergeCursor::top_up_read_ahead).
+  bool resume() { return last_end_ > 0 ? read_ahead_from(last_end_) : true; }
   // Forgets every span not read yet (cancelling those not started) and the
   // one being read: their bytes go back to the budget (a span being
   // fetched, once its fetch ends). Read-ahead goes on with the next fetch.
