@@ -279,6 +279,7 @@ Result<MergeCursor> MergeCursor::open(std::shared_ptr<Blob> blob, const std::vec
       unopened.push_back(&ref);
     }
   }
+  if (cursor.budget_) cursor.budget_->set_inputs(inputs.size());
   // Each input opens its first part and reads its first update. Every one
   // of those is a blob read or two, so they run concurrently: under 200 ms
   // of blob latency a merge of 1,000 parts took minutes one by one. Each

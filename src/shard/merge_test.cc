@@ -947,6 +947,25 @@ TEST(ReadAheadBudgetTest, AFetchedSpanHoldsBytesButNoFetch) {
   EXPECT_TRUE(rest);
 }
 
+// Each input of a merge gets a fair share of the cursor's bytes: room for
+// the span it reads and one ahead.
+TEST(ReadAheadBudgetTest, SpansShrinkWithTheInputsReadAtOnce) {
+  ReadAheadBudget budget(nullptr);
+  EXPECT_EQ(budget.span_bytes(), ReadAheadSource::kSpanBytes);  // one input
+  EXPECT_EQ(budget.spans_ahead(), ReadAheadSource::kSpansPerPart);
+  const std::pair<std::size_t, std::uint64_t> cases[] = {
+      {2, 1 << 20}, {32, 256 << 10}, {64, 128 << 10}, {1000, 64 << 10}};
+  for (const auto& [inputs, span] : cases) {
+    SCOPED_TRACE(std::to_string(inputs) + " inputs");
+    budget.set_inputs(inputs);
+    EXPECT_EQ(budget.span_bytes(), span);
+    const std::uint64_t share = ReadAheadBudget::kCursorBytes / inputs;
+    EXPECT_EQ(budget.spans_ahead(), std::clamp<std::uint64_t>(share / span, 1, 8));
+    EXPECT_LE(budget.spans_ahead() * budget.span_bytes(),
+              std::max(share, ReadAheadBudget::kMinSpanBytes));
+  }
+}
+
 // A merge of more small parts than fetches may be in flight reads ahead in
 // every one of them, not only in the first kCursorFetches (whose spans, once
 // fetched, used to hold their fetches until read, so the other parts were

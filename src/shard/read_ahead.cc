@@ -110,14 +110,27 @@ void ReadAheadSource::set_span_bytes_for_testing(std::uint64_t bytes) {
   span_bytes.store(bytes == 0 ? kSpanBytes : bytes, std::memory_order_relaxed);
 }
 
+std::uint64_t ReadAheadSource::max_span_bytes() {
+  return span_bytes.load(std::memory_order_relaxed);
+}
+
+void ReadAheadBudget::set_inputs(std::size_t inputs) {
+  const std::uint64_t share = kCursorBytes / std::max<std::size_t>(inputs, 1);
+  const std::uint64_t most = ReadAheadSource::max_span_bytes();
+  span_bytes_ = std::min(most, std::max(kMinSpanBytes, share / 2));
+  spans_ahead_ = static_cast<std::size_t>(
+      std::clamp<std::uint64_t>(share / span_bytes_, 1, ReadAheadSource::kSpansPerPart));
+}
+
 ReadAheadSource::ReadAheadSource(std::shared_ptr<Blob> blob, std::string key, std::uint64_t size,
                                  std::shared_ptr<ReadAheadBudget> budget)
     : blob_(std::move(blob)),
       key_(std::make_shared<const std::string>(std::move(key))),
       size_(size),
       limit_(size - std::min(size, PartReader::kOpenFetchBytes)),
-      span_bytes_(span_bytes.load(std::memory_order_relaxed)),
-      budget_(std::move(budget)) {}
+      budget_(std::move(budget)),
+      span_bytes_(budget_->span_bytes()),
+      spans_ahead_(budget_->spans_ahead()) {}
 
 ReadAheadSource::~ReadAheadSource() {
   drop();
@@ -175,7 +188,7 @@ bool ReadAheadSource::read_ahead_from(std::uint64_t offset) {
   if (!enabled_ || !budget_ || offset >= limit_) return true;
   next_issue_ = std::max(next_issue_, offset);
   WorkPool& pool = WorkPool::blob_io();
-  while (spans_.size() < kSpansPerPart && next_issue_ < limit_) {
+  while (spans_.size() < spans_ahead_ && next_issue_ < limit_) {
     const std::uint64_t length = std::min(span_bytes_, limit_ - next_issue_);
     std::optional<ReadAheadGrant> grant = budget_->try_take(length);
     if (!grant) return false;  // no room: read-ahead shrinks
@@ -190,6 +203,13 @@ bool ReadAheadSource::read_ahead_from(std::uint64_t offset) {
 
 Result<std::string> ReadAheadSource::fetch(std::uint64_t offset, std::uint64_t length) {
   const std::uint64_t end = offset + length;
+  if (!current_.empty() && offset >= current_offset_ + current_.size()) {
+    // The reader has moved past the span it read: its bytes go back now,
+    // whether or not a span follows (else a part the budget left without
+    // spans would keep them while it reads block by block).
+    std::string().swap(current_);
+    current_grant_ = ReadAheadGrant();
+  }
   std::string out;
   std::uint64_t pos = offset;
   while (pos < end) {

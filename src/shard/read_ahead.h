@@ -88,7 +88,22 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
 
   // `pool` may be null (the read charges nothing): then only the cursor's
   // own bounds apply.
-  explicit ReadAheadBudget(std::shared_ptr<MemoryPool> pool) : pool_(std::move(pool)) {}
+  explicit ReadAheadBudget(std::shared_ptr<MemoryPool> pool) : pool_(std::move(pool)) {
+    set_inputs(1);
+  }
+
+  // The merge reads `inputs` parts (or runs) at once: each gets a fair
+  // share of kCursorBytes, room for the span it reads and one ahead. So
+  // spans are share / 2, between kMinSpanBytes and ReadAheadSource::kSpanBytes,
+  // and a part keeps up to share / span of them (1 to kSpansPerPart).
+  // One input: 1 MiB spans, 8 ahead; 32: 256 KiB, 2; 64: 128 KiB, 2. (A
+  // merge of 64 parts whose keys interleave reads from all of them at
+  // once: with 1 MiB spans, a third of them held no span and were read
+  // block by block.) Call before any source reads through this budget.
+  static constexpr std::uint64_t kMinSpanBytes = 64 << 10;
+  void set_inputs(std::size_t inputs);
+  std::uint64_t span_bytes() const { return span_bytes_; }
+  std::size_t spans_ahead() const { return spans_ahead_; }
 
   // A grant of `bytes` for one fetch, or nullopt when it does not fit now
   // (or the budget is paused). The fetch counts as in flight until the
@@ -114,6 +129,8 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
   void fetch_ended();
 
   const std::shared_ptr<MemoryPool> pool_;
+  std::uint64_t span_bytes_;  // set_inputs(), before any source
+  std::size_t spans_ahead_;
   std::atomic<bool> paused_{false};
   std::atomic<std::int64_t> merge_blocks_{0};
   mutable std::mutex mu_;
@@ -124,12 +141,15 @@ class ReadAheadBudget : public std::enable_shared_from_this<ReadAheadBudget> {
 
 class ReadAheadSource {
  public:
+  // The largest span (a merge of few inputs).
   static constexpr std::uint64_t kSpanBytes = 1 << 20;
-  // Spans in flight or fetched ahead of the reader, per part.
+  // The most spans in flight or fetched ahead of the reader, per part.
   static constexpr std::size_t kSpansPerPart = 8;
 
-  // Spans of `bytes` (0: kSpanBytes) for sources made from now on (tests).
+  // Spans of at most `bytes` (0: kSpanBytes) for budgets whose
+  // set_inputs() comes from now on (tests).
   static void set_span_bytes_for_testing(std::uint64_t bytes);
+  static std::uint64_t max_span_bytes();
 
   // Reads `key` (an object of `size` bytes) from `blob`.
   ReadAheadSource(std::shared_ptr<Blob> blob, std::string key, std::uint64_t size,
@@ -170,8 +190,9 @@ class ReadAheadSource {
   const std::shared_ptr<const std::string> key_;
   const std::uint64_t size_;
   const std::uint64_t limit_;  // spans end here: the start of the tail open() reads
-  const std::uint64_t span_bytes_;
   const std::shared_ptr<ReadAheadBudget> budget_;
+  const std::uint64_t span_bytes_;  // the budget's
+  const std::size_t spans_ahead_;
   bool enabled_ = false;
   std::uint64_t next_issue_ = 0;             // where the next span starts
   std::uint64_t last_end_ = 0;               // where the last read below limit_ ended
