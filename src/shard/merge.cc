@@ -21,6 +21,10 @@ struct MergeCursor::Input {
   std::optional<UpdateView> head;
   // The open part's first block is not loaded yet (see kDeferBlockBytes).
   bool deferred = false;
+  // A part of this input was done since next() last looked: the budget has
+  // room again for other inputs (top_up_read_ahead). Per input, since
+  // inputs open on several threads at once.
+  bool part_done = false;
   Time min = 0;  // effective window of the open part, inclusive
   Time max = 0;
   std::unique_ptr<PartReader> reader;
@@ -400,7 +404,7 @@ Status MergeCursor::open_next_part(Input& input) {
       TM_ASSIGN(part, open_part(blob_, run.parts[run.next_part], window_, budget_));
     }
     const PartRef& ref = run.parts[run.next_part++];
-    top_up_due_ = true;  // the part before is done
+    input.part_done = true;  // the part before is done
     if (!part) continue;
     input.min = part->min;
     input.max = part->max;
@@ -414,7 +418,6 @@ Status MergeCursor::open_next_part(Input& input) {
 }
 
 void MergeCursor::top_up_read_ahead() {
-  top_up_due_ = false;
   if (!budget_ || !read_ahead_) return;
   auto top_up = [](Input& input) { return !input.source || input.source->resume(); };
   if (current_ && !top_up(inputs_[*current_])) return;
@@ -548,7 +551,7 @@ Status MergeCursor::advance(Input& input) {
       input.reader.reset();  // release its block buffers early
       input.source.reset();  // and its read-ahead's
       release_block(input);
-      top_up_due_ = true;
+      input.part_done = true;
       continue;
     }
     const bool wanted = update->time >= input.min && update->time <= input.max;
@@ -634,8 +637,10 @@ Result<std::optional<UpdateView>> MergeCursor::next() {
     std::make_heap(heap_.begin(), heap_.end(), greater);
   } else if (advance_current_ && current_) {
     TM_TRY(advance(inputs_[*current_]));
-    if (top_up_due_) [[unlikely]]
+    if (inputs_[*current_].part_done) [[unlikely]] {
+      inputs_[*current_].part_done = false;
       top_up_read_ahead();
+    }
     if (!inputs_[*current_].head) {
       current_.reset();
     } else if (inputs_[*current_].deferred || (!heap_.empty() && less(heap_.front(), *current_))) {

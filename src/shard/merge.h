@@ -198,7 +198,6 @@ class MergeCursor {
   bool started_ = false;
   bool read_ahead_ = true;  // false: the budget stays paused (see open())
   bool advance_current_ = false;
-  bool top_up_due_ = false;  // a part was done since the last top_up_read_ahead()
 };
 
 // Parts whose reference allows a largest block above this have their footer
