@@ -78,7 +78,15 @@ class ServerTest : public ::testing::Test {
   void TearDown() override {
     server_.reset();
     client_.reset();
-    fs::remove_all(dir_);
+    // A sink left stuck past a stop's grace ends on its own within about a
+    // second, and may still remove a file of its own meanwhile: a
+    // remove_all that meets one gone is tried again, never an exception.
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      std::error_code error;
+      fs::remove_all(dir_, error);
+      if (!error) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
 
   void start() {
