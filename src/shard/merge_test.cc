@@ -103,10 +103,11 @@ class RecordingBlob final : public ForwardingBlob {
 };
 
 // `size` bytes after `first` that zstd cannot shrink: a block of them is
-// one ranged read of its own, not part of the tail open() fetches.
-std::string incompressible(std::size_t size, char first) {
+// one ranged read of its own, not part of the tail open() fetches. Values
+// of one `seed` repeat one another (zstd finds those): give each its own.
+std::string incompressible(std::size_t size, char first, std::uint64_t seed = 42) {
   std::string value(size, first);
-  std::uint64_t state = 42;
+  std::uint64_t state = seed;
   for (std::size_t i = 1; i < value.size(); ++i) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
     value[i] = static_cast<char>(state >> 56);
@@ -981,12 +982,9 @@ TEST_F(ReadAheadTest, ReadsAheadInEveryOneOfManySmallParts) {
   std::vector<PartRef> parts;
   for (int p = 0; p < kParts; ++p) {
     std::vector<Update> updates;
-    std::mt19937_64 random(p);
     for (int i = 0; i < 100; ++i) {  // about 100 KiB: beyond the 64 KiB tail opening reads
-      std::string value(1000, ' ');
-      for (char& c : value) c = static_cast<char>(random());  // incompressible
       updates.push_back(Update{"k" + std::to_string(1000 + p) + "-" + std::to_string(100 + i),
-                               std::move(value), 1, 1});
+                               incompressible(1000, 'v', 1000 * p + i), 1, 1});
     }
     parts.push_back(write_part("small" + std::to_string(p), description(0, 10), updates, 4096));
     ASSERT_GT(parts.back().size, PartReader::kOpenFetchBytes);
