@@ -185,6 +185,8 @@ Result<DestinationAllowList> DestinationAllowList::parse(std::string_view s3_end
     out.kafka_.push_back(Host{"", broker->first, broker->second});
   });
   if (bad) return invalid_usage("allowed destinations: " + *bad);
+  out.s3_text_ = s3_endpoints;
+  out.kafka_text_ = kafka_brokers;
   return out;
 }
 

@@ -82,6 +82,11 @@ class DestinationAllowList {
   // has its own check.
   [[nodiscard]] Status check(const SinkUrl& url) const;
 
+  // The lists as parse() was given them (another server parses them again
+  // to tell which sinks this one may run: sink/server_presence.h).
+  const std::string& s3_endpoints() const { return s3_text_; }
+  const std::string& kafka_brokers() const { return kafka_text_; }
+
  private:
   struct Host {
     std::string scheme;               // S3 only: "http" or "https"
@@ -91,6 +96,7 @@ class DestinationAllowList {
   static bool allows(const std::vector<Host>& list, const Host& wanted);
   std::vector<Host> s3_;
   std::vector<Host> kafka_;
+  std::string s3_text_, kafka_text_;
 };
 
 [[nodiscard]] Result<std::unique_ptr<SinkDestination>> open_sink_destination(
