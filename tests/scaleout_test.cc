@@ -670,11 +670,12 @@ testing::AssertionResult exactly_once(const Committed& committed, long long fron
 
 // Sinks outlive their server. Three servers on PostgreSQL + S3 run a file
 // sink and an S3 sink of a shard that three clients append to without a
-// pause. Their runner is killed (SIGKILL); later the server running the S3
-// sink is paused past its lease (SIGSTOP), then resumed (SIGCONT). Each
-// time another server takes the sinks over, and in the end each
-// destination holds every acknowledged record exactly once, in intervals
-// that meet end to end. The takeover times are printed.
+// pause. Both are created on one server, which hands the S3 sink to another
+// (they spread). The file sink's runner is killed (SIGKILL); later the
+// server running the S3 sink is paused past its lease (SIGSTOP), then
+// resumed (SIGCONT). Each time another server takes the sink over, and in
+// the end each destination holds every acknowledged record exactly once,
+// in intervals that meet end to end. The takeover times are printed.
 TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
   auto s3 = tidemark::s3_test_server();
   ASSERT_TRUE(s3);
@@ -702,35 +703,52 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
                   "{\"name\":\"" + name + "\",\"shard\":\"" + shard_ + "\",\"to\":\"" + to + "\"}");
     ASSERT_EQ(created.status, 201u) << created.body;
   }
-  for (const auto& sink : {file_sink, object_sink}) {
-    ASSERT_EQ(moved_from(1, sink, 0, std::chrono::seconds(15)), servers_[0].port) << sink;
-  }
-
   Appends appends;
   start_appends(appends, kThree, kThree, /*errors_fail=*/false);
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-
-  // 1. The runner killed: both sinks move to the other two servers.
-  const std::uint16_t first = servers_[0].port;
-  const auto killed_at = kill_server(0, 1);
+  // The creator runs both, then hands one to a server that runs none.
   std::map<std::string, std::uint16_t> runner;
-  for (const auto& sink : {file_sink, object_sink}) {
-    runner[sink] = moved_from(1, sink, first, std::chrono::seconds(40));
-    ASSERT_NE(runner[sink], 0)
-        << sink << " was not taken over: "
-        << http_call(servers_[1].port, http::verb::get, "/v1/sinks/" + sink).body;
+  const auto spread_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < spread_deadline) {
+    for (const auto& sink : {file_sink, object_sink}) runner[sink] = runner_port(1, sink);
+    if (runner[file_sink] != 0 && runner[object_sink] != 0 &&
+        runner[file_sink] != runner[object_sink]) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(runner[file_sink], 0);
+  ASSERT_NE(runner[object_sink], 0);
+  ASSERT_NE(runner[file_sink], runner[object_sink]) << "the two sinks did not spread";
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+
+  // 1. The file sink's runner killed: another server takes it over.
+  const int killed = index_of(runner[file_sink]);
+  ASSERT_GE(killed, 0);
+  const int survivor = killed == 0 ? 1 : 0;
+  const auto killed_at = kill_server(killed, survivor);
+  for (int c = 0; c < kThree; ++c) {
+    if (ports_[c] == runner[file_sink]) ports_[c] = servers_[survivor].port;
+  }
+  {
+    const std::uint16_t first = runner[file_sink];
+    runner[file_sink] = moved_from(survivor, file_sink, first, std::chrono::seconds(40));
+    ASSERT_NE(runner[file_sink], 0)
+        << file_sink << " was not taken over: "
+        << http_call(servers_[survivor].port, http::verb::get, "/v1/sinks/" + file_sink).body;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
     std::fprintf(stderr, "sink %s: running on another server %.1f s after its runner's SIGKILL\n",
-                 sink.c_str(), seconds);
+                 file_sink.c_str(), seconds);
   }
+  runner[object_sink] = runner_port(survivor, object_sink);
   std::this_thread::sleep_for(std::chrono::seconds(3));
 
   // 2. The S3 sink's runner paused past its lease, then resumed: another
   // server takes the S3 sink meanwhile; the paused one stops writing it.
   const int paused = index_of(runner[object_sink]);
-  ASSERT_GE(paused, 1);
-  const int ask = paused == 1 ? 2 : 1;
+  ASSERT_GE(paused, 0);
+  ASSERT_NE(paused, killed);
+  const int ask = 3 - killed - paused;  // the third server
   ports_[paused] = servers_[ask].port;  // its clients go on elsewhere
   for (int c = 0; c < kThree; ++c) {
     if (ports_[c] == servers_[paused].port) ports_[c] = servers_[ask].port;
@@ -769,9 +787,113 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
       exactly_once(committed_files(files), frontier[file_sink], appends.acked, appends.sent));
   EXPECT_TRUE(exactly_once(committed_objects(**prefix), frontier[object_sink], appends.acked,
                            appends.sent));
-  for (int i = 1; i < kThree; ++i) {
+  for (int i = 0; i < kThree; ++i) {
+    if (i == killed) continue;
     EXPECT_EQ(slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err")).find("overlap"),
               std::string::npos);
+  }
+}
+
+// Sinks spread onto servers that join. One server on PostgreSQL + S3 runs
+// four file sinks of a shard that two clients append to; two more servers
+// start. The first hands sinks over until every server runs one at least
+// (2/1/1), the assignment then stays put, and each sink's output holds
+// every acknowledged record exactly once. The time to spread is printed.
+TEST_F(ScaleOutTest, SinksSpreadOntoServersThatJoin) {
+  constexpr int kThree = 3, kSinks = 4;
+  ASSERT_NO_FATAL_FAILURE(start_servers(1, {}));
+  ASSERT_EQ(
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
+          .status,
+      201u);
+  std::vector<std::string> sinks;
+  std::vector<fs::path> dirs;
+  for (int i = 0; i < kSinks; ++i) {
+    sinks.push_back("f" + std::to_string(i) + shard_);
+    dirs.push_back(scratch_ / "data-serve-0" / "sinks" / ("files" + std::to_string(i)));
+    Reply created = http_call(servers_[0].port, http::verb::post, "/v1/sinks",
+                              "{\"name\":\"" + sinks.back() + "\",\"shard\":\"" + shard_ +
+                                  "\",\"to\":\"file://" + dirs.back().string() + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  for (const auto& sink : sinks) {
+    ASSERT_EQ(moved_from(0, sink, 0, std::chrono::seconds(15)), servers_[0].port) << sink;
+  }
+  Appends appends;
+  start_appends(appends, 2, 1, /*errors_fail=*/false);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+
+  for (int i = 1; i < kThree; ++i) {
+    servers_.push_back(start(i, 0));
+    ASSERT_GT(servers_.back().port, 0)
+        << slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+  }
+  const auto joined_at = std::chrono::steady_clock::now();
+  // Which server (by index) runs each sink, as server 1 answers; -1 while
+  // none does.
+  auto assignment = [&] {
+    std::vector<int> out;
+    for (const auto& sink : sinks) {
+      const std::uint16_t port = runner_port(1, sink);
+      int index = -1;
+      for (int i = 0; i < kThree; ++i) index = servers_[i].port == port ? i : index;
+      out.push_back(index);
+    }
+    return out;
+  };
+  auto per_server = [&](const std::vector<int>& a) {
+    std::vector<int> count(kThree, 0);
+    for (int index : a) {
+      if (index >= 0) ++count[index];
+    }
+    return count;
+  };
+  std::vector<int> spread;
+  const auto deadline = joined_at + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    spread = assignment();
+    const auto count = per_server(spread);
+    if (std::count(spread.begin(), spread.end(), -1) == 0 &&
+        std::all_of(count.begin(), count.end(), [](int n) { return n >= 1; })) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const auto count = per_server(spread);
+  ASSERT_TRUE(std::all_of(count.begin(), count.end(), [](int n) { return n >= 1; }))
+      << "runs per server: " << count[0] << "/" << count[1] << "/" << count[2];
+  std::fprintf(stderr, "sinks: spread 2/1/1 over three servers %.1f s after two joined\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count());
+  // Balanced: nothing moves any more (a server hands one over every 6 s
+  // at most, so 14 s would show a second move).
+  const auto settled_until = std::chrono::steady_clock::now() + std::chrono::seconds(14);
+  while (std::chrono::steady_clock::now() < settled_until) {
+    const auto now = assignment();
+    for (int i = 0; i < kSinks; ++i) {
+      EXPECT_EQ(now[i], spread[i]) << sinks[i] << " moved after the sinks spread";
+    }
+    if (HasFailure()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  appends.stop();
+  EXPECT_GT(appends.acked_count(), 0u);
+
+  const std::string shard_body =
+      http_call(servers_[0].port, http::verb::get, "/v1/shards/" + shard_).body;
+  const long long upper = number_field(shard_body, "upper");
+  ASSERT_GT(upper, 0) << shard_body;
+  std::lock_guard lock(appends.mutex);
+  for (int i = 0; i < kSinks; ++i) {
+    const long long frontier = caught_up(0, sinks[i], upper);
+    ASSERT_GE(frontier, upper)
+        << http_call(servers_[0].port, http::verb::get, "/v1/sinks/" + sinks[i]).body;
+    EXPECT_TRUE(exactly_once(committed_files(dirs[i]), frontier, appends.acked, appends.sent))
+        << sinks[i];
+  }
+  for (int i = 0; i < kThree; ++i) {
+    const std::string log = slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
+    EXPECT_EQ(log.find("overlap"), std::string::npos);
+    if (i == 0) EXPECT_NE(log.find("handed over to"), std::string::npos) << log;
   }
 }
 

@@ -1,9 +1,11 @@
 #include "server/sinks.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "server/metrics.h"
 #include "shard/state.h"
@@ -498,6 +500,127 @@ std::optional<std::string> SinkManager::not_here(const SinkSpec& spec) const {
   return "its directory is on the machine of server " + spec.owner + ", which runs it";
 }
 
+bool SinkManager::may_run(const SinkSpec& spec, const ServerPresence& target) const {
+  auto url = parse_sink_url(spec.to, spec.format);
+  if (!url) return false;
+  auto allowed = DestinationAllowList::parse(target.s3_endpoints, target.kafka_brokers);
+  if (!allowed || !allowed->check(*url)) return false;
+  if (!url->directory) return true;
+  if (!spec.host.empty()) return spec.host == target.host;
+  return spec.owner.empty() || spec.owner == target.owner;
+}
+
+SinkManager::Handed SinkManager::handed(const std::string& name, std::uint64_t now_ms) const {
+  std::lock_guard lock(adoption_mu_);
+  for (const ServerPresence& server : presence_) {
+    for (const ServerPresence::Handing& h : server.handing) {
+      if (h.sink != name || h.until_ms < now_ms) continue;
+      if (h.to == runner_.owner) return Handed::kHere;
+      // Left to its taker while that one is alive.
+      if (std::any_of(presence_.begin(), presence_.end(),
+                      [&](const ServerPresence& p) { return p.owner == h.to; })) {
+        return Handed::kElsewhere;
+      }
+    }
+  }
+  return Handed::kNo;
+}
+
+bool SinkManager::publish_presence_now(std::uint64_t now_ms) {
+  if (runner_.owner.empty() || stopping_) return false;
+  ServerPresence self;
+  self.owner = runner_.owner;
+  self.runner = runner_.label;
+  self.host = self_.host;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, task] : tasks_) self.sinks += task->moved ? 0 : 1;
+  }
+  self.s3_endpoints = allowed_.s3_endpoints();
+  self.kafka_brokers = allowed_.kafka_brokers();
+  {
+    std::lock_guard lock(adoption_mu_);
+    std::erase_if(handing_, [&](const ServerPresence::Handing& h) { return h.until_ms < now_ms; });
+    self.handing = handing_;
+  }
+  auto servers = publish_presence(*client_->location().consensus, std::move(self), now_ms);
+  if (!servers) return false;
+  std::lock_guard lock(adoption_mu_);
+  presence_ = std::move(*servers);
+  return true;
+}
+
+void SinkManager::balance(std::uint64_t now_ms) {
+  std::vector<ServerPresence> servers;
+  {
+    std::lock_guard lock(adoption_mu_);
+    if (now_ms < next_hand_over_ms_) return;
+    std::erase_if(handed_at_, [&](const auto& e) {
+      return e.second + static_cast<std::uint64_t>(kHandAgainAfter.count()) < now_ms;
+    });
+    servers = presence_;
+  }
+  std::vector<std::shared_ptr<Task>> running;  // by name
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [name, task] : tasks_) {
+      if (!task->moved) running.push_back(task);
+    }
+  }
+  const std::uint64_t load = running.size();
+  std::sort(servers.begin(), servers.end(), [](const ServerPresence& a, const ServerPresence& b) {
+    return std::tie(a.sinks, a.owner) < std::tie(b.sinks, b.owner);
+  });
+  for (const ServerPresence& target : servers) {
+    if (target.owner == runner_.owner) continue;
+    // Moving one sink narrows a gap of two or more; the rest are no lighter.
+    if (load < target.sinks + 2) return;
+    for (auto it = running.rbegin(); it != running.rend(); ++it) {
+      const std::shared_ptr<Task>& task = *it;
+      {
+        // Only a sink past its snapshot (a frontier committed) and running:
+        // it stops at a commit, and its taker resumes from there.
+        std::lock_guard lock(task->mutex);
+        if (task->status != "running" || !task->frontier || task->frontier->is_closed()) continue;
+      }
+      {
+        std::lock_guard lock(adoption_mu_);
+        if (handed_at_.contains(task->spec.name)) continue;
+      }
+      if (!may_run(task->spec, target)) continue;
+      const std::string& name = task->spec.name;
+      {
+        std::lock_guard lock(adoption_mu_);
+        handing_.push_back(
+            {name, target.owner, now_ms + static_cast<std::uint64_t>(kHandOverFor.count())});
+        handed_at_[name] = now_ms;
+        next_hand_over_ms_ = now_ms + static_cast<std::uint64_t>(kHandOverEvery.count());
+      }
+      // Published before the lease goes, so that every other server's next
+      // look leaves the sink to `target`.
+      if (!publish_presence_now(now_ms)) {
+        std::lock_guard lock(adoption_mu_);
+        std::erase_if(handing_, [&](const ServerPresence::Handing& h) { return h.sink == name; });
+        return;
+      }
+      {
+        std::lock_guard lock(mutex_);
+        auto found = tasks_.find(name);
+        if (found == tasks_.end() || found->second != task) return;  // deleted meanwhile
+        tasks_.erase(found);
+      }
+      log_line(LogLevel::kInfo, "sink " + name + " of shard " + task->spec.shard +
+                                    ": handed over to " + target.runner + " (server " +
+                                    target.owner + ", running " + std::to_string(target.sinks) +
+                                    " sinks against " + std::to_string(load) + " here)");
+      // It commits what it has written and lets go of its lease.
+      task->stop_by(timers_, std::chrono::steady_clock::now() + kStopGrace);
+      task->join();
+      return;
+    }
+  }
+}
+
 void SinkManager::note_adoption(const std::string& name, std::optional<std::string> error) {
   std::lock_guard lock(adoption_mu_);
   if (error) {
@@ -520,7 +643,11 @@ bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
   Consensus& consensus = *client_->location().consensus;
   const std::string key = sink_lease_key(spec.shard, spec.name);
   const std::uint64_t now = wall_clock_millis();
-  {
+  // A sink its runner is handing to another server is left to that one;
+  // one handed here is taken at once.
+  const Handed hand = handed(spec.name, now);
+  if (hand == Handed::kElsewhere) return false;
+  if (hand != Handed::kHere) {
     // A runner that renews is not looked at again before its lease ends,
     // unless it was a process of this machine that has died since.
     std::lock_guard lock(adoption_mu_);
@@ -548,7 +675,7 @@ bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
       return false;
     }
     held_leases_.erase(spec.name);
-    if (spread && takeover != Takeover::kSameRunner) {
+    if (spread && hand != Handed::kHere && takeover != Takeover::kSameRunner) {
       // Spread: a server that runs n sinks already lets min(n, kSpreadLooks) looks go
       // by first, so the idler servers take a lost server's sinks.
       std::size_t running = 0;
@@ -585,7 +712,8 @@ bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
   if (!stored || !*stored) return false;
   log_line(LogLevel::kInfo,
            "sink " + spec.name + " of shard " + spec.shard + ": taken over (" +
-               (takeover == Takeover::kFree         ? "its lease was free"
+               (hand == Handed::kHere               ? "handed over by its runner"
+                : takeover == Takeover::kFree       ? "its lease was free"
                 : takeover == Takeover::kExpired    ? "its runner's lease lapsed"
                 : takeover == Takeover::kHolderDead ? "its runner is not running"
                                                     : "a previous life of this server") +
@@ -752,7 +880,10 @@ std::string SinkManager::reported_json(const SinkSpec& spec) const {
   }
   if (status == "waiting" && !runner) {
     // Why this server has not taken it, when it cannot.
-    if (auto reason = not_here(spec)) {
+    if (const Handed hand = handed(spec.name, wall_clock_millis()); hand != Handed::kNo) {
+      error = hand == Handed::kHere ? "handed over to this server by its runner"
+                                    : "handed over by its runner to another server";
+    } else if (auto reason = not_here(spec)) {
       error = (error ? *error + "; " : std::string()) + "not run by this server: " + *reason;
     } else {
       std::lock_guard lock(adoption_mu_);
@@ -930,22 +1061,38 @@ void SinkManager::reconcile() {
     std::erase_if(waiting_rounds_, [&](const auto& e) { return !stored.contains(e.first); });
     std::erase_if(adoption_errors_, [&](const auto& e) { return !stored.contains(e.first); });
   }
+  // Where the servers stand (each publishes itself while sinks are
+  // defined), read before the free sinks are looked at: one being handed
+  // over is left to its taker.
+  const std::uint64_t now = wall_clock_millis();
+  const bool present = !stored.empty() && publish_presence_now(now);
   std::set<std::string> here;
   for (const auto& [name, task] : tasks) here.insert(name);
   std::vector<std::string> keys;
   for (const std::string& name : stored) keys.push_back(spec_key(name));
+  bool adopted = false;
   for (const SinkSpec& spec : definitions_of(keys, here)) {
     if (stopping_) return;
-    (void)adopt(spec, /*spread=*/true);
+    adopted = adopt(spec, /*spread=*/true) || adopted;
   }
+  // A look that took a sink published the count before it: balance at the
+  // next one.
+  if (present && !adopted && !stopping_) balance(now);
 }
 
 void SinkManager::stop_all(std::chrono::milliseconds grace) {
-  stopping_ = true;
+  const bool first = !stopping_.exchange(true);
   {
     // A sink being taken over now is started before the tasks are taken.
     std::lock_guard adopted(adopt_mu_);
   }
+  bool published = false;
+  {
+    std::lock_guard lock(adoption_mu_);
+    published = !presence_.empty();
+  }
+  // No server hands sinks to this one any more.
+  if (first && published) withdraw_presence(*client_->location().consensus, runner_.owner);
   std::map<std::string, std::shared_ptr<Task>> tasks;
   {
     std::lock_guard lock(mutex_);

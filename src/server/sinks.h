@@ -38,7 +38,15 @@
 // a server may take: a destination it allows, and a file:// sink only on
 // the machine of the server that created it (its "host": the directory is
 // that machine's disk); a sink whose report says "done" (its shard
-// closed) stays done. A name taken by any server is AlreadyExists on every
+// closed) stays done. Balance: while any sink is defined, each look
+// also publishes this server in consensus (sink/server_presence.h: how
+// many sinks it runs, what it may reach), and a server running at least
+// two sinks more than the lightest other live server hands it one of its
+// running sinks past their snapshot (kHandOverEvery at most; the same
+// sink not again for kHandAgainAfter): the hand-over is published first,
+// then the sink stops as at shutdown (commits, releases its lease), and
+// the other servers leave it to its target for kHandOverFor; the target
+// takes it at its next look. A name taken by any server is AlreadyExists on every
 // server, naming its runner. Every server answers for every sink: its own
 // live, the others from what their runners publish in consensus
 // (sink/sink_status.h: status and error at once, the frontier at most
@@ -91,6 +99,7 @@
 
 #include "sink/destination_url.h"
 #include "sink/envelope.h"
+#include "sink/server_presence.h"
 #include "sink/sink_claim.h"
 #include "sink/sink_spec.h"
 #include "tidemark/client.h"
@@ -115,6 +124,12 @@ class SinkManager {
   // A server running n sinks lets min(n, kSpreadLooks) looks go by before
   // it takes a free sink (see the header).
   static constexpr std::size_t kSpreadLooks = 1;
+  // Balance (see the header): a sink handed to another server is left to
+  // it for kHandOverFor; a server hands over at most one sink every
+  // kHandOverEvery, and the same sink at most once every kHandAgainAfter.
+  static constexpr std::chrono::milliseconds kHandOverFor{10'000};
+  static constexpr std::chrono::milliseconds kHandOverEvery{6'000};
+  static constexpr std::chrono::milliseconds kHandAgainAfter{300'000};
 
   // `runner.owner`: this server's id, written into the sinks it creates;
   // "" runs every stored sink. `runner.label` names this server in claims
@@ -190,6 +205,20 @@ class SinkManager {
   // destination must be allowed here, and a file:// sink's host be this
   // machine's.
   std::optional<std::string> not_here(const SinkSpec& spec) const;
+  // Whether the server `target` (as it publishes itself) may run `spec`:
+  // not_here's rules, with its host and allowed destinations.
+  bool may_run(const SinkSpec& spec, const ServerPresence& target) const;
+  // Where adopt() stands with `name` given the servers' presence: handed by
+  // its runner to this server (taken at once), to another live one (left
+  // to it), or neither.
+  enum class Handed : std::uint8_t { kNo, kHere, kElsewhere };
+  Handed handed(const std::string& name, std::uint64_t now_ms) const;
+  // Publishes this server's presence (sink/server_presence.h) and keeps
+  // the servers' as read; false when it could not.
+  bool publish_presence_now(std::uint64_t now_ms);
+  // When another live server runs at least two sinks fewer than this one,
+  // hands it one of this server's running sinks (see the header).
+  void balance(std::uint64_t now_ms);
   // What stopped this server from taking `name` last time (nullopt: clear).
   void note_adoption(const std::string& name, std::optional<std::string> error);
   // Takes `spec` and starts it when no runner holds its lease (free,
@@ -226,6 +255,14 @@ class SinkManager {
   std::map<std::string, LeaseRecord> held_leases_;
   std::map<std::string, int> waiting_rounds_;
   std::map<std::string, std::string> adoption_errors_;
+  // Balance, guarded by adoption_mu_: the live servers as last published
+  // (this one included), the sinks this server is handing over now, when
+  // it last handed each sink (kept kHandAgainAfter), and when it may hand
+  // the next one (wall clock, ms).
+  std::vector<ServerPresence> presence_;
+  std::vector<ServerPresence::Handing> handing_;
+  std::map<std::string, std::uint64_t> handed_at_;
+  std::uint64_t next_hand_over_ms_ = 0;
   std::atomic<bool> stopping_{false};
   WorkPool threads_;  // before timers_: destroyed after them
   Timers timers_;
