@@ -897,6 +897,51 @@ TEST_F(ScaleOutTest, SinksSpreadOntoServersThatJoin) {
   }
 }
 
+// A sink is handed only to a server that may run it. Server 0 runs two S3
+// sinks; server 1 may not reach that S3 endpoint (no
+// --allow-s3-endpoints), so for 10 s (five looks) nothing is handed to it.
+// Server 2, which may, then starts and gets one of them.
+TEST_F(ScaleOutTest, ASinkIsHandedOnlyToAServerThatMayRunIt) {
+  auto s3 = tidemark::s3_test_server();
+  ASSERT_TRUE(s3);
+  auto first_prefix = tidemark::open_fresh_s3_blob(*s3);
+  auto second_prefix = tidemark::open_fresh_s3_blob(*s3);
+  ASSERT_TRUE(first_prefix && second_prefix);
+  const std::vector<std::string> allow = {"--allow-s3-endpoints", (*first_prefix)->url().endpoint};
+  servers_.push_back(start(0, 0, allow));
+  servers_.push_back(start(1, 0));
+  for (const auto& server : servers_) ASSERT_GT(server.port, 0);
+  ASSERT_EQ(
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
+          .status,
+      201u);
+  const std::vector<std::string> sinks = {"a" + shard_, "b" + shard_};
+  const std::vector<std::string> to = {(*first_prefix)->url().to_string(),
+                                       (*second_prefix)->url().to_string()};
+  for (int i = 0; i < 2; ++i) {
+    Reply created = http_call(
+        servers_[0].port, http::verb::post, "/v1/sinks",
+        "{\"name\":\"" + sinks[i] + "\",\"shard\":\"" + shard_ + "\",\"to\":\"" + to[i] + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  ASSERT_EQ(http_call(servers_[0].port, http::verb::post, "/v1/shards/" + shard_ + "/append",
+                      "{\"key\":\"k\",\"value\":1}\n")
+                .status,
+            200u);
+  for (const auto& sink : sinks) {
+    ASSERT_EQ(moved_from(1, sink, 0, std::chrono::seconds(15)), servers_[0].port) << sink;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(10));
+  for (const auto& sink : sinks) EXPECT_EQ(runner_port(1, sink), servers_[0].port) << sink;
+  EXPECT_EQ(slurp(scratch_ / "serve-0-0.err").find("handed over to"), std::string::npos);
+
+  servers_.push_back(start(2, 0, allow));
+  ASSERT_GT(servers_.back().port, 0);
+  // The last by name goes.
+  EXPECT_EQ(moved_from(1, sinks[1], servers_[0].port, std::chrono::seconds(30)), servers_[2].port);
+  EXPECT_EQ(runner_port(1, sinks[0]), servers_[0].port);
+}
+
 // A Kafka sink outlives its server too: three servers on PostgreSQL + S3
 // run a sink into tidemark-kafka-mock while clients append; its runner is
 // killed (SIGKILL), another server takes it over, and the committed
