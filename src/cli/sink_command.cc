@@ -128,14 +128,15 @@ class ProgressReporter {
 // progress (they must tile [first lower, frontier) with no gap or
 // overlap), and every line's time must be in its file's range. One line
 // in memory at a time.
-int audit_file_sink(const std::string& sink_name, const std::string& directory, SinkFormat format,
-                    bool messages) {
+// Files of both formats count (a sink whose format was changed goes on in
+// the same directory); each is read as its extension says.
+int audit_file_sink(const std::string& sink_name, const std::string& directory, bool messages) {
   namespace fs = std::filesystem;
   std::vector<CommittedRange> committed;
   std::error_code ec;
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    auto range = parse_committed_name(directory + ": ", name, extension_of(format));
+    auto range = parse_committed_output(directory + ": ", name);
     if (!range) return report(range.error());
     if (*range) committed.push_back(std::move(**range));
   }
@@ -161,7 +162,8 @@ int audit_file_sink(const std::string& sink_name, const std::string& directory, 
     if (!in) {
       return report(Error{ErrorKind::kDeterminate, "cannot read " + directory + "/" + range.name});
     }
-    bool header = format == SinkFormat::kCsv;
+    const bool csv = range.name.ends_with(".csv");
+    bool header = csv;
     for (std::string line; std::getline(in, line);) {
       if (header) {
         header = false;
@@ -170,7 +172,7 @@ int audit_file_sink(const std::string& sink_name, const std::string& directory, 
       ++lines;
       // The time: json's "time" member (written first), csv's first cell.
       std::string_view text = line;
-      if (format == SinkFormat::kJson) {
+      if (!csv) {
         constexpr std::string_view kTime = "{\"time\":";
         text.remove_prefix(text.starts_with(kTime) ? kTime.size() : text.size());
       }
@@ -209,7 +211,7 @@ int run_sink_audit(const std::vector<std::string>& argv) {
   if (!url) return usage_error(url.error().message);
   const std::string sink_name = args->get("--sink-name").value_or(shard_name);
   const bool messages = args->has("--messages");
-  if (url->directory) return audit_file_sink(sink_name, *url->directory, *format, messages);
+  if (url->directory) return audit_file_sink(sink_name, *url->directory, messages);
   if (!url->kafka) {
     return usage_error(
         "sink audit reads Kafka and file destinations (an S3 sink's objects are "

@@ -67,6 +67,15 @@ Result<std::optional<CommittedRange>> parse_committed_name(std::string_view wher
   return CommittedRange{*lower, *upper, std::string(name)};
 }
 
+Result<std::optional<CommittedRange>> parse_committed_output(std::string_view where,
+                                                             std::string_view name) {
+  for (const SinkFormat format : {SinkFormat::kJson, SinkFormat::kCsv}) {
+    auto range = parse_committed_name(where, name, extension_of(format));
+    if (!range || *range) return range;
+  }
+  return std::nullopt;
+}
+
 Result<std::optional<Frontier>> committed_progress(std::string_view where,
                                                    std::vector<CommittedRange>& committed) {
   std::sort(committed.begin(), committed.end(),

@@ -43,6 +43,12 @@ struct CommittedRange {
 Result<std::optional<CommittedRange>> parse_committed_name(std::string_view where,
                                                            std::string_view name,
                                                            std::string_view extension);
+// The same for a name of either format (".json" or ".csv"): what a
+// destination's progress is read from, so that a sink whose format was
+// changed (PUT /v1/sinks/NAME, or `sink run` again with another --format)
+// goes on in the same destination from where the other format stopped.
+Result<std::optional<CommittedRange>> parse_committed_output(std::string_view where,
+                                                             std::string_view name);
 
 // The progress committed outputs add up to: the largest upper, nullopt when
 // there are none; Corruption when two ranges overlap. Sorts `committed`.

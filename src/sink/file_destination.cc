@@ -169,7 +169,7 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
         removed_temporaries = true;
         continue;
       }
-      auto range = parse_committed_name(root, name, state->extension);
+      auto range = parse_committed_output(root, name);
       if (!range) return in_destination(range.error());
       if (*range) committed.push_back(std::move(**range));
     }

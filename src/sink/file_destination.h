@@ -21,9 +21,11 @@
 // file) with its temporaries untouched. The kernel releases the lock when
 // the holder dies, so a restart after a crash takes the directory at once.
 // commit() checks the claim (or that the lock file is still the one
-// locked) right before its rename. Files that are not `<20 digits>-<20
-// digits>.<ext>` with this sink's extension (another format's files,
-// unrelated names, other dot-files, the lock file) are ignored. A pair at
+// locked) right before its rename. Committed files of either format
+// (`.json`, `.csv`) are the directory's progress: a sink whose format was
+// changed goes on where the other format stopped. Files that are not
+// `<20 digits>-<20 digits>.<json|csv>` (unrelated names, other dot-files,
+// the lock file) are ignored. A pair at
 // time 2^64-1 can never be committed: no finite upper is above it.
 //
 // Errors: usage errors (a broken REQUIRES) are InvalidUsage and change

@@ -227,18 +227,24 @@ TEST_F(FileDestinationTest, ProgressIsTheLargestCommittedUpperAfterReopen) {
   EXPECT_EQ(destination->progress(), Frontier::at(30));
 }
 
-TEST_F(FileDestinationTest, ProgressCountsOnlyThisFormatsFiles) {
+// A directory is one sink's output whatever its format: a sink whose
+// format changed (an update) goes on from the files of the other format,
+// so nothing is written twice.
+TEST_F(FileDestinationTest, ProgressCountsEitherFormatsFiles) {
   {
     auto destination = open_destination(Envelope::kUpsert, SinkFormat::kCsv);
     commit_file(*destination, 0, 50);
   }
   {
     auto destination = open_destination(Envelope::kUpsert, SinkFormat::kJson);
-    EXPECT_EQ(destination->progress(), std::nullopt);
-    commit_file(*destination, 0, 5);
+    EXPECT_EQ(destination->progress(), Frontier::at(50));
+    expect_error(destination->begin(Frontier::at(0)), ErrorKind::kInvalidUsage,
+                 "below the progress");
+    commit_file(*destination, 50, 60);
   }
-  EXPECT_EQ(open_destination(Envelope::kUpsert, SinkFormat::kCsv)->progress(), Frontier::at(50));
-  EXPECT_EQ(open_destination(Envelope::kUpsert, SinkFormat::kJson)->progress(), Frontier::at(5));
+  EXPECT_EQ(open_destination(Envelope::kUpsert, SinkFormat::kCsv)->progress(), Frontier::at(60));
+  EXPECT_EQ(names_in(directory_),
+            (std::vector<std::string>{name_of(0, 50, "csv"), name_of(50, 60, "json")}));
 }
 
 TEST_F(FileDestinationTest, OpenDeletesLeftoverTemporariesAndIgnoresUnrelatedNames) {
@@ -249,7 +255,7 @@ TEST_F(FileDestinationTest, OpenDeletesLeftoverTemporariesAndIgnoresUnrelatedNam
       name_of(0, 1, "json") + ".bak",
       "0000000000000000001-00000000000000000002.json",   // 19 digits
       "0000000000000000000a-00000000000000000002.json",  // not a digit
-      name_of(9, 3, "csv"),                              // another format's name, even a bad one
+      name_of(0, 1, "csv") + ".bak",
   };
   for (const std::string& name : unrelated) write_file(directory_ + "/" + name, "x");
   write_file(directory_ + "/.00000000000000000005-0123456789abcdef0123456789abcdef.tmp", "half");
@@ -266,8 +272,9 @@ TEST_F(FileDestinationTest, OpenDeletesLeftoverTemporariesAndIgnoresUnrelatedNam
 
 TEST_F(FileDestinationTest, NameWithLowerNotBelowUpperIsCorruption) {
   fs::create_directories(directory_);
-  for (const std::string& name : {name_of(5, 5, "json"), name_of(9, 5, "json"),
-                                  std::string("99999999999999999999-99999999999999999999.json")}) {
+  for (const std::string& name :
+       {name_of(5, 5, "json"), name_of(9, 5, "json"), name_of(9, 3, "csv"),
+        std::string("99999999999999999999-99999999999999999999.json")}) {
     write_file(directory_ + "/" + name, "");
     auto opened = FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
     ASSERT_FALSE(opened.has_value()) << name;

@@ -231,7 +231,7 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
       TM_TRY(state->delete_object(name, "s3 destination: open (delete leftover temporary)"));
       continue;
     }
-    auto range = parse_committed_name(where, name, state->extension);
+    auto range = parse_committed_output(where, name);
     if (!range) return in_destination(range.error());
     if (*range) committed.push_back(std::move(**range));
   }

@@ -44,8 +44,9 @@
 // fails). Without a claim the caller promises that no other sink writes
 // the prefix. open() lists it, deletes every
 // temporary (".*.tmp": a crashed sink's, left between completing and
-// deleting it) and reads the progress from the committed names. Names that
-// are not `<20 digits>-<20 digits>.<ext>` with this sink's extension, and
+// deleting it) and reads the progress from the committed names, of either
+// format (a sink whose format was changed goes on where the other format
+// stopped). Names that are not `<20 digits>-<20 digits>.<json|csv>`, and
 // names below a further '/', are ignored. Multipart uploads a crashed sink
 // left incomplete are not looked for (ListMultipartUploads is not
 // reliable everywhere; s3rver does not implement it) and never appear as
