@@ -955,6 +955,12 @@ TEST_F(CliTest, TheCommandsDriveARunningServer) {
             201u);
   EXPECT_NE(remote("sink list").out.find("\"name\":\"f\""), std::string::npos);
   EXPECT_NE(remote("sink status f").out.find("\"shard\":\"orders\""), std::string::npos);
+  Outcome updated = remote("sink update f --shard orders --to " + to + " --format csv");
+  EXPECT_EQ(updated.status, 0) << updated.err;
+  EXPECT_NE(updated.out.find("\"format\":\"csv\""), std::string::npos) << updated.out;
+  EXPECT_NE(updated.out.find("\"revision\":1"), std::string::npos) << updated.out;
+  EXPECT_EQ(remote("sink update f --to " + to).status, 2);
+  EXPECT_EQ(remote("sink status f --format csv").status, 2);
   EXPECT_EQ(remote("sink delete f").status, 0);
   EXPECT_EQ(remote("sink status f").status, 1);
 

@@ -942,6 +942,74 @@ TEST_F(ScaleOutTest, ASinkIsHandedOnlyToAServerThatMayRunIt) {
   EXPECT_EQ(runner_port(1, sinks[0]), servers_[0].port);
 }
 
+// A sink updated through a server that does not run it (PUT): its runner
+// restarts it on the new definition at its next look. Here the S3 sink
+// moves to a new prefix under appends: the new prefix gets a snapshot and
+// then every change, each acknowledged record exactly once; the old prefix
+// gets nothing more once the runner restarted.
+TEST_F(ScaleOutTest, ASinkUpdatedThroughAnotherServerRestartsOnItsRunner) {
+  auto s3 = tidemark::s3_test_server();
+  ASSERT_TRUE(s3);
+  auto first = tidemark::open_fresh_s3_blob(*s3);
+  auto second = tidemark::open_fresh_s3_blob(*s3);
+  ASSERT_TRUE(first && second);
+  ASSERT_NO_FATAL_FAILURE(start_servers(2, {"--allow-s3-endpoints", (*first)->url().endpoint}));
+  ASSERT_EQ(
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
+          .status,
+      201u);
+  const std::string sink = "u" + shard_;
+  Reply created = http_call(servers_[0].port, http::verb::post, "/v1/sinks",
+                            "{\"name\":\"" + sink + "\",\"shard\":\"" + shard_ + "\",\"to\":\"" +
+                                (*first)->url().to_string() + "\"}");
+  ASSERT_EQ(created.status, 201u) << created.body;
+  ASSERT_EQ(moved_from(1, sink, 0, std::chrono::seconds(15)), servers_[0].port);
+  Appends appends;
+  start_appends(appends, 2, 2, /*errors_fail=*/false);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+
+  const auto updated_at = std::chrono::steady_clock::now();
+  Reply updated =
+      http_call(servers_[1].port, http::verb::put, "/v1/sinks/" + sink,
+                "{\"shard\":\"" + shard_ + "\",\"to\":\"" + (*second)->url().to_string() + "\"}");
+  ASSERT_EQ(updated.status, 200u) << updated.body;
+  EXPECT_NE(updated.body.find("\"revision\":1"), std::string::npos) << updated.body;
+  // Restarted by its runner on the new definition.
+  std::string body;
+  const auto deadline = updated_at + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    body = http_call(servers_[0].port, http::verb::get, "/v1/sinks/" + sink).body;
+    if (body.find("\"revision\":1") != std::string::npos &&
+        body.find("\"status\":\"running\"") != std::string::npos &&
+        body.find("\"reported_at\":null") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NE(body.find("\"reported_at\":null"), std::string::npos)
+      << "not running on its runner again: " << body;
+  ASSERT_NE(body.find("\"revision\":1"), std::string::npos) << body;
+  std::fprintf(
+      stderr, "sink %s: running on its new definition %.1f s after the update\n", sink.c_str(),
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - updated_at).count());
+  const Committed before = committed_objects(**first);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  appends.stop();
+  EXPECT_GT(appends.acked_count(), 0u);
+
+  const std::string shard_body =
+      http_call(servers_[1].port, http::verb::get, "/v1/shards/" + shard_).body;
+  const long long upper = number_field(shard_body, "upper");
+  ASSERT_GT(upper, 0) << shard_body;
+  const long long frontier = caught_up(1, sink, upper);
+  ASSERT_GE(frontier, upper);
+  std::lock_guard lock(appends.mutex);
+  EXPECT_TRUE(exactly_once(committed_objects(**second), frontier, appends.acked, appends.sent));
+  EXPECT_EQ(committed_objects(**first).size(), before.size())
+      << "the old prefix was written after the restart";
+  EXPECT_NE(slurp(scratch_ / "serve-0-0.err").find("updated (revision 1)"), std::string::npos);
+}
+
 // A Kafka sink outlives its server too: three servers on PostgreSQL + S3
 // run a sink into tidemark-kafka-mock while clients append; its runner is
 // killed (SIGKILL), another server takes it over, and the committed

@@ -33,6 +33,8 @@ constexpr const char* kUsage =
            | kafka://HOST:PORT[,HOST:PORT]/TOPIC
   sink audit NAME --to kafka://HOST:PORT/TOPIC|file:///DIR [--sink-name S] [--messages]
   sink list | sink status NAME | sink delete NAME      (with --server)
+  sink update NAME --shard S --to URL [--envelope upsert|debezium] [--format json|csv]
+                                                      (with --server)
   bench engine|appender|compaction|sink|shards|listen [options]
   help [COMMAND]      this, or a command's options, defaults and an example
   --version

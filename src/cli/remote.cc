@@ -376,10 +376,30 @@ int remote_read(Remote& remote, const std::string& command, const std::vector<st
 }
 
 int remote_sink(Remote& remote, const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {});
+  auto args = Args::parse(argv, {"--shard", "--to", "--envelope", "--format"}, {});
   if (!args) return usage_error(args.error().message);
   const auto& pos = args->positionals();
   const std::string sub = pos.empty() ? "" : pos[0];
+  if (sub == "update" && pos.size() == 2) {
+    // PUT /v1/sinks/NAME: the whole definition but the name.
+    const auto shard = args->get("--shard"), to = args->get("--to");
+    if (!shard || !to) return usage_error("sink update NAME needs --shard S and --to URL");
+    std::string body = "{\"shard\":";
+    append_json_string(&body, *shard);
+    body += ",\"to\":";
+    append_json_string(&body, *to);
+    for (const auto& [flag, field] :
+         {std::pair{"--envelope", "envelope"}, {"--format", "format"}}) {
+      if (auto value = args->get(flag)) {
+        body += std::string(",\"") + field + "\":";
+        append_json_string(&body, *value);
+      }
+    }
+    return print_body(call(remote, http::verb::put, "/v1/sinks/" + url_encode(pos[1]), body + "}"));
+  }
+  for (const char* flag : {"--shard", "--to", "--envelope", "--format"}) {
+    if (args->get(flag)) return usage_error(std::string(flag) + " is for sink update");
+  }
   if (sub == "list" && pos.size() == 1) {
     auto answer = call(remote, http::verb::get, "/v1/sinks");
     return print_body(answer);
@@ -390,7 +410,9 @@ int remote_sink(Remote& remote, const std::vector<std::string>& argv) {
   if (sub == "delete" && pos.size() == 2) {
     return print_body(call(remote, http::verb::delete_, "/v1/sinks/" + url_encode(pos[1])));
   }
-  return usage_error("with --server: sink list | sink status NAME | sink delete NAME");
+  return usage_error(
+      "with --server: sink list | sink status NAME | sink delete NAME | sink update NAME "
+      "--shard S --to URL [--envelope upsert|debezium] [--format json|csv]");
 }
 
 }  // namespace

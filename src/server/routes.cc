@@ -111,6 +111,7 @@ void Session::route() {
       self->blocking<std::string>(
           [server = self->server_]() -> Result<std::string> { return server->render_metrics(); },
           [self](Result<std::string> text) {
+            if (!text) return self->respond_error(text.error());
             self->respond(200, std::move(*text), "text/plain; version=0.0.4");
           });
     });
@@ -153,6 +154,11 @@ void Session::route() {
               self->respond(200, std::move(*r));
             });
       });
+    }
+    if (method == http::verb::put) {
+      route_ = "update_sink";
+      if (rejects_query({})) return;
+      return read_small_body([self = shared_from_this()] { self->update_sink(); });
     }
     if (method == http::verb::delete_) {
       route_ = "delete_sink";
@@ -322,6 +328,37 @@ void Session::create_sink() {
       [self = shared_from_this()](Result<std::string> r) {
         if (!r) return self->respond_error(r.error());
         self->respond(201, std::move(*r));
+      });
+}
+
+// PUT /v1/sinks/{name}: {"shard", "to", "envelope", "format"} (a "name"
+// in the body must be the path's). Checked as a POST's definition, then
+// stored as the sink's next revision (SinkManager::update).
+void Session::update_sink() {
+  auto body = parse_json(small_body_);
+  if (!body || !body->is_object()) {
+    return respond(400, error_json("expected {\"shard\", \"to\", \"envelope\", \"format\"}"));
+  }
+  JsonValue::Object members = body->as_object();
+  const JsonValue* named = body->find("name");
+  if (named == nullptr) {
+    members.emplace_back("name", JsonValue::from_string(name_));
+  } else if (!named->is_string() || named->as_string() != name_) {
+    return respond(400, error_json("the body's \"name\" is not the path's: a sink cannot be "
+                                   "renamed (delete it and create another)"));
+  }
+  auto spec = SinkSpec::parse(JsonValue::from_object(std::move(members)).to_json());
+  if (!spec) return respond_error(spec.error());
+  blocking<std::string>(
+      [self = shared_from_this(), s = *spec]() mutable -> Result<std::string> {
+        TM_ASSIGN(s.to, self->resolve_file_sink(s.to));
+        TM_ASSIGN(SinkUrl url, parse_sink_url(s.to, s.format));
+        TM_TRY(self->server_->allowed_destinations.check(url));
+        return self->server_->sinks->update(s);
+      },
+      [self = shared_from_this()](Result<std::string> r) {
+        if (!r) return self->respond_error(r.error());
+        self->respond(200, std::move(*r));
       });
 }
 

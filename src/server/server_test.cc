@@ -791,6 +791,143 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   EXPECT_EQ(get("/v1/sinks").body, "[]\n");
 }
 
+// PUT /v1/sinks/NAME updates a sink: a new format into the same directory
+// goes on from the frontier the sink had committed (the intervals of the
+// JSON files and then the CSV files meet end to end, every record once),
+// survives a restart as the latest revision, and a new directory starts
+// with a snapshot there. Its shard and name cannot change; an equal
+// definition changes nothing; a DELETE removes every revision.
+TEST_F(ServerTest, ASinkIsUpdatedAndGoesOnFromWhereItStopped) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
+  ASSERT_EQ(post("/v1/shards", R"({"name": "other"})").status, 201u);
+  auto append_at = [&](Time t, int first, int n) {
+    std::string body;
+    for (int i = first; i < first + n; ++i) {
+      body += "{\"key\": " + std::to_string(i) +
+              ", \"value\": \"v\", \"time\": " + std::to_string(t) + "}\n";
+    }
+    Reply r = post(
+        "/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1), body);
+    ASSERT_EQ(r.status, 200u) << r.body;
+  };
+  auto wait_frontier = [&](Time want) {
+    for (int i = 0; i < 1000; ++i) {
+      auto json = parse_json(get("/v1/sinks/files").body);
+      const JsonValue* frontier = json ? json->find("frontier") : nullptr;
+      if (frontier != nullptr && frontier->as_u64() && *frontier->as_u64() >= want) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the sink did not reach " << want << ": " << get("/v1/sinks/files").body;
+  };
+  auto put = [&](const std::string& target, const std::string& body) {
+    return call(port_, http::verb::put, target, body);
+  };
+  ASSERT_NO_FATAL_FAILURE(append_at(0, 0, 100));
+  ASSERT_NO_FATAL_FAILURE(append_at(1, 100, 100));
+  const fs::path out = dir_ / "sinks" / "out";
+  const std::string to = "\"to\": \"file://" + out.string() + "\"";
+  ASSERT_EQ(post("/v1/sinks", "{\"name\": \"files\", \"shard\": \"s\", " + to + "}").status, 201u);
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(2));
+
+  EXPECT_EQ(put("/v1/sinks/files", "{\"shard\": \"other\", " + to + "}").status, 400u);
+  EXPECT_EQ(put("/v1/sinks/files", "{\"name\": \"renamed\", \"shard\": \"s\", " + to + "}").status,
+            400u);
+  EXPECT_EQ(put("/v1/sinks/missing", "{\"shard\": \"s\", " + to + "}").status, 404u);
+  EXPECT_EQ(put("/v1/sinks/files", "{\"shard\": \"s\", \"to\": \"ftp://nowhere\"}").status, 400u);
+  Reply same = put("/v1/sinks/files", "{\"shard\": \"s\", " + to + "}");
+  EXPECT_EQ(same.status, 200u) << same.body;
+  EXPECT_NE(same.body.find("\"revision\":0"), std::string::npos) << same.body;
+
+  Reply updated = put("/v1/sinks/files", "{\"shard\": \"s\", " + to + ", \"format\": \"csv\"}");
+  ASSERT_EQ(updated.status, 200u) << updated.body;
+  EXPECT_NE(updated.body.find("\"format\":\"csv\""), std::string::npos) << updated.body;
+  EXPECT_NE(updated.body.find("\"revision\":1"), std::string::npos) << updated.body;
+  ASSERT_NO_FATAL_FAILURE(append_at(2, 200, 100));
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(3));
+  // A restart takes the latest revision.
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  Reply resumed = get("/v1/sinks/files");
+  EXPECT_NE(resumed.body.find("\"revision\":1"), std::string::npos) << resumed.body;
+  ASSERT_NO_FATAL_FAILURE(append_at(3, 300, 100));
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(4));
+
+  // Committed files "<lower>-<upper>.<json|csv>": JSON up to the update's
+  // frontier, CSV after it, end to end; every key once.
+  std::map<std::pair<Time, Time>, std::pair<std::string, std::vector<std::string>>> files;
+  for (const auto& entry : fs::directory_iterator(out)) {
+    const std::string name = entry.path().filename().string();
+    if (name == FileDestination::kLockFileName) continue;
+    ASSERT_FALSE(name.starts_with(".")) << "a temporary left: " << name;
+    const auto dash = name.find('-'), dot = name.find('.');
+    ASSERT_TRUE(dash != std::string::npos && dot != std::string::npos) << name;
+    std::vector<std::string> lines;
+    std::ifstream in(entry.path());
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    files[{std::stoull(name.substr(0, dash)), std::stoull(name.substr(dash + 1, dot - dash - 1))}] =
+        {name.substr(dot + 1), lines};
+  }
+  Time next = 0;
+  bool csv_seen = false;
+  std::set<std::string> keys;
+  for (const auto& [range, file] : files) {
+    EXPECT_EQ(range.first, next) << "intervals do not meet";
+    next = range.second;
+    const auto& [extension, lines] = file;
+    if (extension == "csv") {
+      csv_seen = true;
+      ASSERT_FALSE(lines.empty());
+      for (std::size_t i = 1; i < lines.size(); ++i) {  // after the header row
+        const auto comma = lines[i].find(',');
+        EXPECT_TRUE(
+            keys.insert(lines[i].substr(comma + 1, lines[i].find(',', comma + 1) - comma - 1))
+                .second)
+            << "twice: " << lines[i];
+      }
+    } else {
+      EXPECT_EQ(extension, "json");
+      EXPECT_FALSE(csv_seen) << "a JSON file after the update";
+      EXPECT_LE(range.second, 2u) << "JSON past the update's frontier";
+      for (const auto& line : lines) {
+        auto json = parse_json(line);
+        ASSERT_TRUE(json && json->find("key")) << line;
+        EXPECT_TRUE(keys.insert(json->find("key")->to_json()).second) << "twice: " << line;
+      }
+    }
+  }
+  EXPECT_TRUE(csv_seen);
+  EXPECT_EQ(next, 4u);
+  EXPECT_EQ(keys.size(), 400u);
+
+  // Into a new directory: a snapshot there, then what follows.
+  const fs::path moved = dir_ / "sinks" / "moved";
+  Reply redirected =
+      put("/v1/sinks/files", "{\"shard\": \"s\", \"to\": \"file://" + moved.string() + "\"}");
+  ASSERT_EQ(redirected.status, 200u) << redirected.body;
+  EXPECT_NE(redirected.body.find("\"revision\":2"), std::string::npos) << redirected.body;
+  ASSERT_NO_FATAL_FAILURE(append_at(4, 400, 100));
+  ASSERT_NO_FATAL_FAILURE(wait_frontier(5));
+  std::set<std::string> moved_keys;
+  for (const auto& entry : fs::directory_iterator(moved)) {
+    const std::string name = entry.path().filename().string();
+    if (name == FileDestination::kLockFileName) continue;
+    std::ifstream in(entry.path());
+    for (std::string line; std::getline(in, line);) {
+      auto json = parse_json(line);
+      ASSERT_TRUE(json && json->find("key")) << line;
+      EXPECT_TRUE(moved_keys.insert(json->find("key")->to_json()).second) << "twice: " << line;
+    }
+  }
+  EXPECT_EQ(moved_keys.size(), 500u);
+
+  ASSERT_EQ(call(port_, http::verb::delete_, "/v1/sinks/files").status, 200u);
+  EXPECT_EQ(get("/v1/sinks/files").status, 404u);
+  server_.reset();
+  ASSERT_NO_FATAL_FAILURE(start());
+  EXPECT_EQ(get("/v1/sinks").body, "[]\n");
+}
+
 // Fails the first `failures` reads of stored sink definitions (a blob store
 // that stumbles as the server starts).
 class FlakyDefinitions final : public ForwardingBlob {

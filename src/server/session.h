@@ -147,6 +147,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void method_not_allowed();
   void create_shard();
   void create_sink();
+  void update_sink();
   Result<std::string> resolve_file_sink(const std::string& to);
   void list_shards();
   void inspect_producer();

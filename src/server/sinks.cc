@@ -7,6 +7,7 @@
 #include <thread>
 #include <tuple>
 
+#include "crypto/digest.h"
 #include "server/metrics.h"
 #include "shard/state.h"
 #include "sink/destination_url.h"
@@ -30,8 +31,73 @@ constexpr std::string_view kSpecPrefix = "server/sinks/";
 // its subscription wakes it on every change.
 constexpr std::chrono::milliseconds kIdlePollFallback{30'000};
 
-std::string spec_key(const std::string& name) {
-  return std::string(kSpecPrefix) + name;
+// A definition's key: "server/sinks/<name>" as created (revision 0),
+// "server/sink-revisions/<name>/<revision>" once updated (a blob key cannot
+// hold a separator that a name cannot, so updates have their own prefix;
+// one listing of kDefinitionsPrefix reads both). A key never changes once
+// written, so a listing tells every server of an update, and a definition
+// read once per key may be kept.
+constexpr std::string_view kRevisionPrefix = "server/sink-revisions/";
+constexpr std::string_view kDefinitionsPrefix = "server/sink";
+
+std::string spec_key(const std::string& name, std::uint64_t revision = 0) {
+  if (revision == 0) return std::string(kSpecPrefix) + name;
+  return std::string(kRevisionPrefix) + name + "/" + std::to_string(revision);
+}
+
+// The listing prefixes that hold every revision of `name` (and maybe other
+// names starting with it).
+std::vector<std::string> name_prefixes(const std::string& name) {
+  return {spec_key(name), std::string(kRevisionPrefix) + name + "/"};
+}
+
+struct SpecKey {
+  std::string name;
+  std::uint64_t revision = 0;
+};
+
+// The name and revision of a listed key; nullopt for another shape.
+std::optional<SpecKey> parse_spec_key(std::string_view key) {
+  if (key.starts_with(kSpecPrefix)) {
+    key.remove_prefix(kSpecPrefix.size());
+    if (key.empty() || key.find('/') != std::string_view::npos) return std::nullopt;
+    return SpecKey{std::string(key), 0};
+  }
+  if (!key.starts_with(kRevisionPrefix)) return std::nullopt;
+  key.remove_prefix(kRevisionPrefix.size());
+  const auto slash = key.find('/');
+  if (slash == 0 || slash == std::string_view::npos) return std::nullopt;
+  const std::string_view digits = key.substr(slash + 1);
+  if (digits.empty() || digits.size() > 19 || digits[0] == '0' ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return SpecKey{std::string(key.substr(0, slash)), std::stoull(std::string(digits))};
+}
+
+// Of listed keys: each name's latest key, and the keys those supersede (an
+// update writes the next revision, then removes the one before; a crash in
+// between leaves it, and a later look removes it).
+struct LatestKeys {
+  std::map<std::string, SpecKey> latest;  // by name
+  std::vector<std::string> superseded;
+};
+
+LatestKeys latest_keys(const std::vector<std::string>& keys) {
+  LatestKeys out;
+  for (const std::string& key : keys) {
+    auto parsed = parse_spec_key(key);
+    if (!parsed) continue;
+    auto [it, inserted] = out.latest.try_emplace(parsed->name, *parsed);
+    if (inserted) continue;
+    if (parsed->revision > it->second.revision) {
+      out.superseded.push_back(spec_key(it->second.name, it->second.revision));
+      it->second = *parsed;
+    } else {
+      out.superseded.push_back(key);
+    }
+  }
+  return out;
 }
 
 void append_optional_string(std::string* out, const std::optional<std::string>& text) {
@@ -55,6 +121,7 @@ std::string sink_json(const SinkSpec& spec, const std::string& status,
                       std::optional<std::uint64_t> reported_at_ms) {
   std::string out = spec.to_json();
   out.pop_back();
+  out += ",\"revision\":" + std::to_string(spec.revision);
   out += ",\"status\":";
   append_json_string(&out, status);
   out += ",\"frontier\":";
@@ -462,23 +529,25 @@ Status SinkManager::resume_all() {
   std::vector<std::string> keys;
   TM_TRY(with_retries(retry, [&]() -> Status {
     keys.clear();
-    return blob.list(kSpecPrefix,
+    return blob.list(kDefinitionsPrefix,
                      [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); });
   }));
   Status first_error;
-  for (const std::string& key : keys) {
+  for (const auto& [name, latest] : latest_keys(keys).latest) {
+    const std::string key = spec_key(name, latest.revision);
     auto bytes = with_retries(retry, [&] { return blob.get(key); });
     if (!bytes) {
       if (first_error) first_error = std::unexpected(bytes.error());
       continue;
     }
-    if (!*bytes) continue;  // deleted meanwhile
+    if (!*bytes) continue;  // deleted (or updated) meanwhile: the next look
     auto spec = SinkSpec::parse(**bytes);
     if (!spec) {
       if (first_error)
         first_error = corruption("sink definition " + key + ": " + spec.error().message);
       continue;
     }
+    spec->revision = latest.revision;
     // The first look takes every free sink at once (its own previous
     // life's included); the ones held elsewhere stay there.
     (void)adopt(*spec, /*spread=*/false);
@@ -526,12 +595,13 @@ SinkManager::Handed SinkManager::handed(const std::string& name, std::uint64_t n
   return Handed::kNo;
 }
 
-bool SinkManager::publish_presence_now(std::uint64_t now_ms) {
+bool SinkManager::publish_presence_now(std::uint64_t now_ms, const std::string& scope) {
   if (runner_.owner.empty() || stopping_) return false;
   ServerPresence self;
   self.owner = runner_.owner;
   self.runner = runner_.label;
   self.host = self_.host;
+  self.scope = scope;
   {
     std::lock_guard lock(mutex_);
     for (const auto& [name, task] : tasks_) self.sinks += task->moved ? 0 : 1;
@@ -545,8 +615,13 @@ bool SinkManager::publish_presence_now(std::uint64_t now_ms) {
   }
   auto servers = publish_presence(*client_->location().consensus, std::move(self), now_ms);
   if (!servers) return false;
+  // Servers that see other sinks share only the Consensus (another blob
+  // store, or a listing taken while a sink was created or deleted): none
+  // of their hand-overs concern this one, nor this one's them.
+  std::erase_if(*servers, [&](const ServerPresence& s) { return s.scope != scope; });
   std::lock_guard lock(adoption_mu_);
   presence_ = std::move(*servers);
+  scope_ = scope;
   return true;
 }
 
@@ -598,7 +673,12 @@ void SinkManager::balance(std::uint64_t now_ms) {
       }
       // Published before the lease goes, so that every other server's next
       // look leaves the sink to `target`.
-      if (!publish_presence_now(now_ms)) {
+      std::string scope;
+      {
+        std::lock_guard lock(adoption_mu_);
+        scope = scope_;
+      }
+      if (!publish_presence_now(now_ms, scope)) {
         std::lock_guard lock(adoption_mu_);
         std::erase_if(handing_, [&](const ServerPresence::Handing& h) { return h.sink == name; });
         return;
@@ -708,7 +788,8 @@ bool SinkManager::adopt(const SinkSpec& spec, bool spread) {
   note_adoption(spec.name, std::nullopt);
   // Deleted between the listing and the claim? (A deletion removes the
   // definition before its runner lets go of the lease.)
-  auto stored = client_->location().blob->get(spec_key(spec.name));
+  // (Or updated: the next look takes the new revision.)
+  auto stored = client_->location().blob->get(spec_key(spec.name, spec.revision));
   if (!stored || !*stored) return false;
   log_line(LogLevel::kInfo,
            "sink " + spec.name + " of shard " + spec.shard + ": taken over (" +
@@ -732,10 +813,103 @@ Status SinkManager::check_name_free(const std::string& name) const {
   // Another server's sink of this name? (Blob has no create-if-absent: two
   // servers creating one name at once both write; create() reads back
   // which definition won, and only its owner runs it.)
-  TM_ASSIGN(auto existing, client_->location().blob->get(spec_key(name)));
-  if (!existing) return {};
-  auto stored = SinkSpec::parse(*existing);
-  return taken(name, stored ? *stored : SinkSpec{});
+  auto stored = stored_spec(name);
+  if (!stored) {
+    if (!stored.error().is(ErrorKind::kInvalidUsage)) return std::unexpected(stored.error());
+    return taken(name, SinkSpec{});  // stored, but unreadable
+  }
+  if (!*stored) return {};
+  return taken(name, **stored);
+}
+
+Result<std::optional<SinkSpec>> SinkManager::stored_spec(const std::string& name) const {
+  Blob& blob = *client_->location().blob;
+  // An update writes the next revision before it removes the one before:
+  // a revision gone between the listing and the read was updated (or
+  // deleted), so the listing is read again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<std::string> keys;
+    for (const std::string& prefix : name_prefixes(name)) {
+      TM_TRY(blob.list(prefix, [&](std::string_view key, std::uint64_t) {
+        if (auto parsed = parse_spec_key(key); parsed && parsed->name == name) {
+          keys.emplace_back(key);
+        }
+      }));
+    }
+    const LatestKeys latest = latest_keys(keys);
+    const auto it = latest.latest.find(name);
+    if (it == latest.latest.end()) return std::nullopt;
+    TM_ASSIGN(auto bytes, blob.get(spec_key(name, it->second.revision)));
+    if (!bytes) continue;
+    TM_ASSIGN(SinkSpec spec, SinkSpec::parse(*bytes));
+    spec.revision = it->second.revision;
+    return std::optional<SinkSpec>(std::move(spec));
+  }
+  return std::nullopt;
+}
+
+Status SinkManager::remove_definition(const std::string& name) {
+  Blob& blob = *client_->location().blob;
+  std::vector<std::string> keys;
+  for (const std::string& prefix : name_prefixes(name)) {
+    TM_TRY(blob.list(prefix, [&](std::string_view key, std::uint64_t) {
+      if (auto parsed = parse_spec_key(key); parsed && parsed->name == name) keys.emplace_back(key);
+    }));
+  }
+  return keys.empty() ? Status{} : blob.remove_many(keys);
+}
+
+void SinkManager::restart(const std::shared_ptr<Task>& task, const SinkSpec& spec) {
+  {
+    std::lock_guard lock(mutex_);
+    auto it = tasks_.find(spec.name);
+    if (it == tasks_.end() || it->second != task) return;  // deleted or restarted meanwhile
+    tasks_.erase(it);
+  }
+  log_line(LogLevel::kInfo, "sink " + spec.name + " of shard " + spec.shard +
+                                ": updated (revision " + std::to_string(spec.revision) +
+                                "); restarting it on its new definition");
+  task->stop_by(timers_, std::chrono::steady_clock::now() + kStopGrace);
+  task->join();
+  (void)adopt(spec, /*spread=*/false);
+}
+
+Result<std::string> SinkManager::update(const SinkSpec& requested) {
+  TM_ASSIGN(auto current, stored_spec(requested.name));
+  if (!current) return make_error(ErrorKind::kNotFound, "no sink named " + requested.name);
+  if (requested.shard != current->shard) {
+    return invalid_usage("sink " + requested.name + " reads shard " + current->shard +
+                         ": a sink's shard cannot change (delete the sink and create another)");
+  }
+  TM_ASSIGN(SinkUrl url, parse_sink_url(requested.to, requested.format));
+  SinkSpec next = requested;
+  // A directory is on the machine of the server that takes the request, as
+  // at creation.
+  next.owner = url.directory ? runner_.owner : current->owner;
+  next.host = url.directory ? self_.host : std::string();
+  next.revision = current->revision;
+  if (next.to_json() == current->to_json()) return status_json(next.name);  // nothing changes
+  next.revision = current->revision + 1;
+  Blob& blob = *client_->location().blob;
+  const std::string key = spec_key(next.name, next.revision);
+  TM_TRY(blob.set(key, next.to_json()));
+  TM_ASSIGN(auto written, blob.get(key));
+  if (!written || *written != next.to_json()) {
+    return make_error(
+        ErrorKind::kAlreadyExists,
+        "sink " + next.name +
+            " was updated by another request at the same time; read it and try again");
+  }
+  (void)blob.remove(spec_key(next.name, current->revision));  // else a later look removes it
+  std::shared_ptr<Task> task;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = tasks_.find(next.name); it != tasks_.end() && !it->second->moved) {
+      task = it->second;
+    }
+  }
+  if (task) restart(task, next);
+  return status_json(next.name);
 }
 
 std::unexpected<Error> SinkManager::taken(const std::string& name, const SinkSpec& stored) const {
@@ -811,11 +985,9 @@ Result<std::string> SinkManager::status_json(const std::string& name) const {
     return task->to_json(uppers[task->spec.shard], runner_);
   }
   // Another server's sink, or none.
-  Blob& blob = *client_->location().blob;
-  TM_ASSIGN(auto bytes, blob.get(spec_key(name)));
-  if (!bytes) return make_error(ErrorKind::kNotFound, "no sink named " + name);
-  TM_ASSIGN(SinkSpec spec, SinkSpec::parse(*bytes));
-  return reported_json(spec);
+  TM_ASSIGN(auto spec, stored_spec(name));
+  if (!spec) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+  return reported_json(*spec);
 }
 
 namespace {
@@ -927,7 +1099,7 @@ std::string SinkManager::list_json() const {
 std::vector<SinkSpec> SinkManager::stored_definitions(const std::set<std::string>& skip) const {
   Blob& blob = *client_->location().blob;
   std::vector<std::string> keys;
-  if (!blob.list(kSpecPrefix,
+  if (!blob.list(kDefinitionsPrefix,
                  [&](std::string_view key, std::uint64_t) { keys.emplace_back(key); })) {
     return {};
   }
@@ -940,9 +1112,10 @@ std::vector<SinkSpec> SinkManager::definitions_of(const std::vector<std::string>
   std::vector<SinkSpec> specs;
   std::lock_guard lock(definitions_mu_);
   std::map<std::string, SinkSpec> seen;
-  for (const std::string& key : keys) {
-    if (skip.contains(key.substr(kSpecPrefix.size()))) continue;
-    // A definition never changes once stored: read each one once.
+  for (const auto& [name, latest] : latest_keys(keys).latest) {
+    if (skip.contains(name)) continue;
+    // A key's definition never changes once stored: read each one once.
+    const std::string key = spec_key(name, latest.revision);
     if (auto known = definitions_.find(key); known != definitions_.end()) {
       seen.emplace(key, known->second);
       specs.push_back(known->second);
@@ -952,6 +1125,7 @@ std::vector<SinkSpec> SinkManager::definitions_of(const std::vector<std::string>
     if (!bytes || !*bytes) continue;  // unreadable now, or deleted meanwhile
     auto spec = SinkSpec::parse(**bytes);
     if (!spec) continue;
+    spec->revision = latest.revision;
     seen.emplace(key, *spec);
     specs.push_back(std::move(*spec));
   }
@@ -965,15 +1139,14 @@ Result<bool> SinkManager::remove(const std::string& name) {
     std::lock_guard lock(mutex_);
     if (auto it = tasks_.find(name); it != tasks_.end() && !it->second->moved) task = it->second;
   }
-  Blob& blob = *client_->location().blob;
   if (!task) {
     // Another server runs it (or none does now): its definition goes, and
     // its runner, which looks for its definition every kReconcileEvery,
     // stops it and drops its hold.
-    TM_ASSIGN(auto bytes, blob.get(spec_key(name)));
-    if (!bytes) return make_error(ErrorKind::kNotFound, "no sink named " + name);
-    TM_ASSIGN(SinkSpec spec, SinkSpec::parse(*bytes));
-    TM_TRY(blob.remove(spec_key(name)));
+    TM_ASSIGN(auto stored, stored_spec(name));
+    if (!stored) return make_error(ErrorKind::kNotFound, "no sink named " + name);
+    const SinkSpec& spec = *stored;
+    TM_TRY(remove_definition(name));
     expire_hold(spec);
     // Answers once the runner has let go of its lease, or after
     // kRemoteStopWait with stopped false (a runner cut off from the
@@ -989,7 +1162,7 @@ Result<bool> SinkManager::remove(const std::string& name) {
   }
   // The definition goes first: a server looking for free sinks never finds
   // this one's lease released while its definition is still stored.
-  TM_TRY(blob.remove(spec_key(name)));
+  TM_TRY(remove_definition(name));
   {
     std::lock_guard lock(mutex_);
     if (auto it = tasks_.find(name); it != tasks_.end() && it->second == task) tasks_.erase(it);
@@ -1034,14 +1207,24 @@ void SinkManager::reconcile() {
   // it starts, so a task taken above whose definition is not listed was
   // deleted. (Read through the store, not the cache.)
   Blob& blob = *client_->location().blob;
-  std::set<std::string> stored;
-  if (!blob.list(kSpecPrefix, [&](std::string_view key, std::uint64_t) {
-        stored.emplace(key.substr(kSpecPrefix.size()));
-      })) {
+  std::vector<std::string> listed;
+  if (!blob.list(kDefinitionsPrefix,
+                 [&](std::string_view key, std::uint64_t) { listed.emplace_back(key); })) {
     return;  // the next round tries again
   }
+  LatestKeys latest = latest_keys(listed);
+  // Revisions an update left behind (it removes the one before itself,
+  // unless it stopped in between).
+  if (!latest.superseded.empty() && !stopping_) (void)blob.remove_many(latest.superseded);
+  const std::map<std::string, SpecKey>& stored = latest.latest;
+  std::vector<std::pair<std::shared_ptr<Task>, std::uint64_t>> updated;
   for (const auto& [name, task] : tasks) {
-    if (stored.contains(name) || stopping_) continue;
+    if (stopping_) continue;
+    if (auto it = stored.find(name); it != stored.end()) {
+      if (it->second.revision != task->spec.revision)
+        updated.emplace_back(task, it->second.revision);
+      continue;
+    }
     {
       std::lock_guard lock(mutex_);
       auto it = tasks_.find(name);
@@ -1065,13 +1248,32 @@ void SinkManager::reconcile() {
   // defined), read before the free sinks are looked at: one being handed
   // over is left to its taker.
   const std::uint64_t now = wall_clock_millis();
-  const bool present = !stored.empty() && publish_presence_now(now);
+  std::string names;
+  for (const auto& [name, key] : stored) names += name + "\n";
+  const bool present =
+      !stored.empty() && publish_presence_now(now, sha256_hex(names).substr(0, 16));
+  // Sinks of this server updated through another: restarted on their new
+  // definitions.
+  bool adopted = false;
+  if (!updated.empty()) {
+    std::set<std::string> names;
+    for (const auto& [task, revision] : updated) names.insert(task->spec.name);
+    std::set<std::string> others;
+    for (const auto& [name, key] : stored) {
+      if (!names.contains(name)) others.insert(name);
+    }
+    for (const SinkSpec& spec : definitions_of(listed, others)) {
+      for (const auto& [task, revision] : updated) {
+        if (task->spec.name == spec.name && spec.revision == revision && !stopping_) {
+          restart(task, spec);
+          adopted = true;
+        }
+      }
+    }
+  }
   std::set<std::string> here;
   for (const auto& [name, task] : tasks) here.insert(name);
-  std::vector<std::string> keys;
-  for (const std::string& name : stored) keys.push_back(spec_key(name));
-  bool adopted = false;
-  for (const SinkSpec& spec : definitions_of(keys, here)) {
+  for (const SinkSpec& spec : definitions_of(listed, here)) {
     if (stopping_) return;
     adopted = adopt(spec, /*spread=*/true) || adopted;
   }

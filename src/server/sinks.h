@@ -1,7 +1,9 @@
 // SinkManager: the sinks a server runs (POST/GET/DELETE /v1/sinks).
 //
 // A sink's definition {"name", "shard", "to", "envelope", "format"} is
-// stored in the blob store under "server/sinks/<name>" when it is created,
+// stored in the blob store under "server/sinks/<name>" when it is created
+// (an update stores revision N under "server/sink-revisions/<name>/<N>",
+// then removes the one before; the latest revision is the definition),
 // so a restarted server resumes every sink: each one picks up from its
 // destination's progress (run_sink), and its critical reader still holds
 // the shard's since. Sinks share a pool of threads (`threads`, by default
@@ -159,6 +161,17 @@ class SinkManager {
   // shard), Held (the sink or its destination is run by another runner,
   // named).
   [[nodiscard]] Result<std::string> create(const SinkSpec& spec);
+  // PUT /v1/sinks/NAME: stores `spec` as the next revision of sink
+  // spec.name's definition (its "to", "envelope" and "format" may change,
+  // its shard may not), then restarts the sink on it: at once when this
+  // server runs it, at its runner's next look (within kReconcileEvery)
+  // otherwise. The run stops as at shutdown (it commits what it wrote) and
+  // resumes from the new destination's progress: where it stopped when the
+  // destination is the same, with a snapshot when it is new. A definition
+  // equal to the stored one changes nothing. Answers as status_json.
+  // NotFound; InvalidUsage (another shard); AlreadyExists (another update
+  // at the same time won).
+  [[nodiscard]] Result<std::string> update(const SinkSpec& spec);
   // {"name", "shard", "to", ..., "status", "frontier", "upper", "lag",
   // "error"}: lag is upper - frontier in time units (milliseconds on a
   // shard of managed appends); error is what stopped the last run, or
@@ -198,9 +211,17 @@ class SinkManager {
   // Every stored definition but those named in `skip` (read once each,
   // then cached), or none when the store cannot be listed.
   std::vector<SinkSpec> stored_definitions(const std::set<std::string>& skip) const;
-  // The same for the definitions under `keys`, listed already.
+  // The same for the definitions under `keys`, listed already (each
+  // name's latest revision).
   std::vector<SinkSpec> definitions_of(const std::vector<std::string>& keys,
                                        const std::set<std::string>& skip) const;
+  // The latest stored definition of `name` (its revision set), or nullopt.
+  [[nodiscard]] Result<std::optional<SinkSpec>> stored_spec(const std::string& name) const;
+  // Removes every stored revision of `name`'s definition.
+  [[nodiscard]] Status remove_definition(const std::string& name);
+  // Stops this server's run of a sink whose definition is now `spec` (it
+  // commits what it wrote and lets go of its lease), then takes `spec`.
+  void restart(const std::shared_ptr<Task>& task, const SinkSpec& spec);
   // Why this server may not run `spec`, or nullopt when it may: its
   // destination must be allowed here, and a file:// sink's host be this
   // machine's.
@@ -214,8 +235,9 @@ class SinkManager {
   enum class Handed : std::uint8_t { kNo, kHere, kElsewhere };
   Handed handed(const std::string& name, std::uint64_t now_ms) const;
   // Publishes this server's presence (sink/server_presence.h) and keeps
-  // the servers' as read; false when it could not.
-  bool publish_presence_now(std::uint64_t now_ms);
+  // the servers' as read, those that see the same sinks (`scope`, a digest
+  // of the names listed); false when it could not.
+  bool publish_presence_now(std::uint64_t now_ms, const std::string& scope);
   // When another live server runs at least two sinks fewer than this one,
   // hands it one of this server's running sinks (see the header).
   void balance(std::uint64_t now_ms);
@@ -260,6 +282,7 @@ class SinkManager {
   // it last handed each sink (kept kHandAgainAfter), and when it may hand
   // the next one (wall clock, ms).
   std::vector<ServerPresence> presence_;
+  std::string scope_;
   std::vector<ServerPresence::Handing> handing_;
   std::map<std::string, std::uint64_t> handed_at_;
   std::uint64_t next_hand_over_ms_ = 0;

@@ -33,8 +33,9 @@ bool same_but_time(const ServerPresence& a, const ServerPresence& b) {
   auto same_handing = [](const ServerPresence::Handing& x, const ServerPresence::Handing& y) {
     return x.sink == y.sink && x.to == y.to && x.until_ms == y.until_ms;
   };
-  return a.owner == b.owner && a.runner == b.runner && a.host == b.host && a.sinks == b.sinks &&
-         a.s3_endpoints == b.s3_endpoints && a.kafka_brokers == b.kafka_brokers &&
+  return a.owner == b.owner && a.runner == b.runner && a.host == b.host && a.scope == b.scope &&
+         a.sinks == b.sinks && a.s3_endpoints == b.s3_endpoints &&
+         a.kafka_brokers == b.kafka_brokers &&
          std::equal(a.handing.begin(), a.handing.end(), b.handing.begin(), b.handing.end(),
                     same_handing);
 }
@@ -79,6 +80,8 @@ std::string presence_to_json(const std::vector<ServerPresence>& servers) {
     append_json_string(&out, s.runner);
     out += ",\"host\":";
     append_json_string(&out, s.host);
+    out += ",\"scope\":";
+    append_json_string(&out, s.scope);
     out += ",\"sinks\":";
     append_u64(&out, s.sinks);
     out += ",\"s3_endpoints\":";
@@ -116,18 +119,20 @@ Result<std::vector<ServerPresence>> parse_presence(std::string_view json) {
     if (!entry.is_object()) return bad("an entry that is not an object");
     ServerPresence s;
     auto owner = entry.find_string("owner"), runner = entry.find_string("runner"),
-         host = entry.find_string("host"), s3 = entry.find_string("s3_endpoints"),
-         kafka = entry.find_string("kafka_brokers");
+         host = entry.find_string("host"), scope = entry.find_string("scope"),
+         s3 = entry.find_string("s3_endpoints"), kafka = entry.find_string("kafka_brokers");
     const JsonValue* sinks = entry.find("sinks");
     const JsonValue* written = entry.find("written_at_ms");
     const JsonValue* handing = entry.find("handing");
-    if (!owner || !runner || !host || !s3 || !kafka || sinks == nullptr || !sinks->as_u64() ||
-        written == nullptr || !written->as_u64() || handing == nullptr || !handing->is_array()) {
+    if (!owner || !runner || !host || !scope || !s3 || !kafka || sinks == nullptr ||
+        !sinks->as_u64() || written == nullptr || !written->as_u64() || handing == nullptr ||
+        !handing->is_array()) {
       return bad("an entry without every field");
     }
     s.owner = std::move(*owner);
     s.runner = std::move(*runner);
     s.host = std::move(*host);
+    s.scope = std::move(*scope);
     s.s3_endpoints = std::move(*s3);
     s.kafka_brokers = std::move(*kafka);
     s.sinks = *sinks->as_u64();

@@ -46,6 +46,10 @@ struct ServerPresence {
   std::string owner;   // the server's id
   std::string runner;  // "tidemark serve on HOST:PORT"
   std::string host;
+  // What the server sees of the sinks (a digest of their names): servers
+  // that share a Consensus but not a blob store see different sinks, and
+  // never hand sinks to one another.
+  std::string scope;
   std::uint64_t sinks = 0;    // running here
   std::string s3_endpoints;   // as --allow-s3-endpoints
   std::string kafka_brokers;  // as --allow-kafka-brokers

@@ -32,6 +32,7 @@ std::vector<std::string> owners(const std::vector<ServerPresence>& servers) {
 
 TEST(ServerPresence, RoundTripsEveryField) {
   ServerPresence a = server("a", 3);
+  a.scope = "0123abcd";
   a.s3_endpoints = "http://127.0.0.1:4568";
   a.kafka_brokers = "k1:9092,k2";
   a.handing.push_back({"orders", "b", kNow + 10'000});
@@ -44,6 +45,7 @@ TEST(ServerPresence, RoundTripsEveryField) {
   EXPECT_EQ(p.owner, "a");
   EXPECT_EQ(p.runner, a.runner);
   EXPECT_EQ(p.host, a.host);
+  EXPECT_EQ(p.scope, a.scope);
   EXPECT_EQ(p.sinks, 3u);
   EXPECT_EQ(p.s3_endpoints, a.s3_endpoints);
   EXPECT_EQ(p.kafka_brokers, a.kafka_brokers);

@@ -10,6 +10,7 @@
 // Thread-safety: a plain value.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,9 @@ struct SinkSpec {
   // that machine's disk, so only servers of that host name run it. "" for
   // other destinations, and in older definitions (only `owner` runs those).
   std::string host;
+  // How many times it was updated (PUT /v1/sinks/NAME). Not in its JSON:
+  // the server keeps it in the definition's key (server/sinks.cc).
+  std::uint64_t revision = 0;
 
   std::string to_json() const;
   // InvalidUsage naming what is wrong (names, URL, envelope, format).
