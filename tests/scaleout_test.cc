@@ -227,6 +227,18 @@ class ScaleOutTest : public testing::Test {
     return present;
   }
 
+  // Stops the clients, which must have had appends acknowledged, and
+  // returns the shard's upper as server `ask` answers it (0 when it cannot).
+  long long stop_and_read_upper(Appends& appends, int ask) {
+    appends.stop();
+    EXPECT_GT(appends.acked_count(), 0u);
+    const std::string body =
+        http_call(servers_[ask].port, http::verb::get, "/v1/shards/" + shard_).body;
+    const long long upper = number_field(body, "upper");
+    EXPECT_GT(upper, 0) << body;
+    return std::max(upper, 0LL);
+  }
+
   // SIGTERM to every server; each must exit cleanly (status 0).
   void stop_servers_gracefully() {
     for (ServerProcess& server : servers_) {
@@ -768,14 +780,9 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
     EXPECT_NE(moved_from(ask, sink, 0, std::chrono::seconds(40)), 0) << sink;
   }
   std::this_thread::sleep_for(std::chrono::seconds(3));
-  appends.stop();
-  EXPECT_GT(appends.acked_count(), 0u);
-
   // Each sink catches up with the shard's upper; its output is then exact.
-  const std::string shard_body =
-      http_call(servers_[ask].port, http::verb::get, "/v1/shards/" + shard_).body;
-  const long long upper = number_field(shard_body, "upper");
-  ASSERT_GT(upper, 0) << shard_body;
+  const long long upper = stop_and_read_upper(appends, ask);
+  ASSERT_GT(upper, 0);
   std::map<std::string, long long> frontier;
   for (const auto& sink : {file_sink, object_sink}) {
     frontier[sink] = caught_up(ask, sink, upper);
@@ -875,13 +882,8 @@ TEST_F(ScaleOutTest, SinksSpreadOntoServersThatJoin) {
     if (HasFailure()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  appends.stop();
-  EXPECT_GT(appends.acked_count(), 0u);
-
-  const std::string shard_body =
-      http_call(servers_[0].port, http::verb::get, "/v1/shards/" + shard_).body;
-  const long long upper = number_field(shard_body, "upper");
-  ASSERT_GT(upper, 0) << shard_body;
+  const long long upper = stop_and_read_upper(appends, 0);
+  ASSERT_GT(upper, 0);
   std::lock_guard lock(appends.mutex);
   for (int i = 0; i < kSinks; ++i) {
     const long long frontier = caught_up(0, sinks[i], upper);
@@ -994,13 +996,8 @@ TEST_F(ScaleOutTest, ASinkUpdatedThroughAnotherServerRestartsOnItsRunner) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - updated_at).count());
   const Committed before = committed_objects(**first);
   std::this_thread::sleep_for(std::chrono::seconds(3));
-  appends.stop();
-  EXPECT_GT(appends.acked_count(), 0u);
-
-  const std::string shard_body =
-      http_call(servers_[1].port, http::verb::get, "/v1/shards/" + shard_).body;
-  const long long upper = number_field(shard_body, "upper");
-  ASSERT_GT(upper, 0) << shard_body;
+  const long long upper = stop_and_read_upper(appends, 1);
+  ASSERT_GT(upper, 0);
   const long long frontier = caught_up(1, sink, upper);
   ASSERT_GE(frontier, upper);
   std::lock_guard lock(appends.mutex);
@@ -1048,11 +1045,7 @@ TEST_F(ScaleOutTest, ASinkIntoKafkaFailsOverExactlyOnceWhenItsServerIsKilled) {
                sink.c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
   std::this_thread::sleep_for(std::chrono::seconds(3));
-  appends.stop();
-  EXPECT_GT(appends.acked_count(), 0u);
-
-  const long long upper = number_field(
-      http_call(servers_[1].port, http::verb::get, "/v1/shards/" + shard_).body, "upper");
+  const long long upper = stop_and_read_upper(appends, 1);
   ASSERT_GT(upper, 0);
   ASSERT_GE(caught_up(1, sink, upper), upper);
   auto address = tidemark::KafkaAddress::parse(to);

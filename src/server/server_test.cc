@@ -131,6 +131,29 @@ class ServerTest : public ::testing::Test {
     return call(port_, http::verb::post, target, body, headers);
   }
 
+  // An explicit append to shard "s" of keys first..first+n-1 (value "v")
+  // at time t, [t, t + 1).
+  void append_at(Time t, int first, int n) {
+    std::string body;
+    for (int i = first; i < first + n; ++i) {
+      body += "{\"key\": " + std::to_string(i) +
+              ", \"value\": \"v\", \"time\": " + std::to_string(t) + "}\n";
+    }
+    Reply r = post(
+        "/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1), body);
+    ASSERT_EQ(r.status, 200u) << r.body;
+  }
+  // Waits (up to about 10 s) until sink `sink`'s frontier reaches `want`.
+  void wait_sink_frontier(const std::string& sink, Time want) {
+    for (int i = 0; i < 1000; ++i) {
+      auto json = parse_json(get("/v1/sinks/" + sink).body);
+      const JsonValue* frontier = json ? json->find("frontier") : nullptr;
+      if (frontier != nullptr && frontier->as_u64() && *frontier->as_u64() >= want) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the sink did not reach " << want << ": " << get("/v1/sinks/" + sink).body;
+  }
+
   fs::path dir_;
   ServerOptions options_;
   std::chrono::microseconds blob_latency_{0};  // injected into every blob call
@@ -712,16 +735,6 @@ TEST_F(ServerTest, ConcurrentAppendsSnapshotsAndListens) {
 TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
-  auto append_at = [&](Time t, int first, int n) {
-    std::string body;
-    for (int i = first; i < first + n; ++i) {
-      body += "{\"key\": " + std::to_string(i) +
-              ", \"value\": \"v\", \"time\": " + std::to_string(t) + "}\n";
-    }
-    Reply r = post(
-        "/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1), body);
-    ASSERT_EQ(r.status, 200u) << r.body;
-  };
   ASSERT_NO_FATAL_FAILURE(append_at(0, 0, 100));
   ASSERT_NO_FATAL_FAILURE(append_at(1, 100, 100));
   const fs::path out = dir_ / "sinks" / "out";
@@ -737,19 +750,7 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   ASSERT_EQ(created.status, 201u) << created.body;
   EXPECT_EQ(post("/v1/sinks", spec).status, 409u);
   // Wait until the sink's frontier reaches the upper.
-  auto wait_frontier = [&](Time want) {
-    for (int i = 0; i < 1000; ++i) {
-      Reply status = get("/v1/sinks/files");
-      auto json = parse_json(status.body);
-      if (json && json->find("frontier") && json->find("frontier")->as_u64() &&
-          *json->find("frontier")->as_u64() >= want) {
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "the sink did not reach " << want << ": " << get("/v1/sinks/files").body;
-  };
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(2));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 2));
   Reply status = get("/v1/sinks/files");
   EXPECT_NE(status.body.find("\"status\":\"running\""), std::string::npos) << status.body;
   // Caught up: the shard's upper, and nothing between it and the frontier.
@@ -764,7 +765,7 @@ TEST_F(ServerTest, SinksRunResumeAfterRestartAndDelete) {
   server_.reset();
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_NO_FATAL_FAILURE(append_at(2, 200, 100));
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(3));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 3));
   std::multiset<std::string> lines;
   std::size_t files = 0;
   for (const auto& entry : fs::directory_iterator(out)) {
@@ -801,25 +802,6 @@ TEST_F(ServerTest, ASinkIsUpdatedAndGoesOnFromWhereItStopped) {
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
   ASSERT_EQ(post("/v1/shards", R"({"name": "other"})").status, 201u);
-  auto append_at = [&](Time t, int first, int n) {
-    std::string body;
-    for (int i = first; i < first + n; ++i) {
-      body += "{\"key\": " + std::to_string(i) +
-              ", \"value\": \"v\", \"time\": " + std::to_string(t) + "}\n";
-    }
-    Reply r = post(
-        "/v1/shards/s/append?lower=" + std::to_string(t) + "&upper=" + std::to_string(t + 1), body);
-    ASSERT_EQ(r.status, 200u) << r.body;
-  };
-  auto wait_frontier = [&](Time want) {
-    for (int i = 0; i < 1000; ++i) {
-      auto json = parse_json(get("/v1/sinks/files").body);
-      const JsonValue* frontier = json ? json->find("frontier") : nullptr;
-      if (frontier != nullptr && frontier->as_u64() && *frontier->as_u64() >= want) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "the sink did not reach " << want << ": " << get("/v1/sinks/files").body;
-  };
   auto put = [&](const std::string& target, const std::string& body) {
     return call(port_, http::verb::put, target, body);
   };
@@ -828,7 +810,7 @@ TEST_F(ServerTest, ASinkIsUpdatedAndGoesOnFromWhereItStopped) {
   const fs::path out = dir_ / "sinks" / "out";
   const std::string to = "\"to\": \"file://" + out.string() + "\"";
   ASSERT_EQ(post("/v1/sinks", "{\"name\": \"files\", \"shard\": \"s\", " + to + "}").status, 201u);
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(2));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 2));
 
   EXPECT_EQ(put("/v1/sinks/files", "{\"shard\": \"other\", " + to + "}").status, 400u);
   EXPECT_EQ(put("/v1/sinks/files", "{\"name\": \"renamed\", \"shard\": \"s\", " + to + "}").status,
@@ -844,14 +826,14 @@ TEST_F(ServerTest, ASinkIsUpdatedAndGoesOnFromWhereItStopped) {
   EXPECT_NE(updated.body.find("\"format\":\"csv\""), std::string::npos) << updated.body;
   EXPECT_NE(updated.body.find("\"revision\":1"), std::string::npos) << updated.body;
   ASSERT_NO_FATAL_FAILURE(append_at(2, 200, 100));
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(3));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 3));
   // A restart takes the latest revision.
   server_.reset();
   ASSERT_NO_FATAL_FAILURE(start());
   Reply resumed = get("/v1/sinks/files");
   EXPECT_NE(resumed.body.find("\"revision\":1"), std::string::npos) << resumed.body;
   ASSERT_NO_FATAL_FAILURE(append_at(3, 300, 100));
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(4));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 4));
 
   // Committed files "<lower>-<upper>.<json|csv>": JSON up to the update's
   // frontier, CSV after it, end to end; every key once.
@@ -907,7 +889,7 @@ TEST_F(ServerTest, ASinkIsUpdatedAndGoesOnFromWhereItStopped) {
   ASSERT_EQ(redirected.status, 200u) << redirected.body;
   EXPECT_NE(redirected.body.find("\"revision\":2"), std::string::npos) << redirected.body;
   ASSERT_NO_FATAL_FAILURE(append_at(4, 400, 100));
-  ASSERT_NO_FATAL_FAILURE(wait_frontier(5));
+  ASSERT_NO_FATAL_FAILURE(wait_sink_frontier("files", 5));
   std::set<std::string> moved_keys;
   for (const auto& entry : fs::directory_iterator(moved)) {
     const std::string name = entry.path().filename().string();

@@ -45,12 +45,6 @@ std::string spec_key(const std::string& name, std::uint64_t revision = 0) {
   return std::string(kRevisionPrefix) + name + "/" + std::to_string(revision);
 }
 
-// The listing prefixes that hold every revision of `name` (and maybe other
-// names starting with it).
-std::vector<std::string> name_prefixes(const std::string& name) {
-  return {spec_key(name), std::string(kRevisionPrefix) + name + "/"};
-}
-
 struct SpecKey {
   std::string name;
   std::uint64_t revision = 0;
@@ -98,6 +92,18 @@ LatestKeys latest_keys(const std::vector<std::string>& keys) {
     }
   }
   return out;
+}
+
+// Every stored revision's key of `name` (two listings: other names may
+// start with it, and are left out).
+Result<std::vector<std::string>> keys_of(Blob& blob, const std::string& name) {
+  std::vector<std::string> keys;
+  for (const std::string& prefix : {spec_key(name), std::string(kRevisionPrefix) + name + "/"}) {
+    TM_TRY(blob.list(prefix, [&](std::string_view key, std::uint64_t) {
+      if (auto parsed = parse_spec_key(key); parsed && parsed->name == name) keys.emplace_back(key);
+    }));
+  }
+  return keys;
 }
 
 void append_optional_string(std::string* out, const std::optional<std::string>& text) {
@@ -828,14 +834,7 @@ Result<std::optional<SinkSpec>> SinkManager::stored_spec(const std::string& name
   // a revision gone between the listing and the read was updated (or
   // deleted), so the listing is read again.
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<std::string> keys;
-    for (const std::string& prefix : name_prefixes(name)) {
-      TM_TRY(blob.list(prefix, [&](std::string_view key, std::uint64_t) {
-        if (auto parsed = parse_spec_key(key); parsed && parsed->name == name) {
-          keys.emplace_back(key);
-        }
-      }));
-    }
+    TM_ASSIGN(const std::vector<std::string> keys, keys_of(blob, name));
     const LatestKeys latest = latest_keys(keys);
     const auto it = latest.latest.find(name);
     if (it == latest.latest.end()) return std::nullopt;
@@ -850,12 +849,7 @@ Result<std::optional<SinkSpec>> SinkManager::stored_spec(const std::string& name
 
 Status SinkManager::remove_definition(const std::string& name) {
   Blob& blob = *client_->location().blob;
-  std::vector<std::string> keys;
-  for (const std::string& prefix : name_prefixes(name)) {
-    TM_TRY(blob.list(prefix, [&](std::string_view key, std::uint64_t) {
-      if (auto parsed = parse_spec_key(key); parsed && parsed->name == name) keys.emplace_back(key);
-    }));
-  }
+  TM_ASSIGN(const std::vector<std::string> keys, keys_of(blob, name));
   return keys.empty() ? Status{} : blob.remove_many(keys);
 }
 
