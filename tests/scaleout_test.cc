@@ -895,7 +895,9 @@ TEST_F(ScaleOutTest, SinksSpreadOntoServersThatJoin) {
   for (int i = 0; i < kThree; ++i) {
     const std::string log = slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err"));
     EXPECT_EQ(log.find("overlap"), std::string::npos);
-    if (i == 0) EXPECT_NE(log.find("handed over to"), std::string::npos) << log;
+    if (i == 0) {
+      EXPECT_NE(log.find("handed over to"), std::string::npos) << log;
+    }
   }
 }
 

@@ -29,11 +29,10 @@
 // With no progress yet it emits the snapshot at as_of (default: upper - 1)
 // as pairs at time as_of, committed as the interval [0, as_of + 1). A
 // destination that commits a snapshot in parts (Kafka: one transaction
-// each) gets it in bounded parts: a part is committed once it holds
-// snapshot_part_bytes or is snapshot_part_interval old, with a
-// SnapshotPosition that says exactly which pairs are in, and the last part
-// with the progress as_of + 1. A restarted sink that finds a snapshot in
-// progress reopens it at the same as_of (its recorded as_of wins over
+// each; files and S3: one file or object each) gets it in bounded parts: a part is committed once
+// it holds snapshot_part_bytes or is snapshot_part_interval old, with a SnapshotPosition that says
+// exactly which pairs are in, and the last part with the progress as_of + 1. A restarted sink that
+// finds a snapshot in progress reopens it at the same as_of (its recorded as_of wins over
 // options.as_of, as progress does), skips exactly the pairs committed and
 // goes on (reading the committed pairs again to count them: time in what
 // is committed, no memory). The hold of "sink-<name>" does not move until
@@ -111,13 +110,26 @@ struct DiffPair {
 // keys before `key` is committed, and the first `key_pairs` pairs of `key`
 // (so a key whose diff fans out into many messages can be cut anywhere);
 // `pairs` counts them all, from the snapshot's first pair.
+//
+// A destination that cannot keep the key (a file or object name has room
+// for a few hundred bytes, a key may have megabytes) keeps `check` instead:
+// snapshot_pair_check(key, key_pairs) of the last committed pair. A
+// position read back from such a destination has `check` set and `key`
+// empty, and a resumed sink compares the digest where it would compare
+// the key.
 struct SnapshotPosition {
   Time as_of = 0;
   std::string key;              // the key of the last committed pair
   std::uint64_t key_pairs = 0;  // >= 1
   std::uint64_t pairs = 0;      // >= key_pairs
+  std::optional<std::uint64_t> check = std::nullopt;
   bool operator==(const SnapshotPosition&) const = default;
 };
+
+// A 64-bit digest (xxh3) of the last committed pair of a snapshot part: its
+// key and its index in the key plus one. Not a secret: a check that a
+// resumed snapshot is the one the parts were cut from.
+std::uint64_t snapshot_pair_check(std::string_view key, std::uint64_t key_pairs);
 
 // Where a sink's messages go; implement it for a destination of your own
 // and run it with run_sink(shard, destination, options).

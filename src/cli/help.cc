@@ -141,10 +141,11 @@ resumes where the last commit left off.
   --until T       stop once the output is complete up to T (default: run
                   until interrupted)
   --snapshot-part-bytes N
-                  kafka: commit the snapshot in transactions of about N
-                  bytes (default 64MiB; also one every 60 s), each with its
-                  progress, so a snapshot of any size commits and a rerun
-                  resumes it where the last one ended
+                  commit the snapshot in parts of about N bytes (default
+                  64MiB; also one every 60 s), each with its progress: a
+                  Kafka transaction, or a file or S3 object named
+                  <0>-<T+1>-<pairs>-<check>, so a snapshot of any size
+                  commits and a rerun resumes it where the last one ended
 s3:// takes credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 
 audit reads back what a sink has committed and checks it against its

@@ -318,7 +318,7 @@ int remote_append(Remote& remote, const std::vector<std::string>& argv) {
   const std::string input = args->get("--input").value_or("-");
   std::FILE* file = input == "-" ? stdin : std::fopen(input.c_str(), "rb");
   if (file == nullptr) {
-    return report(Error{ErrorKind::kInvalidUsage, "cannot open --input " + input});
+    return report(make_error(ErrorKind::kInvalidUsage, "cannot open --input " + input).error());
   }
   Answer answer;
   auto status = remote.exchange(http::verb::post, target, "", file, headers,
@@ -426,7 +426,8 @@ int run_remote(const std::string& server_url, const std::optional<std::string>& 
     std::ifstream in(*token_file);
     std::string text;
     if (!in || !std::getline(in, text) || text.empty()) {
-      return report(Error{ErrorKind::kInvalidUsage, "cannot read a token from " + *token_file});
+      return report(
+          make_error(ErrorKind::kInvalidUsage, "cannot read a token from " + *token_file).error());
     }
     token = text;
   }

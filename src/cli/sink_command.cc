@@ -129,38 +129,63 @@ class ProgressReporter {
 // overlap), and every line's time must be in its file's range. One line
 // in memory at a time.
 // Files of both formats count (a sink whose format was changed goes on in
-// the same directory); each is read as its extension says.
+// the same directory); each is read as its extension says. A snapshot's
+// parts are read first, each checked to end at the pair its name counts;
+// while the snapshot is in progress the summary says how far it got.
 int audit_file_sink(const std::string& sink_name, const std::string& directory, bool messages) {
   namespace fs = std::filesystem;
   std::vector<CommittedRange> committed;
+  std::vector<SnapshotPart> parts;
   std::error_code ec;
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     auto range = parse_committed_output(directory + ": ", name);
     if (!range) return report(range.error());
-    if (*range) committed.push_back(std::move(**range));
+    if (*range) {
+      committed.push_back(std::move(**range));
+      continue;
+    }
+    auto part = parse_snapshot_part(directory, name);
+    if (!part) return report(part.error());
+    if (*part) parts.push_back(std::move(**part));
   }
   if (ec) {
-    return report(Error{ErrorKind::kDeterminate,
-                        "cannot list sink directory " + directory + ": " + ec.message()});
+    return report(make_error(ErrorKind::kDeterminate,
+                             "cannot list sink directory " + directory + ": " + ec.message())
+                      .error());
   }
   auto frontier = committed_progress(directory, committed);  // sorts; overlaps are Corruption
   if (!frontier) return report(frontier.error());
+  // Sorts the parts by their pairs; a snapshot in progress when the
+  // directory has no committed progress yet.
+  auto in_progress = snapshot_in_progress(directory, parts, *frontier);
+  if (!in_progress) return report(in_progress.error());
   for (std::size_t i = 1; i < committed.size(); ++i) {
     if (committed[i].lower != committed[i - 1].upper) {
-      return report(Error{ErrorKind::kCorruption,
-                          "sink directory " + directory + ": nothing is committed for the times [" +
-                              std::to_string(committed[i - 1].upper) + ", " +
-                              std::to_string(committed[i].lower) + ") between " +
-                              committed[i - 1].name + " and " + committed[i].name});
+      return report(make_error(ErrorKind::kCorruption,
+                               "sink directory " + directory +
+                                   ": nothing is committed for the times [" +
+                                   std::to_string(committed[i - 1].upper) + ", " +
+                                   std::to_string(committed[i].lower) + ") between " +
+                                   committed[i - 1].name + " and " + committed[i].name)
+                        .error());
     }
   }
+  // A snapshot's parts come first (name order is the order written), each
+  // read as the range [0, its upper); each must end at the pair its name
+  // counts.
+  std::vector<CommittedRange> files;
+  for (const SnapshotPart& part : parts) files.push_back({0, part.upper, part.name});
+  files.insert(files.end(), committed.begin(), committed.end());
   Output out;
   std::uint64_t lines = 0, outside = 0;
-  for (const CommittedRange& range : committed) {
+  std::size_t part_index = 0;
+  for (const CommittedRange& range : files) {
     std::ifstream in(fs::path(directory) / range.name, std::ios::binary);
     if (!in) {
-      return report(Error{ErrorKind::kDeterminate, "cannot read " + directory + "/" + range.name});
+      return report(
+          make_error(ErrorKind::kDeterminate, "cannot read " + directory + "/" + range.name)
+              .error());
     }
     const bool csv = range.name.ends_with(".csv");
     bool header = csv;
@@ -184,12 +209,28 @@ int audit_file_sink(const std::string& sink_name, const std::string& directory, 
         out.maybe_flush();
       }
     }
+    if (part_index < parts.size()) {
+      const SnapshotPart& part = parts[part_index++];
+      if (part.pairs != lines) {
+        out.flush();
+        return report(make_error(ErrorKind::kCorruption,
+                                 "sink directory " + directory + ": snapshot part " + part.name +
+                                     " ends at pair " + std::to_string(part.pairs) +
+                                     " but the parts up to it hold " + std::to_string(lines) +
+                                     " lines")
+                          .error());
+      }
+    }
   }
   std::string& b = out.buffer();
   b.append("{\"sink\":");
   append_json_string(&b, sink_name);
   b.append(",\"frontier\":").append(*frontier ? (*frontier)->to_json() : "null");
-  b.append(",\"files\":").append(std::to_string(committed.size()));
+  if (*in_progress) {
+    b.append(",\"snapshot\":{\"as_of\":").append(std::to_string((*in_progress)->as_of));
+    b.append(",\"pairs\":").append(std::to_string((*in_progress)->pairs)).append("}");
+  }
+  b.append(",\"files\":").append(std::to_string(files.size()));
   b.append(",\"committed\":").append(std::to_string(lines));
   b.append(",\"outside\":").append(std::to_string(outside)).append("}\n");
   out.flush();

@@ -76,6 +76,85 @@ Result<std::optional<CommittedRange>> parse_committed_output(std::string_view wh
   return std::nullopt;
 }
 
+std::string snapshot_part_name(Time upper, std::uint64_t pairs, std::uint64_t check,
+                               std::string_view extension) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(check));
+  return bound_text(0) + "-" + bound_text(upper) + "-" + bound_text(pairs) + "-" +
+         std::string(hex, 16) + "." + std::string(extension);
+}
+
+Result<std::optional<SnapshotPart>> parse_snapshot_part(std::string_view where,
+                                                        std::string_view name) {
+  // <20>-<20>-<20>-<16 hex>.<json|csv>
+  constexpr std::size_t kStem = 3 * kBoundDigits + 3 + 16;
+  if (name.size() <= kStem + 1 || name[kStem] != '.') return std::nullopt;
+  const std::string_view extension = name.substr(kStem + 1);
+  if (extension != extension_of(SinkFormat::kJson) && extension != extension_of(SinkFormat::kCsv)) {
+    return std::nullopt;
+  }
+  for (std::size_t dash : {kBoundDigits, 2 * kBoundDigits + 1, 3 * kBoundDigits + 2}) {
+    if (name[dash] != '-') return std::nullopt;
+  }
+  const std::string_view lower_digits = name.substr(0, kBoundDigits);
+  const std::string_view upper_digits = name.substr(kBoundDigits + 1, kBoundDigits);
+  const std::string_view pairs_digits = name.substr(2 * kBoundDigits + 2, kBoundDigits);
+  const std::string_view check_hex = name.substr(3 * kBoundDigits + 3, 16);
+  if (!all_digits(lower_digits) || !all_digits(upper_digits) || !all_digits(pairs_digits) ||
+      !std::all_of(check_hex.begin(), check_hex.end(),
+                   [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
+    return std::nullopt;
+  }
+  const std::string path = std::string(where) + "/" + std::string(name);
+  auto lower = parse_bound(lower_digits);
+  auto upper = parse_bound(upper_digits);
+  auto pairs = parse_bound(pairs_digits);
+  if (!lower || !upper || !pairs) {
+    return corruption("snapshot part " + path + ": a number is larger than 2^64 - 1");
+  }
+  if (*lower != 0 || *upper == 0 || *pairs == 0) {
+    return corruption("snapshot part " + path +
+                      ": a part's lower is 0 and its upper and pairs are above 0");
+  }
+  std::uint64_t check = 0;
+  for (char c : check_hex)
+    check = check * 16 + static_cast<std::uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  return SnapshotPart{*upper, *pairs, check, std::string(name)};
+}
+
+Result<std::optional<SnapshotPosition>> snapshot_in_progress(
+    std::string_view where, std::vector<SnapshotPart>& parts,
+    const std::optional<Frontier>& progress) {
+  std::sort(parts.begin(), parts.end(),
+            [](const SnapshotPart& a, const SnapshotPart& b) { return a.pairs < b.pairs; });
+  auto path = [&](const SnapshotPart& part) { return std::string(where) + "/" + part.name; };
+  for (const SnapshotPart& part : parts) {
+    if (progress && Frontier::at(part.upper) > *progress) {
+      // Cannot be: a part is committed only while nothing else is, and
+      // its snapshot's last output has the part's upper.
+      return corruption("snapshot part " + path(part) + " is above the committed progress " +
+                        progress->to_string());
+    }
+  }
+  if (parts.empty() || progress) return std::nullopt;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i].upper != parts[0].upper) {
+      return corruption("snapshot parts " + path(parts[0]) + " and " + path(parts[i]) +
+                        " are of different snapshots");
+    }
+    if (parts[i].pairs == parts[i - 1].pairs) {
+      return corruption("snapshot parts " + path(parts[i - 1]) + " and " + path(parts[i]) +
+                        " end at the same pair");
+    }
+  }
+  const SnapshotPart& last = parts.back();
+  SnapshotPosition position;
+  position.as_of = last.upper - 1;
+  position.pairs = last.pairs;
+  position.check = last.check;
+  return position;
+}
+
 Result<std::optional<Frontier>> committed_progress(std::string_view where,
                                                    std::vector<CommittedRange>& committed) {
   std::sort(committed.begin(), committed.end(),

@@ -4,6 +4,14 @@
 // being written has a name starting with "." and ending in ".tmp" and is
 // never read as output.
 //
+// A snapshot committed in parts (SinkDestination::commit_snapshot_part)
+// has, before its last output `<0>-<as_of + 1>.<ext>`, parts named
+// `<0>-<as_of + 1>-<pairs>-<check>.<ext>`: `pairs` (20 digits) counts the
+// snapshot's pairs up to and including the part's last, `check` (16 hex
+// digits) is that pair's snapshot_pair_check. '-' sorts before '.', so in
+// name order the parts come first, in the order written, then the last
+// output, then the intervals after the snapshot.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -15,6 +23,7 @@
 #include "sink/envelope.h"
 #include "tidemark/error.h"
 #include "tidemark/frontier.h"
+#include "tidemark/sink.h"
 
 namespace tidemark {
 
@@ -49,6 +58,33 @@ Result<std::optional<CommittedRange>> parse_committed_name(std::string_view wher
 // goes on in the same destination from where the other format stopped.
 Result<std::optional<CommittedRange>> parse_committed_output(std::string_view where,
                                                              std::string_view name);
+
+// A snapshot part's name (above); upper is the snapshot's as_of + 1.
+std::string snapshot_part_name(Time upper, std::uint64_t pairs, std::uint64_t check,
+                               std::string_view extension);
+
+struct SnapshotPart {
+  Time upper = 0;
+  std::uint64_t pairs = 0;
+  std::uint64_t check = 0;
+  std::string name;
+};
+
+// nullopt for a name that is not a snapshot part's of either format;
+// Corruption, naming `where` + the name, for one shaped as a part whose
+// lower is not 0, whose upper is 0 or whose pairs are 0.
+Result<std::optional<SnapshotPart>> parse_snapshot_part(std::string_view where,
+                                                        std::string_view name);
+
+// The snapshot in progress that `parts` record, given the `progress` the
+// committed outputs add up to: nullopt when there are no parts or the
+// progress is set (the snapshot is complete; a part above that progress is
+// Corruption). Otherwise the position of the part with the most pairs, with
+// `check` set and no key; Corruption when parts disagree on the upper or
+// two hold the same count. Sorts `parts` by pairs.
+Result<std::optional<SnapshotPosition>> snapshot_in_progress(
+    std::string_view where, std::vector<SnapshotPart>& parts,
+    const std::optional<Frontier>& progress);
 
 // The progress committed outputs add up to: the largest upper, nullopt when
 // there are none; Corruption when two ranges overlap. Sorts `committed`.

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -144,6 +145,7 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
               lock_directory(root, "a file destination of " + describe(this_process())));
   }
   std::vector<CommittedRange> committed;
+  std::vector<SnapshotPart> parts;
   bool removed_temporaries = false;
   {
     std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(root.c_str()), &::closedir);
@@ -171,7 +173,13 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
       }
       auto range = parse_committed_output(root, name);
       if (!range) return in_destination(range.error());
-      if (*range) committed.push_back(std::move(**range));
+      if (*range) {
+        committed.push_back(std::move(**range));
+        continue;
+      }
+      auto part = parse_snapshot_part(root, name);
+      if (!part) return in_destination(part.error());
+      if (*part) parts.push_back(std::move(**part));
     }
   }
   if (removed_temporaries) {
@@ -184,9 +192,12 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
 
   auto progress = committed_progress(root, committed);
   if (!progress) return in_destination(progress.error());
+  auto position = snapshot_in_progress(root, parts, *progress);
+  if (!position) return in_destination(position.error());
 
   auto destination = std::unique_ptr<FileDestination>(new FileDestination(std::move(state)));
   destination->progress_ = *progress;
+  destination->snapshot_position_ = std::move(*position);
   return destination;
 }
 
@@ -272,6 +283,44 @@ Status FileDestination::commit(Frontier upper) {
                          " is not above the time written " + std::to_string(*file.max_time));
   }
 
+  TM_TRY(publish(committed_name(file.lower, upper.time(), state.extension)));
+  progress_ = upper;
+  snapshot_position_.reset();
+  return sync_published();
+}
+
+Status FileDestination::commit_snapshot_part(const SnapshotPosition& position) {
+  State& state = *state_;
+  if (!state.open_file) {
+    return invalid_usage("file destination: commit_snapshot_part with no open file");
+  }
+  const State::OpenFile& file = *state.open_file;
+  if (progress_) {
+    return invalid_usage("file destination: a snapshot part after the progress " +
+                         progress_->to_string() + " was committed");
+  }
+  if (file.lower != 0 || position.pairs == 0 || position.key_pairs == 0 ||
+      position.as_of == std::numeric_limits<Time>::max() ||
+      (file.max_time && *file.max_time != position.as_of) ||
+      (snapshot_position_ && (snapshot_position_->as_of != position.as_of ||
+                              snapshot_position_->pairs >= position.pairs))) {
+    return invalid_usage("file destination: snapshot part at " + std::to_string(position.as_of) +
+                         " ending at pair " + std::to_string(position.pairs) +
+                         " does not follow the open file and the parts before it");
+  }
+  const std::uint64_t check =
+      position.check.value_or(snapshot_pair_check(position.key, position.key_pairs));
+  TM_TRY(publish(snapshot_part_name(position.as_of + 1, position.pairs, check, state.extension)));
+  snapshot_position_ = position;
+  return sync_published();
+}
+
+// Makes the open file durable and renames it to `name`; sync_published()
+// then syncs the directory. The caller records what the name stands for
+// in between: after the rename it is visible, whatever the sync does.
+Status FileDestination::publish(const std::string& name) {
+  State& state = *state_;
+  State::OpenFile& file = *state.open_file;
   // Until the rename nothing is visible: every failure here is Determinate.
   if (auto flushed = state.flush(); !flushed) return state.fail(std::unexpected(flushed.error()));
   if (::fdatasync(file.file.get()) != 0) {
@@ -286,20 +335,22 @@ Status FileDestination::commit(Frontier upper) {
   if (auto owned = state.check_ownership(); !owned) {
     return state.fail(std::unexpected(owned.error()));
   }
-  const std::string target =
-      state.directory + "/" + committed_name(file.lower, upper.time(), state.extension);
+  const std::string target = state.directory + "/" + name;
   if (::rename(file.temporary_path.c_str(), target.c_str()) != 0) {
     int error_number = errno;
     return state.fail(indeterminate(errno_message(
         "file destination: rename " + file.temporary_path + " to", target, error_number)));
   }
-  // The file is visible under its final name now: it counts as progress
-  // even if the directory sync below fails (a restarted sink would see it
-  // too, unless a crash loses the entry, in which case it resumes earlier).
+  // The file is visible under its final name now: it counts as committed
+  // even if the directory sync fails (a restarted sink would see it too,
+  // unless a crash loses the entry, in which case it resumes earlier).
   state.open_file.reset();
   state.buffer.clear();
-  progress_ = upper;
-  if (auto synced = sync_directory(state.directory, ErrorKind::kIndeterminate); !synced) {
+  return {};
+}
+
+Status FileDestination::sync_published() {
+  if (auto synced = sync_directory(state_->directory, ErrorKind::kIndeterminate); !synced) {
     return in_destination(synced.error());
   }
   return {};

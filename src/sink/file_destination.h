@@ -7,7 +7,10 @@
 // "." (never read as output), fsynced, renamed to its final name and the
 // directory fsynced: a committed file is never visible half-written. The
 // committed files are the sink's progress: the largest committed upper is
-// the frontier fully emitted, and a restarted sink resumes there.
+// the frontier fully emitted, and a restarted sink resumes there. A
+// snapshot is written in parts, each a file named with its position
+// (commit_snapshot_part; committed_name.h), so a restarted sink goes on
+// after the last part instead of writing the snapshot again.
 //
 // Memory: one write buffer, written out whenever it reaches
 // kWriteBufferBytes (so it holds at most that plus one message); a file of
@@ -105,11 +108,27 @@ class FileDestination final : public SinkDestination {
 
   std::uint64_t primary_key_violations() const override;
 
+  // A snapshot in parts: each part is a file of its own
+  // (committed_name.h's snapshot_part_name), made durable and visible as
+  // commit() makes a file; the snapshot's last part is commit(as_of + 1)'s
+  // file, and only that one moves progress().
+  bool commits_snapshot_in_parts() const override { return true; }
+  // From the parts' names (open() reads them), with `check` and no key.
+  std::optional<SnapshotPosition> snapshot_position() const override { return snapshot_position_; }
+  // Commits the open file as the snapshot part ending at `position`.
+  // Errors as for commit(). REQUIRES: progress() is nullopt; the open file
+  // began at 0 and holds only pairs at position.as_of; the position follows
+  // the last part's (same as_of, more pairs).
+  [[nodiscard]] Status commit_snapshot_part(const SnapshotPosition& position) override;
+
  private:
   struct State;
   explicit FileDestination(std::unique_ptr<State> state);
+  Status publish(const std::string& name);
+  Status sync_published();
   std::unique_ptr<State> state_;
   std::optional<Frontier> progress_;
+  std::optional<SnapshotPosition> snapshot_position_;
 };
 
 }  // namespace tidemark

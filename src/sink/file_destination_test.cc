@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "sink/committed_name.h"
 #include "testing/scratch_directory.h"
 #include "testing/sink_util.h"
 
@@ -297,6 +298,129 @@ TEST_F(FileDestinationTest, OverlappingCommittedRangesAreCorruption) {
       << opened.error().message;
   EXPECT_NE(opened.error().message.find(name_of(15, 30, "json")), std::string::npos)
       << opened.error().message;
+}
+
+// ---------------------------------------------------------------------------
+// A snapshot in parts.
+
+TEST_F(FileDestinationTest, SnapshotPartsAreFilesBeforeTheSnapshotsLastAndNameTheirPosition) {
+  auto destination = open_destination();
+  ASSERT_TRUE(destination->commits_snapshot_in_parts());
+  EXPECT_EQ(destination->snapshot_position(), std::nullopt);
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("a")", 5, "1")));
+  ASSERT_TRUE(destination->write(insert(R"("b")", 5, "2")));
+  const SnapshotPosition first{5, R"("b")", 1, 2, std::nullopt};
+  ASSERT_TRUE(destination->commit_snapshot_part(first));
+  EXPECT_EQ(destination->progress(), std::nullopt);
+  EXPECT_EQ(destination->snapshot_position(), first);
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("c")", 5, "3")));
+  const SnapshotPosition second{5, R"("c")", 1, 3, std::nullopt};
+  ASSERT_TRUE(destination->commit_snapshot_part(second));
+  const std::string first_name = snapshot_part_name(6, 2, snapshot_pair_check(R"("b")", 1), "json");
+  const std::string second_name =
+      snapshot_part_name(6, 3, snapshot_pair_check(R"("c")", 1), "json");
+  EXPECT_EQ(first_name.substr(0, 63),
+            "00000000000000000000-00000000000000000006-00000000000000000002-");
+  EXPECT_EQ(names_in(directory_), (std::vector<std::string>{first_name, second_name}));
+  EXPECT_EQ(read_file(directory_ + "/" + first_name),
+            "{\"time\":5,\"key\":\"a\",\"value\":1}\n{\"time\":5,\"key\":\"b\",\"value\":2}\n");
+
+  // Reopened: no progress, and the position from the last part's name.
+  destination.reset();
+  destination = open_destination();
+  EXPECT_EQ(destination->progress(), std::nullopt);
+  ASSERT_TRUE(destination->snapshot_position().has_value());
+  const SnapshotPosition read = *destination->snapshot_position();
+  EXPECT_EQ(read.as_of, 5u);
+  EXPECT_EQ(read.pairs, 3u);
+  EXPECT_EQ(read.key, "");
+  EXPECT_EQ(read.check, snapshot_pair_check(R"("c")", 1));
+
+  // The last part is the usual file, sorted after the parts; then the
+  // parts are history and the progress is the snapshot's.
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("d")", 5, "4")));
+  ASSERT_TRUE(destination->commit(Frontier::at(6)));
+  EXPECT_EQ(destination->snapshot_position(), std::nullopt);
+  EXPECT_EQ(names_in(directory_),
+            (std::vector<std::string>{first_name, second_name, name_of(0, 6, "json")}));
+  destination.reset();
+  destination = open_destination();
+  EXPECT_EQ(destination->progress(), Frontier::at(6));
+  EXPECT_EQ(destination->snapshot_position(), std::nullopt);
+  expect_error(destination->commit_snapshot_part(SnapshotPosition{5, "x", 1, 4, std::nullopt}),
+               ErrorKind::kInvalidUsage, "no open file");
+  ASSERT_TRUE(destination->begin(Frontier::at(6)));
+  expect_error(destination->commit_snapshot_part(SnapshotPosition{5, "x", 1, 4, std::nullopt}),
+               ErrorKind::kInvalidUsage, "after the progress");
+}
+
+TEST_F(FileDestinationTest, ASnapshotPartMustFollowTheLastOne) {
+  auto destination = open_destination();
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("a")", 5, "1")));
+  ASSERT_TRUE(destination->commit_snapshot_part(SnapshotPosition{5, R"("a")", 1, 1, std::nullopt}));
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("b")", 5, "2")));
+  // Not more pairs than the last part, another as_of, a pair at another
+  // time: refused, nothing committed.
+  expect_error(destination->commit_snapshot_part(SnapshotPosition{5, R"("b")", 1, 1, std::nullopt}),
+               ErrorKind::kInvalidUsage, "does not follow");
+  expect_error(destination->commit_snapshot_part(SnapshotPosition{6, R"("b")", 1, 2, std::nullopt}),
+               ErrorKind::kInvalidUsage, "does not follow");
+  EXPECT_EQ(names_in(directory_).size(), 2u);  // the part and the open temporary
+  ASSERT_TRUE(destination->commit_snapshot_part(SnapshotPosition{5, R"("b")", 1, 2, std::nullopt}));
+  ASSERT_TRUE(destination->begin(Frontier::at(3)));
+  ASSERT_TRUE(destination->write(insert(R"("c")", 5, "3")));
+  expect_error(destination->commit_snapshot_part(SnapshotPosition{5, R"("c")", 1, 3, std::nullopt}),
+               ErrorKind::kInvalidUsage, "does not follow");
+}
+
+TEST_F(FileDestinationTest, SnapshotPartsThatDisagreeAreCorruption) {
+  auto open_with = [&](const std::vector<std::string>& names) {
+    fs::remove_all(directory_);
+    fs::create_directories(directory_);
+    for (const std::string& name : names) write_file(directory_ + "/" + name, "");
+    return FileDestination::open(directory_, Envelope::kUpsert, SinkFormat::kJson);
+  };
+  // Parts of two snapshots.
+  auto opened =
+      open_with({snapshot_part_name(6, 2, 1, "json"), snapshot_part_name(7, 3, 1, "json")});
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(opened.error().message.find("different snapshots"), std::string::npos)
+      << opened.error().message;
+  // Two ending at the same pair (one json, one csv).
+  opened = open_with({snapshot_part_name(6, 2, 1, "json"), snapshot_part_name(6, 2, 1, "csv")});
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().kind, ErrorKind::kCorruption);
+  // A part above the committed progress.
+  opened = open_with({name_of(0, 4, "json"), snapshot_part_name(6, 2, 1, "json")});
+  ASSERT_FALSE(opened);
+  EXPECT_EQ(opened.error().kind, ErrorKind::kCorruption);
+  EXPECT_NE(opened.error().message.find("above the committed progress"), std::string::npos)
+      << opened.error().message;
+  // Shaped as a part, with a lower other than 0 or no pairs.
+  for (const std::string& name :
+       {std::string(
+            "00000000000000000001-00000000000000000006-00000000000000000002-0000000000000001.json"),
+        std::string("00000000000000000000-00000000000000000006-00000000000000000000-"
+                    "0000000000000001.json")}) {
+    opened = open_with({name});
+    ASSERT_FALSE(opened) << name;
+    EXPECT_EQ(opened.error().kind, ErrorKind::kCorruption) << name;
+  }
+  // Parts below the progress are the complete snapshot's: fine. Names that
+  // only look alike (upper-case hex, a short field) are not parts: ignored.
+  opened = open_with(
+      {snapshot_part_name(6, 2, 1, "json"), name_of(0, 6, "json"),
+       "00000000000000000000-00000000000000000006-00000000000000000002-000000000000000A.json",
+       "00000000000000000000-00000000000000000006-0002-0000000000000001.json"});
+  ASSERT_TRUE(opened) << opened.error().message;
+  EXPECT_EQ((*opened)->progress(), Frontier::at(6));
+  EXPECT_EQ((*opened)->snapshot_position(), std::nullopt);
 }
 
 // ---------------------------------------------------------------------------

@@ -1,3 +1,5 @@
+#include <xxhash.h>
+
 #include <thread>
 
 #include "sink/diff_pairs.h"
@@ -85,6 +87,10 @@ constexpr std::chrono::milliseconds kAtOnce{0};
 
 }  // namespace
 
+std::uint64_t snapshot_pair_check(std::string_view key, std::uint64_t key_pairs) {
+  return XXH3_64bits_withSeed(key.data(), key.size(), key_pairs);
+}
+
 // The snapshot being written: its walk, and how far it has got (the pairs
 // committed and those in the open part).
 struct SinkRun::Snapshot {
@@ -167,20 +173,29 @@ Status SinkRun::open_snapshot(Time as_of) {
   snapshot->position.as_of = as_of;
   if (resumed) {
     auto mismatch = [&](const std::string& what) {
+      const std::string last =
+          resumed->check ? "the last one's check " + std::to_string(*resumed->check)
+                         : "the last the " + std::to_string(resumed->key_pairs) + "th of its key";
       return corruption("sink " + options_.sink_name + ": the snapshot at " +
                         std::to_string(as_of) + " " + what + " than its committed parts (" +
-                        std::to_string(resumed->pairs) + " pairs, the last the " +
-                        std::to_string(resumed->key_pairs) + "th of its key)");
+                        std::to_string(resumed->pairs) + " pairs, " + last + ")");
     };
+    snapshot->position = *resumed;
     for (std::uint64_t skipped = 0; skipped < resumed->pairs; ++skipped) {
       TM_ASSIGN(auto pair, snapshot->walker.next());
       if (!pair) return mismatch("has fewer pairs");
-      if (skipped + 1 == resumed->pairs &&
-          (pair->key != resumed->key || pair->index_in_group + 1 != resumed->key_pairs)) {
-        return mismatch("has other pairs");
-      }
+      if (skipped + 1 != resumed->pairs) continue;
+      const bool same =
+          resumed->check
+              ? snapshot_pair_check(pair->key, pair->index_in_group + 1) == *resumed->check
+              : pair->key == resumed->key && pair->index_in_group + 1 == resumed->key_pairs;
+      if (!same) return mismatch("has other pairs");
+      // A destination that kept only the check gets the key back here: the
+      // next part may go on inside this key.
+      snapshot->position.key.assign(pair->key);
+      snapshot->position.key_pairs = pair->index_in_group + 1;
+      snapshot->position.check.reset();
     }
-    snapshot->position = *resumed;
   }
   snapshot_ = std::move(snapshot);
   return {};

@@ -13,6 +13,7 @@
 
 #include "location/mem_blob.h"
 #include "location/mem_consensus.h"
+#include "sink/committed_name.h"
 #include "sink/file_destination.h"
 #include "sink/kafka_reader.h"
 #include "testing/kafka_mock_process.h"
@@ -91,8 +92,14 @@ class FileSinkTest : public ::testing::Test {
     std::vector<std::string> lines;
     std::string previous_upper = std::string(20, '0');
     for (const std::string& name : names) {
-      EXPECT_GE(name.substr(0, 20), previous_upper) << "overlapping files";
-      previous_upper = name.substr(21, 20);
+      // A snapshot's parts come before its last file, which they share
+      // their range with.
+      auto part = parse_snapshot_part(dir_.string(), name);
+      EXPECT_TRUE(part) << part.error().message;
+      if (!part || !*part) {
+        EXPECT_GE(name.substr(0, 20), previous_upper) << "overlapping files";
+        previous_upper = name.substr(21, 20);
+      }
       std::ifstream in(dir_ / name);
       for (std::string line; std::getline(in, line);) lines.push_back(line);
     }
@@ -184,6 +191,124 @@ TEST_F(FileSinkTest, AnOpenIntervalIsCommittedWhenTheShardGoesQuiet) {
   ASSERT_TRUE(ran) << ran.error().to_string();
   EXPECT_TRUE(reached) << "the open interval was committed only when the sink stopped";
   EXPECT_EQ(committed_lines(), expected_lines(all_, 0, 3));
+}
+
+// A snapshot into files in bounded parts, each a file named with its
+// position; a run stopped mid-snapshot keeps its parts, and the next run
+// goes on at the same as_of (though asked for another), skips exactly the
+// pairs the parts hold (with a hot key cut across parts) and commits the
+// rest: every pair once, the parts first in name order.
+TEST_F(FileSinkTest, ASnapshotIntoFilesCommitsInBoundedPartsAndResumes) {
+  std::vector<Update> first;
+  for (int i = 0; i < 2000; ++i) {
+    first.push_back({"\"k" + std::to_string(i) + "\"", std::to_string(i), 0, 1});
+  }
+  first.push_back({"\"m\"", "1", 0, 20'000});  // fans out across parts
+  first.push_back({"\"n\"", "1", 0, 3});
+  first.push_back({"\"o\"", "1", 0, -4});  // four unpaired befores: nulls
+  append_at(0, first);
+  append_at(1, {{"\"k7\"", "7", 0, -1}, {"\"k7\"", "70", 0, 1}, {"\"m\"", "1", 0, -100}});
+  append_at(2, {{"\"k8\"", "8", 0, -1}});
+
+  std::uint64_t parts_seen = 0;
+  auto run_parts = [&](Time until, std::optional<Time> as_of,
+                       std::uint64_t stop_after_parts) -> Result<SinkProgress> {
+    TM_ASSIGN(auto destination,
+              FileDestination::open(dir_.string(), Envelope::kUpsert, SinkFormat::kJson));
+    SinkOptions options;
+    options.sink_name = "files";
+    options.as_of = as_of;
+    options.until = until;
+    options.poll_interval = std::chrono::milliseconds(1);
+    options.snapshot_part_bytes = 8 << 10;
+    std::uint64_t parts = 0;
+    options.on_progress = [&](const SinkProgress& p) {
+      if (p.snapshot) ++parts, ++parts_seen;
+    };
+    options.stop = [&] { return stop_after_parts > 0 && parts >= stop_after_parts; };
+    return run_sink(*shard_, *destination, options);
+  };
+  auto part_names = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename().string();
+      auto part = parse_snapshot_part(dir_.string(), name);
+      EXPECT_TRUE(part) << part.error().message;
+      if (part && *part) names.push_back(name);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  auto stopped = run_parts(3, /*as_of=*/1, /*stop_after_parts=*/3);
+  ASSERT_TRUE(stopped) << stopped.error().to_string();
+  EXPECT_EQ(stopped->frontier, Frontier::at(0));
+  EXPECT_TRUE(stopped->snapshot);
+  EXPECT_EQ(parts_seen, 3u);
+  // Three parts, nothing else committed: a prefix of the snapshot, and
+  // the last part's name says how many pairs that is.
+  const std::vector<std::string> three = part_names();
+  ASSERT_EQ(three.size(), 3u);
+  const std::vector<std::string> prefix = committed_lines();
+  auto reopened = FileDestination::open(dir_.string(), Envelope::kUpsert, SinkFormat::kJson);
+  ASSERT_TRUE(reopened) << reopened.error().message;
+  EXPECT_EQ((*reopened)->progress(), std::nullopt);
+  ASSERT_TRUE((*reopened)->snapshot_position().has_value());
+  EXPECT_EQ((*reopened)->snapshot_position()->as_of, 1u);
+  EXPECT_EQ((*reopened)->snapshot_position()->pairs, prefix.size());
+  EXPECT_TRUE((*reopened)->snapshot_position()->check.has_value());
+  reopened->reset();  // the directory's lock
+  // The sink's hold has not moved past as_of.
+  EXPECT_FALSE(Frontier::at(1) < shard_->inspect()->since);
+
+  // Resumed, at as_of 1 although asked for 2: to the end.
+  auto resumed = run_parts(3, /*as_of=*/2, 0);
+  ASSERT_TRUE(resumed) << resumed.error().to_string();
+  EXPECT_EQ(resumed->frontier, Frontier::at(3));
+  // About 100 KB of keys and values in 8 KiB parts, the first three kept.
+  EXPECT_GE(parts_seen, 10u);
+  const std::vector<std::string> all_parts = part_names();
+  ASSERT_GE(all_parts.size(), parts_seen - 1);
+  EXPECT_TRUE(std::equal(three.begin(), three.end(), all_parts.begin()));
+  EXPECT_EQ(committed_lines(), expected_lines(all_, 1, 3));
+  // The parts, in name order, then the snapshot's last file: the order
+  // the pairs were written (keys increasing).
+  std::vector<std::string> in_order;
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.ends_with(".json")) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), all_parts.size() + 2);  // + [0, 2) and [2, 3)
+  EXPECT_EQ(names[all_parts.size()], committed_name(0, 2, "json"));
+  std::string previous_key;
+  for (std::size_t i = 0; i + 1 < names.size(); ++i) {
+    std::ifstream in(dir_ / names[i]);
+    for (std::string line; std::getline(in, line);) {
+      const std::string key = line.substr(line.find("\"key\":") + 6);
+      const std::string key_only = key.substr(0, key.find(",\"value\""));
+      EXPECT_GE(key_only, previous_key) << "in " << names[i];
+      previous_key = key_only;
+    }
+  }
+}
+
+// A directory whose parts do not fit the snapshot read again is refused,
+// not continued: parts of another shard's snapshot.
+TEST_F(FileSinkTest, ResumingPartsOfAnotherSnapshotIsCorruption) {
+  append_at(0, {{"\"a\"", "1", 0, 1}, {"\"b\"", "2", 0, 1}, {"\"c\"", "3", 0, 1}});
+  {
+    auto destination = FileDestination::open(dir_.string(), Envelope::kUpsert, SinkFormat::kJson);
+    ASSERT_TRUE(destination) << destination.error().message;
+    ASSERT_TRUE((*destination)->begin(Frontier::at(0)));
+    SnapshotPosition position{
+        .as_of = 0, .key = "\"b\"", .key_pairs = 2, .pairs = 2, .check = std::nullopt};
+    ASSERT_TRUE((*destination)->commit_snapshot_part(position));
+  }
+  auto ran = run(1, 0);
+  ASSERT_FALSE(ran);
+  EXPECT_EQ(ran.error().kind, ErrorKind::kCorruption) << ran.error().message;
+  EXPECT_NE(ran.error().message.find("other pairs"), std::string::npos) << ran.error().message;
 }
 
 // The same runner into Kafka (tidemark-kafka-mock in its own process): the

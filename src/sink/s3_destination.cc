@@ -1,6 +1,7 @@
 #include "sink/s3_destination.h"
 
 #include <algorithm>
+#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -223,6 +224,7 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
                            if (own.find('/') == std::string_view::npos) names.emplace_back(own);
                          }));
   std::vector<CommittedRange> committed;
+  std::vector<SnapshotPart> parts;
   for (const std::string& name : names) {
     if (is_temporary_name(name)) {
       // The prefix is this sink's (claimed before open, or promised by an
@@ -233,13 +235,22 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
     }
     auto range = parse_committed_output(where, name);
     if (!range) return in_destination(range.error());
-    if (*range) committed.push_back(std::move(**range));
+    if (*range) {
+      committed.push_back(std::move(**range));
+      continue;
+    }
+    auto part = parse_snapshot_part(where, name);
+    if (!part) return in_destination(part.error());
+    if (*part) parts.push_back(std::move(**part));
   }
   auto progress = committed_progress(where, committed);
   if (!progress) return in_destination(progress.error());
+  auto position = snapshot_in_progress(where, parts, *progress);
+  if (!position) return in_destination(position.error());
 
   auto destination = std::unique_ptr<S3Destination>(new S3Destination(std::move(state)));
   destination->progress_ = *progress;
+  destination->snapshot_position_ = std::move(*position);
   return destination;
 }
 
@@ -329,7 +340,42 @@ Status S3Destination::commit(Frontier upper) {
                          " is not above the time written " + std::to_string(*open.max_time));
   }
 
-  const std::string target = committed_name(open.lower, upper.time(), state.extension);
+  TM_TRY(publish(committed_name(open.lower, upper.time(), state.extension)));
+  progress_ = upper;
+  snapshot_position_.reset();
+  return {};
+}
+
+Status S3Destination::commit_snapshot_part(const SnapshotPosition& position) {
+  State& state = *state_;
+  if (!state.open_interval) {
+    return invalid_usage("s3 destination: commit_snapshot_part with no open interval");
+  }
+  const State::OpenInterval& open = *state.open_interval;
+  if (progress_) {
+    return invalid_usage("s3 destination: a snapshot part after the progress " +
+                         progress_->to_string() + " was committed");
+  }
+  if (open.lower != 0 || position.pairs == 0 || position.key_pairs == 0 ||
+      position.as_of == std::numeric_limits<Time>::max() ||
+      (open.max_time && *open.max_time != position.as_of) ||
+      (snapshot_position_ && (snapshot_position_->as_of != position.as_of ||
+                              snapshot_position_->pairs >= position.pairs))) {
+    return invalid_usage("s3 destination: snapshot part at " + std::to_string(position.as_of) +
+                         " ending at pair " + std::to_string(position.pairs) +
+                         " does not follow the open interval and the parts before it");
+  }
+  const std::uint64_t check =
+      position.check.value_or(snapshot_pair_check(position.key, position.key_pairs));
+  TM_TRY(publish(snapshot_part_name(position.as_of + 1, position.pairs, check, state.extension)));
+  snapshot_position_ = position;
+  return {};
+}
+
+// Makes the open interval the object `target`, whole (see the header).
+Status S3Destination::publish(const std::string& target) {
+  State& state = *state_;
+  State::OpenInterval& open = *state.open_interval;
   if (!open.upload) {
     // Small: one PUT makes the object appear whole. Its error's kind says
     // whether it may have.
@@ -375,7 +421,6 @@ Status S3Destination::commit(Frontier upper) {
   }
   state.open_interval.reset();
   state.clear_buffer();
-  progress_ = upper;
   return {};
 }
 

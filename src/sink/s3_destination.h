@@ -55,7 +55,9 @@
 //
 // Limits: an interval's object has at most 10000 parts, so at most
 // 10000 x part_size bytes (78 GiB at the default 8 MiB); a write past that
-// fails (Determinate, naming the limit: raise part_size). A pair at time
+// fails (Determinate, naming the limit: raise part_size). A snapshot is
+// committed in parts (commit_snapshot_part, below), so it never meets the
+// limit, and the runner rolls later intervals at SinkOptions::roll_bytes. A pair at time
 // 2^64-1 can never be committed: no finite upper is above it.
 //
 // Errors: usage errors (a broken REQUIRES) are InvalidUsage and change
@@ -107,7 +109,7 @@ struct S3DestinationOptions {
   std::shared_ptr<MemoryPool> pool;
   // How long open() waits for the pool to have room for them; none: as
   // long as it takes. Past it, open() fails with Full naming the pool.
-  std::optional<std::chrono::milliseconds> pool_wait;
+  std::optional<std::chrono::milliseconds> pool_wait = std::nullopt;
   // Checked before each commit's PUT or copy (none: unclaimed).
   std::shared_ptr<DestinationClaim> claim = nullptr;
   // Once cancelled, every S3 call gives up within about a second (the
@@ -155,13 +157,30 @@ class S3Destination final : public SinkDestination {
 
   std::uint64_t primary_key_violations() const override;
 
+  // A snapshot in parts: each part an object of its own (committed_name.h's
+  // snapshot_part_name), made to appear whole as commit() makes one; the
+  // snapshot's last part is commit(as_of + 1)'s object, and only that one
+  // moves progress(). So a snapshot of any size is objects of at most
+  // about SinkOptions::snapshot_part_bytes, each far below the 10000-part
+  // limit.
+  bool commits_snapshot_in_parts() const override { return true; }
+  // From the parts' names (open() reads them), with `check` and no key.
+  std::optional<SnapshotPosition> snapshot_position() const override { return snapshot_position_; }
+  // Commits the open interval as the snapshot part ending at `position`.
+  // Errors as for commit(). REQUIRES: progress() is nullopt; the interval
+  // began at 0 and holds only pairs at position.as_of; the position follows
+  // the last part's (same as_of, more pairs).
+  [[nodiscard]] Status commit_snapshot_part(const SnapshotPosition& position) override;
+
   const S3Url& url() const;
 
  private:
   struct State;
   explicit S3Destination(std::unique_ptr<State> state);
+  Status publish(const std::string& target);
   std::unique_ptr<State> state_;
   std::optional<Frontier> progress_;
+  std::optional<SnapshotPosition> snapshot_position_;
 };
 
 }  // namespace tidemark

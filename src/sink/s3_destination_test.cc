@@ -293,6 +293,55 @@ TEST_F(S3DestinationTest, ALargeUncommittedIntervalIsNeverVisibleEither) {
   EXPECT_EQ(reopened->progress(), std::nullopt);
 }
 
+// A snapshot in parts: each part an object named with its position (one
+// PUT, or an upload of several parts when it is larger than part_size),
+// read back by a reopened destination; the snapshot's last object moves
+// the progress.
+TEST_F(S3DestinationTest, SnapshotPartsAreObjectsThatNameTheirPosition) {
+  prefix_ = fresh_prefix("&part_size=5MiB");
+  auto destination = open_destination();
+  ASSERT_NE(destination, nullptr);
+  ASSERT_TRUE(destination->commits_snapshot_in_parts());
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("a")", 5, "1")));
+  ASSERT_TRUE(destination->write(insert(R"("b")", 5, "2")));
+  ASSERT_TRUE(destination->commit_snapshot_part(SnapshotPosition{5, R"("b")", 1, 2, std::nullopt}));
+  // ~7.5 MiB: an upload of two parts.
+  std::vector<std::string> keys;
+  for (int i = 0; i < 60'000; ++i) keys.push_back("\"c" + std::to_string(100'000 + i) + "\"");
+  const std::string value = "\"" + std::string(100, 'v') + "\"";
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  for (const std::string& key : keys) ASSERT_TRUE(destination->write(insert(key, 5, value)));
+  EXPECT_GT(destination->open_bytes(), 5 * kMiB);
+  ASSERT_TRUE(
+      destination->commit_snapshot_part(SnapshotPosition{5, keys.back(), 1, 60'002, std::nullopt}));
+  EXPECT_EQ(destination->progress(), std::nullopt);
+  const std::string first = snapshot_part_name(6, 2, snapshot_pair_check(R"("b")", 1), "json");
+  const std::string second =
+      snapshot_part_name(6, 60'002, snapshot_pair_check(keys.back(), 1), "json");
+  EXPECT_EQ(names(), (std::vector<std::string>{first, second}));
+  EXPECT_EQ(read_object(first),
+            "{\"time\":5,\"key\":\"a\",\"value\":1}\n{\"time\":5,\"key\":\"b\",\"value\":2}\n");
+  EXPECT_GT(read_object(second).size(), 5 * kMiB);
+
+  destination = open_destination();
+  ASSERT_NE(destination, nullptr);
+  EXPECT_EQ(destination->progress(), std::nullopt);
+  ASSERT_TRUE(destination->snapshot_position().has_value());
+  EXPECT_EQ(destination->snapshot_position()->as_of, 5u);
+  EXPECT_EQ(destination->snapshot_position()->pairs, 60'002u);
+  EXPECT_EQ(destination->snapshot_position()->check, snapshot_pair_check(keys.back(), 1));
+  ASSERT_TRUE(destination->begin(Frontier::at(0)));
+  ASSERT_TRUE(destination->write(insert(R"("d")", 5, "4")));
+  ASSERT_TRUE(destination->commit(Frontier::at(6)));
+  EXPECT_EQ(destination->snapshot_position(), std::nullopt);
+  EXPECT_EQ(names(), (std::vector<std::string>{first, second, name_of(0, 6, "json")}));
+  destination = open_destination();
+  ASSERT_NE(destination, nullptr);
+  EXPECT_EQ(destination->progress(), Frontier::at(6));
+  EXPECT_EQ(destination->snapshot_position(), std::nullopt);
+}
+
 TEST_F(S3DestinationTest, AClaimLostBeforeTheCommitMakesNothingAppear) {
   for (const bool large : {false, true}) {
     SCOPED_TRACE(large ? "uploaded in parts" : "one PUT");
