@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "server_process.h"
+#include "sink/committed_name.h"
 #include "sink/kafka_reader.h"
 #include "testing/kafka_mock_process.h"
 #include "testing/s3_test_prefix.h"
@@ -627,13 +628,25 @@ TEST_F(ScaleOutTest, AnyServerAnswersForASinkAndDeletesIt) {
   EXPECT_EQ(committed(), before) << "a deleted sink wrote on";
 }
 
-// The committed output of a sink, as (lower, upper) -> the file's lines,
-// from the names "<lower>-<upper>.json" a file or S3 sink commits.
-using Committed = std::map<std::pair<long long, long long>, std::vector<std::string>>;
+// The committed output of a sink, as (lower, upper, order) -> the file's
+// lines, from the names "<lower>-<upper>.json" a file or S3 sink commits
+// and its snapshot's parts "<0>-<upper>-<pairs>-<check>.json": a part's
+// order is its pair count, every other file's kWhole, so parts come first.
+constexpr unsigned long long kWhole = ~0ull;
+using Committed =
+    std::map<std::tuple<long long, long long, unsigned long long>, std::vector<std::string>>;
 
 void add_committed(Committed* out, const std::string& name, const std::string& text) {
-  if (!name.ends_with(".json") || name.size() != 46 || name[20] != '-') return;
-  (*out)[{std::stoll(name.substr(0, 20)), std::stoll(name.substr(21, 20))}] = lines_of(text);
+  if (!name.ends_with(".json")) return;
+  if (name.size() == 46 && name[20] == '-') {
+    (*out)[{std::stoll(name.substr(0, 20)), std::stoll(name.substr(21, 20)), kWhole}] =
+        lines_of(text);
+    return;
+  }
+  auto part = tidemark::parse_snapshot_part("", name);
+  if (part && *part) {
+    (*out)[{0, static_cast<long long>((*part)->upper), (*part)->pairs}] = lines_of(text);
+  }
 }
 
 Committed committed_files(const fs::path& dir) {
@@ -659,11 +672,12 @@ testing::AssertionResult exactly_once(const Committed& committed, long long fron
   long long next = 0;
   std::set<std::string> seen;
   for (const auto& [range, lines] : committed) {
-    if (range.first != next) {
+    const auto& [lower, upper, order] = range;
+    if (lower != next) {
       return testing::AssertionFailure()
-             << "interval [" << range.first << ", " << range.second << ") after " << next;
+             << "interval [" << lower << ", " << upper << ") after " << next;
     }
-    next = range.second;
+    if (order == kWhole) next = upper;  // a snapshot's parts precede its last file
     for (const auto& line : lines) {
       const std::string key = string_field(line, "key");
       if (!sent.contains(key)) return testing::AssertionFailure() << "never sent: " << line;
@@ -799,6 +813,107 @@ TEST_F(ScaleOutTest, SinksFailOverExactlyOnceWhenTheirServerIsKilledOrPaused) {
     EXPECT_EQ(slurp(scratch_ / ("serve-" + std::to_string(i) + "-0.err")).find("overlap"),
               std::string::npos);
   }
+}
+
+// A snapshot survives its server. Three servers on PostgreSQL + S3
+// commit sinks' snapshots in 16 KiB parts (--sink-snapshot-part-bytes); a
+// file sink and an S3 sink of a shard of 60,000 records are created on one
+// server, which is SIGKILLed once both have committed parts and neither
+// has finished. Other servers take both over and go on after the last
+// part (the parts committed before the kill stay as they were, and no
+// snapshot is written twice): each destination ends with every record
+// exactly once. The takeover and completion times are printed.
+TEST_F(ScaleOutTest, ASnapshotKilledWithItsServerGoesOnFromItsPartsElsewhere) {
+  auto s3 = tidemark::s3_test_server();
+  ASSERT_TRUE(s3);
+  auto prefix = tidemark::open_fresh_s3_blob(*s3);
+  ASSERT_TRUE(prefix) << prefix.error().to_string();
+  constexpr int kThree = 3;
+  ASSERT_NO_FATAL_FAILURE(start_servers(kThree, {"--allow-s3-endpoints", (*prefix)->url().endpoint,
+                                                 "--sink-snapshot-part-bytes", "16384"}));
+  ASSERT_EQ(
+      http_call(servers_[0].port, http::verb::post, "/v1/shards", "{\"name\":\"" + shard_ + "\"}")
+          .status,
+      201u);
+  std::set<std::string> keys;
+  for (int request = 0; request < 6; ++request) {
+    std::string body;
+    for (int i = 0; i < 10'000; ++i) {
+      const std::string key = "m" + std::to_string(100'000 + request * 10'000 + i);
+      body += "{\"key\":\"" + key + "\",\"value\":\"" + std::string(20, 'v') + "\"}\n";
+      keys.insert(key);
+    }
+    Reply appended =
+        http_call(servers_[0].port, http::verb::post, "/v1/shards/" + shard_ + "/append", body);
+    ASSERT_EQ(appended.status, 200u) << appended.body;
+  }
+  const long long upper = number_field(
+      http_call(servers_[0].port, http::verb::get, "/v1/shards/" + shard_).body, "upper");
+  ASSERT_GT(upper, 0);
+
+  const fs::path files = scratch_ / "data-serve-0" / "sinks" / "files";
+  const std::string file_sink = "f" + shard_, object_sink = "o" + shard_;
+  for (const auto& [name, to] : {std::pair{file_sink, "file://" + files.string()},
+                                 std::pair{object_sink, (*prefix)->url().to_string()}}) {
+    Reply created =
+        http_call(servers_[0].port, http::verb::post, "/v1/sinks",
+                  "{\"name\":\"" + name + "\",\"shard\":\"" + shard_ + "\",\"to\":\"" + to + "\"}");
+    ASSERT_EQ(created.status, 201u) << created.body;
+  }
+  // Parts committed, snapshot not complete: counts of (parts, whole files).
+  auto shape = [](const Committed& committed) {
+    std::pair<int, int> out{0, 0};
+    for (const auto& [range, lines] : committed) {
+      ++(std::get<2>(range) == kWhole ? out.second : out.first);
+    }
+    return out;
+  };
+  const auto created_at = std::chrono::steady_clock::now();
+  for (;;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), created_at + std::chrono::seconds(30))
+        << "no parts: " << http_call(servers_[0].port, http::verb::get, "/v1/sinks").body;
+    if (shape(committed_files(files)).first > 0 && shape(committed_objects(**prefix)).first > 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill_server(0, 1);
+  const Committed files_at_kill = committed_files(files);
+  const Committed objects_at_kill = committed_objects(**prefix);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(shape(files_at_kill).second, 0) << "the file sink's snapshot ended before the kill";
+  ASSERT_EQ(shape(objects_at_kill).second, 0) << "the S3 sink's snapshot ended before the kill";
+  std::fprintf(stderr, "killed with %d file parts and %d object parts committed\n",
+               shape(files_at_kill).first, shape(objects_at_kill).first);
+
+  for (const auto& sink : {file_sink, object_sink}) {
+    const std::uint16_t taker = moved_from(1, sink, servers_[0].port, std::chrono::seconds(40));
+    ASSERT_NE(taker, 0) << sink << " was not taken over: "
+                        << http_call(servers_[1].port, http::verb::get, "/v1/sinks/" + sink).body;
+    const long long frontier = caught_up(1, sink, upper);
+    ASSERT_GE(frontier, upper)
+        << http_call(servers_[1].port, http::verb::get, "/v1/sinks/" + sink).body;
+    std::fprintf(
+        stderr, "sink %s: taken over and its snapshot complete %.1f s after the kill\n",
+        sink.c_str(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  }
+  const Committed files_after = committed_files(files);
+  const Committed objects_after = committed_objects(**prefix);
+  // What was committed before the kill is there, unchanged: the snapshot
+  // went on after it rather than again.
+  for (const auto& [before, after] :
+       {std::pair{&files_at_kill, &files_after}, std::pair{&objects_at_kill, &objects_after}}) {
+    for (const auto& [range, lines] : *before) {
+      auto it = after->find(range);
+      ASSERT_NE(it, after->end()) << "a part committed before the kill is gone";
+      EXPECT_EQ(it->second, lines);
+    }
+    EXPECT_EQ(shape(*after).second, 1) << "the snapshot's last file";
+    EXPECT_GT(shape(*after).first, shape(*before).first);
+  }
+  EXPECT_TRUE(exactly_once(files_after, upper, keys, keys));
+  EXPECT_TRUE(exactly_once(objects_after, upper, keys, keys));
 }
 
 // Sinks spread onto servers that join. One server on PostgreSQL + S3 runs

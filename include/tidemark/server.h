@@ -97,6 +97,10 @@ struct ServerOptions {
   // Kafka producer's threads and queue), and opens it on the next change.
   // 0: never.
   std::chrono::milliseconds idle_close{30'000};
+  // A sink's snapshot is committed in parts of about this many bytes (or
+  // one every 60 s): Kafka transactions, or file or S3 parts that a
+  // restarted or taken-over sink goes on after (SinkOptions).
+  std::uint64_t sink_snapshot_part_bytes = 64ull << 20;
   // Where file:// sinks may write: a sink's directory must be inside it
   // (after resolving "..", symlinks of existing parts). Unset: file sinks
   // are refused.

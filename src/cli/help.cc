@@ -184,6 +184,9 @@ server per directory (the second exits naming the first).
   --shutdown-grace S          on SIGTERM/SIGINT, time to finish (default 10)
   --allow-s3-endpoints URLS   S3 endpoints sinks may name (comma-separated)
   --allow-kafka-brokers HOSTS Kafka brokers sinks may name (comma-separated)
+  --sink-snapshot-part-bytes SIZE
+                              sinks commit their snapshots in parts of about
+                              SIZE (default 64MiB; also one every 60 s)
   --log-level LEVEL           what is logged on stderr, one line per event:
                               error, warn (failed sinks, 5xx answers), info
                               (default: also sinks starting and stopping,

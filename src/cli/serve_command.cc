@@ -101,7 +101,7 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
       {"--listen", "--memory-limit", "--token-file", "--max-record-bytes", "--lease",
        "--producer-expiry", "--max-producers", "--retry-deadline", "--max-connections",
        "--min-body-rate", "--shutdown-grace", "--allow-s3-endpoints", "--allow-kafka-brokers",
-       "--inject-blob-latency-ms", "--appender-queue", "--log-level"},
+       "--inject-blob-latency-ms", "--appender-queue", "--log-level", "--sink-snapshot-part-bytes"},
       {});
   if (!args) return usage_error(args.error().message);
   if (!args->positionals().empty())
@@ -199,6 +199,14 @@ int run_serve(const Globals& globals, const std::vector<std::string>& argv) {
     auto bytes = parse_size(*text);
     if (!bytes) return usage_error("--min-body-rate takes bytes a second (0: none), got " + *text);
     options.min_body_rate = *bytes;
+  }
+  if (auto text = args->get("--sink-snapshot-part-bytes")) {
+    auto bytes = parse_size(*text);
+    if (!bytes || *bytes == 0) {
+      return usage_error("--sink-snapshot-part-bytes takes a size above 0 (1048576, 64MiB), got " +
+                         *text);
+    }
+    options.sink_snapshot_part_bytes = *bytes;
   }
   if (auto text = args->get("--log-level")) {
     auto level = parse_log_level(*text);

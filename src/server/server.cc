@@ -111,7 +111,8 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
       impl->client, impl->sink_pool,
       SinkRunner{"tidemark serve on " + where + ":" + std::to_string(impl->bound_port),
                  impl->options.sink_owner},
-      impl->allowed_destinations, impl->options.idle_close);
+      impl->allowed_destinations, impl->options.idle_close, SinkManager::default_threads(),
+      impl->options.sink_snapshot_part_bytes);
   if (auto resumed = impl->sinks->resume_all(); !resumed) {
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());

@@ -183,6 +183,7 @@ struct SinkManager::Task {
   std::shared_ptr<SinkClaim> claim;
   DestinationAllowList allowed;
   std::chrono::milliseconds idle_close{0};
+  std::uint64_t snapshot_part_bytes = SinkOptions{}.snapshot_part_bytes;
   // What every server sharing the location shows of it (sink_status.h).
   std::shared_ptr<SinkStatusPublisher> publisher;
   // Used by its steps only (one at a time): the run in progress, if any,
@@ -445,6 +446,7 @@ struct SinkManager::Task {
     SinkOptions options;
     options.sink_name = spec.name;
     options.idle_poll_interval = kIdlePollFallback;
+    options.snapshot_part_bytes = snapshot_part_bytes;
     options.read_memory = ReadMemory{pool};  // its reads' blocks, beside its buffers
     options.stop = [this] { return stop.load(); };
     options.on_progress = [this](const SinkProgress& p) {
@@ -470,12 +472,14 @@ std::size_t SinkManager::default_threads() {
 
 SinkManager::SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool,
                          SinkRunner runner, DestinationAllowList allowed,
-                         std::chrono::milliseconds idle_close, std::size_t threads)
+                         std::chrono::milliseconds idle_close, std::size_t threads,
+                         std::uint64_t snapshot_part_bytes)
     : client_(std::move(client)),
       pool_(std::move(pool)),
       runner_(std::move(runner)),
       allowed_(std::move(allowed)),
       idle_close_(idle_close),
+      snapshot_part_bytes_(snapshot_part_bytes),
       self_(this_process()),
       threads_("sinks", threads),
       timers_(&threads_) {
@@ -500,6 +504,7 @@ Status SinkManager::start(const SinkSpec& spec, std::shared_ptr<SinkClaim> claim
   task->claim = std::move(claim);
   task->allowed = allowed_;
   task->idle_close = idle_close_;
+  task->snapshot_part_bytes = snapshot_part_bytes_;
   // The lock orders the timer's id before its first step can end it.
   std::unique_lock task_lock(task->mutex);
   auto timer =

@@ -142,10 +142,12 @@ class SinkManager {
   // `threads`: the most threads every sink's steps share.
   // `idle_close`: a sink that has committed everything and seen no change
   // of its shard for this long closes its destination (see above); 0:
-  // never.
+  // never. `snapshot_part_bytes`: SinkOptions::snapshot_part_bytes of
+  // every sink it runs.
   SinkManager(std::shared_ptr<Client> client, std::shared_ptr<MemoryPool> pool, SinkRunner runner,
               DestinationAllowList allowed, std::chrono::milliseconds idle_close = kIdleClose,
-              std::size_t threads = default_threads());
+              std::size_t threads = default_threads(),
+              std::uint64_t snapshot_part_bytes = SinkOptions{}.snapshot_part_bytes);
   ~SinkManager();  // stop_all()
 
   // The first look (see above): takes and starts every stored sink whose
@@ -259,6 +261,7 @@ class SinkManager {
   const SinkRunner runner_;
   const DestinationAllowList allowed_;
   const std::chrono::milliseconds idle_close_;
+  const std::uint64_t snapshot_part_bytes_;
   // This process, read from /proc once: its host names the machine of the
   // file sinks it creates and may run, and a lease naming it is held here.
   const ProcessIdentity self_;
