@@ -888,6 +888,50 @@ TEST(SinkCrashTest, KafkaSinkKilledMidSnapshotAndMidListenRestartsExactlyOnce) {
   run_crash_test("kafka");
 }
 
+// The shard "s" the snapshot-in-parts tests read: 20,000 keys and a hot
+// key of `hot_copies` copies at time 0, then 10,000 random changes at 1,
+// appended with the real binary. `expected`: the snapshot's lines at
+// as_of, sorted.
+void create_parts_shard(const fs::path& data, const fs::path& scratch, std::uint64_t seed,
+                        Time as_of, std::int64_t hot_copies, std::vector<std::string>* expected) {
+  std::string err;
+  ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
+  Model model(seed ^ 0x5eed);
+  std::string setup;
+  model.begin(0);
+  for (int i = 0; i < 20000; ++i) model.add(model.new_key(), model.new_value(), 1);
+  model.add(Model::kHot, "\"h\"", hot_copies);
+  setup += model.records();
+  model.begin(1);
+  while (model.count() < 10000) model.random_op();
+  setup += model.records();
+  model.expect_snapshot(as_of, expected);
+  std::sort(expected->begin(), expected->end());
+  std::ofstream(scratch / "setup.ndjson", std::ios::binary) << setup;
+  ASSERT_EQ(run_tidemark(data,
+                         {"append", "s", "--lower", "0", "--upper", std::to_string(as_of + 1),
+                          "--input", (scratch / "setup.ndjson").string()},
+                         scratch, "setup", &err),
+            0)
+      << err;
+}
+
+// Fails naming the counts and one missing and one extra line, unless the
+// sorted `lines` are the sorted `expected`.
+void expect_same_lines(const std::vector<std::string>& lines,
+                       const std::vector<std::string>& expected) {
+  if (lines == expected) return;
+  std::vector<std::string> missing, extra;
+  std::set_difference(expected.begin(), expected.end(), lines.begin(), lines.end(),
+                      std::back_inserter(missing));
+  std::set_difference(lines.begin(), lines.end(), expected.begin(), expected.end(),
+                      std::back_inserter(extra));
+  FAIL() << lines.size() << " lines written, " << expected.size() << " expected; " << missing.size()
+         << " missing, " << extra.size() << " extra (duplicates)"
+         << (missing.empty() ? "" : "\n  missing " + missing.front())
+         << (extra.empty() ? "" : "\n  extra " + extra.front());
+}
+
 // A Kafka snapshot in parts (a transaction per --snapshot-part-bytes),
 // killed with SIGKILL a random 0-40 ms after one of its parts commits, so
 // that the kill lands between two parts or inside the next one, and
@@ -916,26 +960,9 @@ TEST(SinkCrashTest, KafkaSnapshotInPartsKilledBetweenPartsResumesExactlyOnce) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ", scratch " + scratch.string());
   std::mt19937_64 rng(seed);
 
-  std::string err;
-  ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
-  Model model(seed ^ 0x5eed);
-  std::string setup;
-  model.begin(0);
-  for (int i = 0; i < 20000; ++i) model.add(model.new_key(), model.new_value(), 1);
-  model.add(Model::kHot, "\"h\"", kHotCopies);
-  setup += model.records();
-  model.begin(1);
-  while (model.count() < 10000) model.random_op();
-  setup += model.records();
   std::vector<std::string> expected;
-  model.expect_snapshot(kPartsAsOf, &expected);
-  std::ofstream(scratch / "setup.ndjson", std::ios::binary) << setup;
-  ASSERT_EQ(run_tidemark(data,
-                         {"append", "s", "--lower", "0", "--upper", std::to_string(kPartsAsOf + 1),
-                          "--input", (scratch / "setup.ndjson").string()},
-                         scratch, "setup", &err),
-            0)
-      << err;
+  ASSERT_NO_FATAL_FAILURE(
+      create_parts_shard(data, scratch, seed, kPartsAsOf, kHotCopies, &expected));
 
   // The progress topic's end offset: grows by one with each commit.
   char errstr[512];
@@ -1050,18 +1077,7 @@ TEST(SinkCrashTest, KafkaSnapshotInPartsKilledBetweenPartsResumesExactlyOnce) {
       });
   ASSERT_TRUE(read) << read.error().message;
   std::sort(lines.begin(), lines.end());
-  std::sort(expected.begin(), expected.end());
-  if (lines != expected) {
-    std::vector<std::string> missing, extra;
-    std::set_difference(expected.begin(), expected.end(), lines.begin(), lines.end(),
-                        std::back_inserter(missing));
-    std::set_difference(lines.begin(), lines.end(), expected.begin(), expected.end(),
-                        std::back_inserter(extra));
-    FAIL() << lines.size() << " lines written, " << expected.size() << " expected; "
-           << missing.size() << " missing, " << extra.size() << " extra (duplicates)"
-           << (missing.empty() ? "" : "\n  missing " + missing.front())
-           << (extra.empty() ? "" : "\n  extra " + extra.front());
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_lines(lines, expected));
   std::printf(
       "%d kills mid-snapshot; %zu snapshot parts (%zu ending inside the hot key) and the last "
       "transaction, %llu transactions committed in all, %llu messages outside them (aborted); "
@@ -1099,26 +1115,9 @@ TEST(SinkCrashTest, FileSnapshotInPartsKilledBetweenPartsResumesExactlyOnce) {
   SCOPED_TRACE("seed " + std::to_string(seed) + ", scratch " + scratch.string());
   std::mt19937_64 rng(seed);
 
-  std::string err;
-  ASSERT_EQ(run_tidemark(data, {"shard", "create", "s"}, scratch, "create", &err), 0) << err;
-  Model model(seed ^ 0x5eed);
-  std::string setup;
-  model.begin(0);
-  for (int i = 0; i < 20000; ++i) model.add(model.new_key(), model.new_value(), 1);
-  model.add(Model::kHot, "\"h\"", kHotCopies);
-  setup += model.records();
-  model.begin(1);
-  while (model.count() < 10000) model.random_op();
-  setup += model.records();
   std::vector<std::string> expected;
-  model.expect_snapshot(kPartsAsOf, &expected);
-  std::ofstream(scratch / "setup.ndjson", std::ios::binary) << setup;
-  ASSERT_EQ(run_tidemark(data,
-                         {"append", "s", "--lower", "0", "--upper", std::to_string(kPartsAsOf + 1),
-                          "--input", (scratch / "setup.ndjson").string()},
-                         scratch, "setup", &err),
-            0)
-      << err;
+  ASSERT_NO_FATAL_FAILURE(
+      create_parts_shard(data, scratch, seed, kPartsAsOf, kHotCopies, &expected));
 
   // The committed names of the directory, sorted: parts first.
   auto output_names = [&] {
@@ -1229,18 +1228,7 @@ TEST(SinkCrashTest, FileSnapshotInPartsKilledBetweenPartsResumesExactlyOnce) {
   }
   std::vector<std::string> sorted_lines = lines;
   std::sort(sorted_lines.begin(), sorted_lines.end());
-  std::sort(expected.begin(), expected.end());
-  if (sorted_lines != expected) {
-    std::vector<std::string> missing, extra;
-    std::set_difference(expected.begin(), expected.end(), sorted_lines.begin(), sorted_lines.end(),
-                        std::back_inserter(missing));
-    std::set_difference(sorted_lines.begin(), sorted_lines.end(), expected.begin(), expected.end(),
-                        std::back_inserter(extra));
-    FAIL() << sorted_lines.size() << " lines written, " << expected.size() << " expected; "
-           << missing.size() << " missing, " << extra.size() << " extra (duplicates)"
-           << (missing.empty() ? "" : "\n  missing " + missing.front())
-           << (extra.empty() ? "" : "\n  extra " + extra.front());
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_lines(sorted_lines, expected));
   std::printf(
       "%d kills mid-snapshot; %zu parts and the last file (%zu cuts inside the hot key); "
       "%zu pairs verified\n",

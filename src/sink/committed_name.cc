@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 
 namespace tidemark {
 namespace {
@@ -120,6 +121,30 @@ Result<std::optional<SnapshotPart>> parse_snapshot_part(std::string_view where,
   for (char c : check_hex)
     check = check * 16 + static_cast<std::uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
   return SnapshotPart{*upper, *pairs, check, std::string(name)};
+}
+
+Result<std::string> next_snapshot_part_name(std::string_view what, Time lower,
+                                            std::optional<Time> max_time,
+                                            const std::optional<Frontier>& progress,
+                                            const std::optional<SnapshotPosition>& last,
+                                            const SnapshotPosition& position,
+                                            std::string_view extension) {
+  if (progress) {
+    return invalid_usage(std::string(what) + ": a snapshot part after the progress " +
+                         progress->to_string() + " was committed");
+  }
+  if (lower != 0 || position.pairs == 0 || position.key_pairs == 0 ||
+      position.as_of == std::numeric_limits<Time>::max() ||
+      (max_time && *max_time != position.as_of) ||
+      (last && (last->as_of != position.as_of || last->pairs >= position.pairs))) {
+    return invalid_usage(std::string(what) + ": snapshot part at " +
+                         std::to_string(position.as_of) + " ending at pair " +
+                         std::to_string(position.pairs) +
+                         " does not follow the open output and the parts before it");
+  }
+  const std::uint64_t check =
+      position.check.value_or(snapshot_pair_check(position.key, position.key_pairs));
+  return snapshot_part_name(position.as_of + 1, position.pairs, check, extension);
 }
 
 Result<std::optional<SnapshotPosition>> snapshot_in_progress(

@@ -76,6 +76,19 @@ struct SnapshotPart {
 Result<std::optional<SnapshotPart>> parse_snapshot_part(std::string_view where,
                                                         std::string_view name);
 
+// The name of the snapshot part that commit_snapshot_part(position) would
+// commit, for the open output of `lower` whose largest time is `max_time`
+// in a destination with `progress` whose last part was `last`, named
+// `what` ("file destination") in the message: InvalidUsage when the part
+// does not follow (progress set, lower not 0, a time other than as_of,
+// not more pairs than `last` or another as_of, no pairs).
+Result<std::string> next_snapshot_part_name(std::string_view what, Time lower,
+                                            std::optional<Time> max_time,
+                                            const std::optional<Frontier>& progress,
+                                            const std::optional<SnapshotPosition>& last,
+                                            const SnapshotPosition& position,
+                                            std::string_view extension);
+
 // The snapshot in progress that `parts` record, given the `progress` the
 // committed outputs add up to: nullopt when there are no parts or the
 // progress is set (the snapshot is complete; a part above that progress is

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -295,22 +294,10 @@ Status FileDestination::commit_snapshot_part(const SnapshotPosition& position) {
     return invalid_usage("file destination: commit_snapshot_part with no open file");
   }
   const State::OpenFile& file = *state.open_file;
-  if (progress_) {
-    return invalid_usage("file destination: a snapshot part after the progress " +
-                         progress_->to_string() + " was committed");
-  }
-  if (file.lower != 0 || position.pairs == 0 || position.key_pairs == 0 ||
-      position.as_of == std::numeric_limits<Time>::max() ||
-      (file.max_time && *file.max_time != position.as_of) ||
-      (snapshot_position_ && (snapshot_position_->as_of != position.as_of ||
-                              snapshot_position_->pairs >= position.pairs))) {
-    return invalid_usage("file destination: snapshot part at " + std::to_string(position.as_of) +
-                         " ending at pair " + std::to_string(position.pairs) +
-                         " does not follow the open file and the parts before it");
-  }
-  const std::uint64_t check =
-      position.check.value_or(snapshot_pair_check(position.key, position.key_pairs));
-  TM_TRY(publish(snapshot_part_name(position.as_of + 1, position.pairs, check, state.extension)));
+  TM_ASSIGN(const std::string name,
+            next_snapshot_part_name("file destination", file.lower, file.max_time, progress_,
+                                    snapshot_position_, position, state.extension));
+  TM_TRY(publish(name));
   snapshot_position_ = position;
   return sync_published();
 }

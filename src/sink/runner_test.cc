@@ -78,6 +78,23 @@ class FileSinkTest : public ::testing::Test {
     all_.insert(all_.end(), updates.begin(), updates.end());
   }
 
+  // What the snapshot-in-parts tests write, about 100 KB at times 0-2:
+  // 2,000 keys, a key whose 20,000 copies span parts, two values of one
+  // key, and four unpaired befores (nulls).
+  void append_parts_data() {
+    std::vector<Update> first;
+    for (int i = 0; i < 2000; ++i) {
+      first.push_back({"\"k" + std::to_string(i) + "\"", std::to_string(i), 0, 1});
+    }
+    first.push_back({"\"m\"", "1", 0, 20'000});
+    first.push_back({"\"n\"", "1", 0, 3});
+    first.push_back({"\"n\"", "2", 0, 2});
+    first.push_back({"\"o\"", "1", 0, -4});
+    append_at(0, first);
+    append_at(1, {{"\"k7\"", "7", 0, -1}, {"\"k7\"", "70", 0, 1}, {"\"m\"", "1", 0, -100}});
+    append_at(2, {{"\"k8\"", "8", 0, -1}});
+  }
+
   // Every line of every committed file, sorted; fails on a file whose
   // range overlaps another's.
   std::vector<std::string> committed_lines() {
@@ -199,16 +216,7 @@ TEST_F(FileSinkTest, AnOpenIntervalIsCommittedWhenTheShardGoesQuiet) {
 // pairs the parts hold (with a hot key cut across parts) and commits the
 // rest: every pair once, the parts first in name order.
 TEST_F(FileSinkTest, ASnapshotIntoFilesCommitsInBoundedPartsAndResumes) {
-  std::vector<Update> first;
-  for (int i = 0; i < 2000; ++i) {
-    first.push_back({"\"k" + std::to_string(i) + "\"", std::to_string(i), 0, 1});
-  }
-  first.push_back({"\"m\"", "1", 0, 20'000});  // fans out across parts
-  first.push_back({"\"n\"", "1", 0, 3});
-  first.push_back({"\"o\"", "1", 0, -4});  // four unpaired befores: nulls
-  append_at(0, first);
-  append_at(1, {{"\"k7\"", "7", 0, -1}, {"\"k7\"", "70", 0, 1}, {"\"m\"", "1", 0, -100}});
-  append_at(2, {{"\"k8\"", "8", 0, -1}});
+  append_parts_data();
 
   std::uint64_t parts_seen = 0;
   auto run_parts = [&](Time until, std::optional<Time> as_of,
@@ -375,17 +383,7 @@ TEST_F(FileSinkTest, IntoKafkaASnapshotCommitsInBoundedPartsAndResumes) {
   auto mock = KafkaMockProcess::start(TIDEMARK_KAFKA_MOCK, {"--topic", "out:4"});
   ASSERT_TRUE(mock) << mock.error().message;
   const KafkaAddress address = *KafkaAddress::parse("kafka://" + (*mock)->brokers() + "/out");
-  std::vector<Update> first;
-  for (int i = 0; i < 2000; ++i) {
-    first.push_back({"\"k" + std::to_string(i) + "\"", std::to_string(i), 0, 1});
-  }
-  first.push_back({"\"m\"", "1", 0, 20'000});  // fans out across parts
-  first.push_back({"\"n\"", "1", 0, 3});
-  first.push_back({"\"n\"", "2", 0, 2});
-  first.push_back({"\"o\"", "1", 0, -4});  // four unpaired befores: nulls
-  append_at(0, first);
-  append_at(1, {{"\"k7\"", "7", 0, -1}, {"\"k7\"", "70", 0, 1}, {"\"m\"", "1", 0, -100}});
-  append_at(2, {{"\"k8\"", "8", 0, -1}});
+  append_parts_data();
 
   std::uint64_t parts_seen = 0;
   auto run_kafka = [&](Time until, std::optional<Time> as_of,

@@ -1,7 +1,6 @@
 #include "sink/s3_destination.h"
 
 #include <algorithm>
-#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -352,22 +351,10 @@ Status S3Destination::commit_snapshot_part(const SnapshotPosition& position) {
     return invalid_usage("s3 destination: commit_snapshot_part with no open interval");
   }
   const State::OpenInterval& open = *state.open_interval;
-  if (progress_) {
-    return invalid_usage("s3 destination: a snapshot part after the progress " +
-                         progress_->to_string() + " was committed");
-  }
-  if (open.lower != 0 || position.pairs == 0 || position.key_pairs == 0 ||
-      position.as_of == std::numeric_limits<Time>::max() ||
-      (open.max_time && *open.max_time != position.as_of) ||
-      (snapshot_position_ && (snapshot_position_->as_of != position.as_of ||
-                              snapshot_position_->pairs >= position.pairs))) {
-    return invalid_usage("s3 destination: snapshot part at " + std::to_string(position.as_of) +
-                         " ending at pair " + std::to_string(position.pairs) +
-                         " does not follow the open interval and the parts before it");
-  }
-  const std::uint64_t check =
-      position.check.value_or(snapshot_pair_check(position.key, position.key_pairs));
-  TM_TRY(publish(snapshot_part_name(position.as_of + 1, position.pairs, check, state.extension)));
+  TM_ASSIGN(const std::string name,
+            next_snapshot_part_name("s3 destination", open.lower, open.max_time, progress_,
+                                    snapshot_position_, position, state.extension));
+  TM_TRY(publish(name));
   snapshot_position_ = position;
   return {};
 }
