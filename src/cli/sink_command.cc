@@ -134,26 +134,19 @@ class ProgressReporter {
 // while the snapshot is in progress the summary says how far it got.
 int audit_file_sink(const std::string& sink_name, const std::string& directory, bool messages) {
   namespace fs = std::filesystem;
-  std::vector<CommittedRange> committed;
-  std::vector<SnapshotPart> parts;
+  ListedOutputs outputs;
   std::error_code ec;
   for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    auto range = parse_committed_output(directory + ": ", name);
-    if (!range) return report(range.error());
-    if (*range) {
-      committed.push_back(std::move(**range));
-      continue;
-    }
-    auto part = parse_snapshot_part(directory, name);
-    if (!part) return report(part.error());
-    if (*part) parts.push_back(std::move(**part));
+    if (auto added = outputs.add(directory, name); !added) return report(added.error());
   }
   if (ec) {
     return report(make_error(ErrorKind::kDeterminate,
                              "cannot list sink directory " + directory + ": " + ec.message())
                       .error());
   }
+  std::vector<CommittedRange>& committed = outputs.committed;
+  std::vector<SnapshotPart>& parts = outputs.parts;
   auto frontier = committed_progress(directory, committed);  // sorts; overlaps are Corruption
   if (!frontier) return report(frontier.error());
   // Sorts the parts by their pairs; a snapshot in progress when the

@@ -77,6 +77,19 @@ Result<std::optional<CommittedRange>> parse_committed_output(std::string_view wh
   return std::nullopt;
 }
 
+Status ListedOutputs::add(std::string_view where, std::string_view name) {
+  auto range = parse_committed_output(where, name);
+  if (!range) return std::unexpected(range.error());
+  if (*range) {
+    committed.push_back(std::move(**range));
+    return {};
+  }
+  auto part = parse_snapshot_part(where, name);
+  if (!part) return std::unexpected(part.error());
+  if (*part) parts.push_back(std::move(**part));
+  return {};
+}
+
 std::string snapshot_part_name(Time upper, std::uint64_t pairs, std::uint64_t check,
                                std::string_view extension) {
   char hex[17];

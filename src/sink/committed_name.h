@@ -76,6 +76,16 @@ struct SnapshotPart {
 Result<std::optional<SnapshotPart>> parse_snapshot_part(std::string_view where,
                                                         std::string_view name);
 
+// What a destination's listing holds, one name at a time.
+struct ListedOutputs {
+  std::vector<CommittedRange> committed;
+  std::vector<SnapshotPart> parts;
+  // Keeps `name` if it is a committed output or a snapshot part, of either
+  // format; ignores any other name. Corruption, naming `where` + the name,
+  // for one shaped as either that does not parse.
+  [[nodiscard]] Status add(std::string_view where, std::string_view name);
+};
+
 // The name of the snapshot part that commit_snapshot_part(position) would
 // commit, for the open output of `lower` whose largest time is `max_time`
 // in a destination with `progress` whose last part was `last`, named

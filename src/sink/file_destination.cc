@@ -143,8 +143,7 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
     TM_ASSIGN(state->lock,
               lock_directory(root, "a file destination of " + describe(this_process())));
   }
-  std::vector<CommittedRange> committed;
-  std::vector<SnapshotPart> parts;
+  ListedOutputs outputs;
   bool removed_temporaries = false;
   {
     std::unique_ptr<DIR, int (*)(DIR*)> listing(::opendir(root.c_str()), &::closedir);
@@ -170,15 +169,7 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
         removed_temporaries = true;
         continue;
       }
-      auto range = parse_committed_output(root, name);
-      if (!range) return in_destination(range.error());
-      if (*range) {
-        committed.push_back(std::move(**range));
-        continue;
-      }
-      auto part = parse_snapshot_part(root, name);
-      if (!part) return in_destination(part.error());
-      if (*part) parts.push_back(std::move(**part));
+      if (auto added = outputs.add(root, name); !added) return in_destination(added.error());
     }
   }
   if (removed_temporaries) {
@@ -189,9 +180,9 @@ Result<std::unique_ptr<FileDestination>> FileDestination::open(
     }
   }
 
-  auto progress = committed_progress(root, committed);
+  auto progress = committed_progress(root, outputs.committed);
   if (!progress) return in_destination(progress.error());
-  auto position = snapshot_in_progress(root, parts, *progress);
+  auto position = snapshot_in_progress(root, outputs.parts, *progress);
   if (!position) return in_destination(position.error());
 
   auto destination = std::unique_ptr<FileDestination>(new FileDestination(std::move(state)));

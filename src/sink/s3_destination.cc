@@ -222,8 +222,7 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
                            std::string_view own = name.substr(name_prefix.size());
                            if (own.find('/') == std::string_view::npos) names.emplace_back(own);
                          }));
-  std::vector<CommittedRange> committed;
-  std::vector<SnapshotPart> parts;
+  ListedOutputs outputs;
   for (const std::string& name : names) {
     if (is_temporary_name(name)) {
       // The prefix is this sink's (claimed before open, or promised by an
@@ -232,19 +231,11 @@ Result<std::unique_ptr<S3Destination>> S3Destination::open(S3Url url, S3Credenti
       TM_TRY(state->delete_object(name, "s3 destination: open (delete leftover temporary)"));
       continue;
     }
-    auto range = parse_committed_output(where, name);
-    if (!range) return in_destination(range.error());
-    if (*range) {
-      committed.push_back(std::move(**range));
-      continue;
-    }
-    auto part = parse_snapshot_part(where, name);
-    if (!part) return in_destination(part.error());
-    if (*part) parts.push_back(std::move(**part));
+    if (auto added = outputs.add(where, name); !added) return in_destination(added.error());
   }
-  auto progress = committed_progress(where, committed);
+  auto progress = committed_progress(where, outputs.committed);
   if (!progress) return in_destination(progress.error());
-  auto position = snapshot_in_progress(where, parts, *progress);
+  auto position = snapshot_in_progress(where, outputs.parts, *progress);
   if (!position) return in_destination(position.error());
 
   auto destination = std::unique_ptr<S3Destination>(new S3Destination(std::move(state)));
