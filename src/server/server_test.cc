@@ -2008,11 +2008,21 @@ TEST_F(ServerTest, AResumedSinkWaitsForTheHolderOfItsDestination) {
 TEST_F(ServerTest, StopAnswersALoneAppendWaitingForItsCommit) {
   // The one request in flight has no socket operation pending while its
   // batch uploads (200 ms): the I/O threads must still be there to answer.
+  // The value does not compress, so its part is too big to travel inline
+  // in the consensus write and is uploaded (a small append, committed
+  // without the blob store, could be answered before the poll below saw
+  // it in flight, and the poll would never end).
   blob_latency_ = std::chrono::milliseconds(200);
   ASSERT_NO_FATAL_FAILURE(start());
   ASSERT_EQ(post("/v1/shards", R"({"name": "s"})").status, 201u);
-  PendingCall client([&] { return post("/v1/shards/s/append", "{\"key\":1,\"value\":1}"); });
+  std::mt19937 random(7);
+  std::string value(16 << 10, ' ');
+  for (char& c : value) c = "abcdefghijklmnopqrstuvwxyz0123456789"[random() % 36];
+  PendingCall client(
+      [&] { return post("/v1/shards/s/append", "{\"key\":1,\"value\":\"" + value + "\"}"); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (metric(get("/metrics").body, "tidemark_http_requests_in_flight") < 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the append was never seen in flight";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   server_->stop();
