@@ -2,18 +2,23 @@
 """Two builds of `tidemark serve`, side by side under one client, to tell a
 small change in one-client latency from this VM's drift: starts A and B,
 each on the embedded default in a scratch directory of its own, makes the
-shard `ab` on both, then sends PAIRS pairs of one-record managed appends,
-one request at a time, each pair to A and B in a random order. Both see the
-same moments of the disk's and the host's weather, so the difference of
-their means is measured far more finely than by runs one after the other.
+shard `ab` on both, then sends one-record managed appends, one request at a
+time, in blocks of $BLOCK (16) back to back, a block to A and a block to B
+in a random order. Within a block a server sees the load of one client
+that sends its next request as soon as it has the answer; across blocks
+both see the same moments of the disk's and the host's weather, so the
+difference of their means is measured far more finely than by runs one
+after the other.
 
     python3 bench/ab_latency.py A B [PAIRS] [WARMUP]
 
 A and B are commands (an executable, or a shell line run by sh -c) that
-take tidemark's arguments; PAIRS defaults to 20,000, WARMUP (pairs not
-counted) to 1,000. Prints each side's p50, p90, p99 and mean (ms), and the
-mean of B - A over the pairs with its 95% interval (what a difference must
-exceed to be a difference). Ports: $PORT and $PORT + 1 (27101)."""
+take tidemark's arguments; PAIRS (requests to each, rounded to whole
+blocks) defaults to 20,000, WARMUP (pairs not counted) to 1,000. Prints
+each side's p50, p90, p99 and mean (ms), and the mean of B - A over the
+pairs of blocks with its 95% interval (what a difference must exceed to be
+a difference). It runs two sessions of PAIRS / 2, the second with A and B
+on each other's port and directory. Ports: $PORT and $PORT + 1 (27101)."""
 import http.client
 import math
 import os
@@ -93,39 +98,54 @@ def main():
     pairs = int(sys.argv[3]) if len(sys.argv) > 3 else 20000
     warmup = int(sys.argv[4]) if len(sys.argv) > 4 else 1000
     port = int(os.environ.get('PORT', '27101'))
-    scratch = tempfile.mkdtemp(prefix='tidemark-ab.')
-    servers = []
-    try:
-        for i, command in enumerate(commands):
-            servers.append(start(command, os.path.join(scratch, 'ab'[i]), port + i))
-        latencies = ([], [])
-        order = random.Random(1)
-        for n in range(warmup + pairs):
-            sides = [0, 1]
-            order.shuffle(sides)
-            took = [0.0, 0.0]
-            for side in sides:
-                took[side] = append(servers[side][1], n)
-            if n >= warmup:
-                latencies[0].append(took[0])
-                latencies[1].append(took[1])
-    finally:
-        for process, _ in servers:
-            process.terminate()
-            process.wait()
-        shutil.rmtree(scratch, ignore_errors=True)
+    block = int(os.environ.get('BLOCK', '16'))
+    latencies = ([], [])
+    differences = []  # per pair of blocks: B's mean - A's mean
+    # Two sessions, the second with A and B on each other's port and
+    # directory, so that whatever favours one place cancels out (A against
+    # itself differed by 14 us in one session).
+    for swapped in (False, True):
+        slots = [1, 0] if swapped else [0, 1]  # slots[command] = the place it runs in
+        scratch = tempfile.mkdtemp(prefix='tidemark-ab.')
+        servers = [None, None]
+        try:
+            for command in (0, 1):
+                place = slots[command]
+                servers[command] = start(commands[command], os.path.join(scratch, 'ab'[place]),
+                                         port + place)
+            order = random.Random(1 + swapped)
+            n = 0
+            half = pairs // 2
+            for round_number in range((warmup + half + block - 1) // block):
+                sides = [0, 1]
+                order.shuffle(sides)
+                took = ([], [])
+                for side in sides:
+                    for _ in range(block):
+                        took[side].append(append(servers[side][1], n))
+                        n += 1
+                if round_number * block >= warmup:
+                    latencies[0].extend(took[0])
+                    latencies[1].extend(took[1])
+                    differences.append(sum(took[1]) / block - sum(took[0]) / block)
+        finally:
+            for server in servers:
+                if server is not None:
+                    server[0].terminate()
+                    server[0].wait()
+            shutil.rmtree(scratch, ignore_errors=True)
     for i, name in enumerate('AB'):
         values = latencies[i]
         print('%s: p50 %.3f ms  p90 %.3f ms  p99 %.3f ms  mean %.3f ms  (%s)' %
               (name, percentile(values, 0.5), percentile(values, 0.9), percentile(values, 0.99),
                sum(values) / len(values), commands[i]))
-    differences = [b - a for a, b in zip(*latencies)]
     mean = sum(differences) / len(differences)
     spread = math.sqrt(sum((d - mean) ** 2 for d in differences) / (len(differences) - 1))
     half = 1.96 * spread / math.sqrt(len(differences))
-    print('B - A: mean %+.4f ms, 95%% interval %+.4f to %+.4f ms, over %d pairs' %
-          (mean, mean - half, mean + half, len(differences)))
-    medians = sorted(latencies[1])[len(differences) // 2] - sorted(latencies[0])[len(differences) // 2]
+    print('B - A: mean %+.4f ms, 95%% interval %+.4f to %+.4f ms, over %d pairs of blocks of %d' %
+          (mean, mean - half, mean + half, len(differences), len(latencies[0]) // len(differences)))
+    middle = len(latencies[0]) // 2
+    medians = sorted(latencies[1])[middle] - sorted(latencies[0])[middle]
     print('B - A: p50 %+.4f ms' % medians)
 
 
