@@ -202,10 +202,10 @@ TEST(StateTest, EncodeDecodeRoundTrip) {
   state.upper = Frontier::at(20);
   state.since = Frontier::at(3);
   state.writers["w1"].last_token = "tok";
-  state.readers["r1"] = ReaderState{Frontier::at(3), 12345};
-  state.readers["c-sink"] = ReaderState{Frontier::at(4), 0};
+  state.readers["r1"] = ReaderState{Frontier::at(3), 12345, 0, {}};
+  state.readers["c-sink"] = ReaderState{Frontier::at(4), 0, 0, {}};
   state.producers["p1"] = ProducerState{41, 17, 99'000};
-  PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
+  PartRef part{"shard/s/part/x", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10), nullptr};
   state.batches.push_back(HollowBatch{
       Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({part})});
   std::string bytes = encode_state(state);
@@ -228,7 +228,7 @@ TEST(StateTest, InlinePartsRoundTripInStatesAndDiffs) {
   before.name = "s";
   before.seqno = 3;
   before.upper = Frontier::at(10);
-  PartRef blob_part{"shard/s/part/a", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10)};
+  PartRef blob_part{"shard/s/part/a", 100, 5, 80, 1, 9, Frontier::at(0), Frontier::at(10), nullptr};
   before.batches.push_back(HollowBatch{
       Description{Frontier::at(0), Frontier::at(10), Frontier::at(0)}, PartList({blob_part})});
   const std::string plain = encode_state(before);
@@ -238,7 +238,7 @@ TEST(StateTest, InlinePartsRoundTripInStatesAndDiffs) {
   ShardState after = before;
   after.seqno = 4;
   after.upper = Frontier::at(20);
-  PartRef small{"shard/s/part/b", 6, 2, 4, 10, 19, Frontier::at(10), Frontier::at(20)};
+  PartRef small{"shard/s/part/b", 6, 2, 4, 10, 19, Frontier::at(10), Frontier::at(20), nullptr};
   small.data = std::make_shared<const std::string>("inline");
   after.batches.push_back(HollowBatch{
       Description{Frontier::at(10), Frontier::at(20), Frontier::at(0)}, PartList({small})});
@@ -278,7 +278,8 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
                  lower,
                  lower,
                  Frontier::at(lower),
-                 Frontier::at(upper)};
+                 Frontier::at(upper),
+                 nullptr};
     return HollowBatch{Description{Frontier::at(lower), Frontier::at(upper), Frontier::at(0)},
                        PartList({part})};
   };
@@ -289,7 +290,7 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   for (Time t = 0; t < 40; t += 4) before.batches.push_back(batch(t, t + 4));
   before.writers["a"].last_token = "1";
   before.writers["b"].last_token = "2";
-  before.readers["gone"] = ReaderState{Frontier::at(1), 50};
+  before.readers["gone"] = ReaderState{Frontier::at(1), 50, 0, {}};
   before.producers["stays"] = ProducerState{5, 30, 1000};
   before.producers["leaves"] = ProducerState{9, 31, 1000};
 
@@ -309,8 +310,8 @@ TEST(StateTest, DiffsReproduceEveryKindOfChange) {
   writers.writers["c"];
   afters.push_back(writers);
   ShardState readers = before;  // readers come, move and go
-  readers.readers["r1"] = ReaderState{Frontier::at(5), 99};
-  readers.readers["c-x"] = ReaderState{Frontier::at(2), 0};
+  readers.readers["r1"] = ReaderState{Frontier::at(5), 99, 0, {}};
+  readers.readers["c-x"] = ReaderState{Frontier::at(2), 0, 0, {}};
   afters.push_back(readers);
   ShardState producers = before;  // producers come, move on and expire
   producers.producers["new"] = ProducerState{0, 44, 2000};
@@ -515,7 +516,7 @@ TEST(StateTest, OwnersIncarnationsAndTombstonesRoundTrip) {
   // A sink's hold (a critical reader) refuses the delete, naming it,
   // unless forced.
   ShardState held = after;
-  held.readers["c-sink-x"] = ReaderState{Frontier::at(1), 0};
+  held.readers["c-sink-x"] = ReaderState{Frontier::at(1), 0, 0, {}};
   auto no = bury(held, false);
   ASSERT_FALSE(no);
   EXPECT_EQ(no.error().kind, ErrorKind::kHeld);
@@ -956,7 +957,9 @@ TEST_F(ShardTest, SmallAppendsTravelInlineWithNoBlobObject) {
   // Each diff carries its append's part: one batch, not the shard.
   auto versions = *consensus_->scan(shard_consensus_key("orders"), 0, 100);
   for (const VersionedData& v : versions) {
-    if (!is_full_version(v.data)) EXPECT_LT(v.data.size(), 300u + 4096u);
+    if (!is_full_version(v.data)) {
+      EXPECT_LT(v.data.size(), 300u + 4096u);
+    }
   }
   auto state = *shard_->inspect();
   EXPECT_EQ(state.batches, 5u);
