@@ -71,6 +71,8 @@ struct ServerOptions {
   // min(32 MiB, memory_limit / 8). Set: at most memory_limit / 4, so one
   // record always fits the requests and appenders pools.
   std::optional<std::uint64_t> max_record_bytes;
+  // Event loops of one thread each; a connection stays on the loop it was
+  // accepted into (the acceptor has a thread of its own besides).
   unsigned io_threads = 2;
   unsigned workers = 4;
   // Open connections at most; one more is answered 503 and closed at once

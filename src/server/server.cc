@@ -23,13 +23,29 @@ AppenderOptions appender_options(const ServerOptions& options) {
   return out;
 }
 
+std::vector<std::unique_ptr<Server::Impl::Loop>> make_loops(unsigned count) {
+  std::vector<std::unique_ptr<Server::Impl::Loop>> loops;
+  for (unsigned i = 0; i < count; ++i) loops.push_back(std::make_unique<Server::Impl::Loop>());
+  return loops;
+}
+
+// Ends every loop's run() and joins the threads (each runs one loop).
+void stop_loops(Server::Impl& impl) {
+  for (auto& loop : impl.loops) loop->work.reset();
+  impl.accept_loop.work.reset();
+  for (auto& loop : impl.loops) loop->context.stop();
+  impl.accept_loop.context.stop();
+  for (auto& t : impl.threads) t.join();
+  impl.threads.clear();
+}
+
 }  // namespace
 
 Server::Impl::Impl(std::shared_ptr<Client> c, ServerOptions o)
     : client(std::move(c)),
       options(std::move(o)),
-      ioc(static_cast<int>(options.io_threads)),
-      acceptor(net::make_strand(ioc)),
+      loops(make_loops(options.io_threads)),
+      acceptor(net::make_strand(accept_loop.context)),
       workers(options.workers),
       root(MemoryPool::create("server", options.memory_limit)),
       requests(root->child("requests", options.memory_limit / 4)),
@@ -119,8 +135,9 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
   }
   // The I/O threads before the first accept, so that a server with none
   // leaves no handler behind. Fewer than asked for still serve.
-  for (unsigned i = 0; i < impl->options.io_threads; ++i) {
-    auto thread = start_thread("the server's connections", [impl] { impl->ioc.run(); });
+  for (auto& loop : impl->loops) {
+    auto thread =
+        start_thread("the server's connections", [impl, raw = loop.get()] { raw->context.run(); });
     if (!thread) {
       if (impl->threads.empty()) return std::unexpected(thread.error());
       std::fprintf(stderr, "tidemark: warning: %s; serving with %zu I/O threads\n",
@@ -129,6 +146,14 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     }
     impl->threads.push_back(std::move(*thread));
   }
+  impl->serving_loops = impl->threads.size();
+  auto accepting =
+      start_thread("the server's acceptor", [impl] { impl->accept_loop.context.run(); });
+  if (!accepting) {
+    stop_loops(*impl);
+    return std::unexpected(accepting.error());
+  }
+  impl->threads.push_back(std::move(*accepting));
   if (impl->options.idle_close.count() > 0) {
     const auto every = std::max(impl->options.idle_close / 4, std::chrono::milliseconds(50));
     if (auto started = impl->idle_sweeper.start(every,
@@ -185,9 +210,7 @@ void Server::stop(std::chrono::milliseconds grace) {
     if (Clock::now() > deadline) break;
   }
   for (const auto& [name, a] : appenders) a->close();
-  impl.io_work.reset();
-  impl.ioc.stop();
-  for (auto& t : impl.threads) t.join();
+  stop_loops(impl);
   impl.workers.join();
   {
     std::lock_guard lock(impl.stop_mutex);

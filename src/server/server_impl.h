@@ -67,12 +67,29 @@ struct Server::Impl {
   ServerOptions options;
   // options.allowed_s3_endpoints and allowed_kafka_brokers, parsed.
   DestinationAllowList allowed_destinations;
-  net::io_context ioc;
-  // Keeps ioc.run() going while nothing is pending on a socket: an append
-  // waiting for its commit has no asio operation outstanding, and once the
-  // acceptor closes (stop) the I/O threads would return with its answer
-  // still to be posted. Reset by stop() after the requests in flight.
-  net::executor_work_guard<net::io_context::executor_type> io_work = net::make_work_guard(ioc);
+  // An event loop of one thread. Each connection stays on the loop it was
+  // accepted into, so the thread that answers a request is the one that
+  // reads the next: at one client no other thread is woken per request
+  // (two I/O threads sharing one io_context woke each other for every
+  // request, 0.04 ms a request on this VM; docs/benchmarks.md).
+  struct Loop {
+    net::io_context context{1};
+    // Keeps run() going while nothing is pending on a socket: an append
+    // waiting for its commit has no asio operation outstanding, and once
+    // the acceptor closes (stop) the thread would return with its answer
+    // still to be posted. Reset by stop() after the requests in flight.
+    net::executor_work_guard<net::io_context::executor_type> work = net::make_work_guard(context);
+    std::atomic<std::size_t> connections{0};  // sessions on this loop
+    std::atomic<bool> committing{false};      // its thread commits here (appends.cc)
+  };
+  // The connections' loops, options.io_threads of them; the first
+  // `serving_loops` have a thread (set before the first accept).
+  std::vector<std::unique_ptr<Loop>> loops;
+  std::size_t serving_loops = 0;
+  std::atomic<std::size_t> next_loop{0};
+  // The acceptor's own loop and thread: a connection's loop may be held
+  // by a commit, accepting never is.
+  Loop accept_loop;
   tcp::acceptor acceptor;
   net::thread_pool workers;
   std::vector<std::thread> threads;
@@ -115,6 +132,9 @@ struct Server::Impl {
 
   // Accepts connections until the acceptor closes (session.cc).
   void accept();
+  // The loop for a new connection: the serving loops in turn, passing over
+  // one whose thread is in a commit while another is free.
+  Loop& pick_loop();
 
   // Runs shards.close_idle(). Last: stopped (destroyed) before what it closes.
   PeriodicTask idle_sweeper;

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -87,9 +88,10 @@ Chunk new_chunk(std::size_t size) {
   return Chunk(new char[size], ChunkDelete{size});
 }
 
-Session::Session(StrandSocket socket, Server::Impl* server)
-    : socket_(std::move(socket)), io_timer_(socket_.get_executor()), server_(server) {
+Session::Session(StrandSocket socket, Server::Impl* server, Server::Impl::Loop* loop)
+    : socket_(std::move(socket)), io_timer_(socket_.get_executor()), server_(server), loop_(loop) {
   server_->connections.fetch_add(1);
+  loop_->connections.fetch_add(1);
   // Answers are written at once where the socket takes them (respond).
   beast::error_code ignored;
   socket_.non_blocking(true, ignored);
@@ -102,6 +104,7 @@ Session::~Session() {
   }
   end_request();
   server_->connections.fetch_sub(1);
+  loop_->connections.fetch_sub(1);
 }
 
 void Session::start() {
@@ -670,9 +673,39 @@ void Session::arm_io_timer() {
   });
 }
 
+Server::Impl::Loop& Server::Impl::pick_loop() {
+  const std::size_t first = next_loop.fetch_add(1) % serving_loops;
+  for (std::size_t i = 0; i < serving_loops; ++i) {
+    Loop& loop = *loops[(first + i) % serving_loops];
+    if (!loop.committing.load()) return loop;
+  }
+  return *loops[first];
+}
+
 void Server::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, StrandSocket socket) {
+  // Accepted on the acceptor's loop, then moved to the loop picked as the
+  // connection arrives (not when the accept began: a loop may have begun
+  // a commit since).
+  acceptor.async_accept([this](beast::error_code ec, tcp::socket accepted) {
     if (!acceptor.is_open()) return;
+    Loop& loop = pick_loop();
+    StrandSocket socket(net::make_strand(loop.context));
+    if (!ec) {
+      const auto protocol = accepted.local_endpoint(ec).protocol();
+      if (!ec) {
+        // On failure `accepted` still holds the descriptor, and closes it.
+        const auto handle = accepted.release(ec);
+        if (!ec) {
+          socket.assign(protocol, handle, ec);
+          if (ec) ::close(handle);
+        }
+      }
+      if (ec) {
+        // The connection is lost (its peer gone, say), not the acceptor.
+        accept();
+        return;
+      }
+    }
     if (ec) {
       const bool first = !accept_retry;
       if (first) accept_retry.emplace(kAcceptRetry);
@@ -693,7 +726,7 @@ void Server::Impl::accept() {
     if (limit > 0 && connections.load() >= limit) {
       refuse_connection(std::move(socket), limit);
     } else {
-      std::make_shared<Session>(std::move(socket), this)->start();
+      std::make_shared<Session>(std::move(socket), this, &loop)->start();
     }
     accept();
   });

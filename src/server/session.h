@@ -71,7 +71,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // run them, and handlers still queued are destroyed with its io_context.
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
-  Session(StrandSocket socket, Server::Impl* server);
+  // REQUIRES: `socket` runs on `loop`, which outlives the session.
+  Session(StrandSocket socket, Server::Impl* server, Server::Impl::Loop* loop);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -213,6 +214,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t io_timer_arms_ = 0;
   Clock::time_point io_deadline_;
   Server::Impl* server_;
+  Server::Impl::Loop* loop_;  // the loop the connection runs on
   beast::flat_buffer buffer_{Server::kHeaderLimitBytes};
   std::optional<Parser> parser_;
   bool keep_alive_ = false;
