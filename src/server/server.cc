@@ -133,6 +133,17 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
     std::fprintf(stderr, "tidemark: warning: resuming the stored sinks: %s\n",
                  resumed.error().message.c_str());
   }
+  // Each loop's reactor (an epoll descriptor and an eventfd) now: asio
+  // makes it with the loop's first socket, and a connection accepted when
+  // descriptors have run out would otherwise throw on a thread that
+  // cannot catch it.
+  for (auto& loop : impl->loops) {
+    try {
+      StrandSocket first(net::make_strand(loop->context));
+    } catch (const boost::system::system_error& error) {
+      return determinate(std::string("cannot start the server's event loops: ") + error.what());
+    }
+  }
   // The I/O threads before the first accept, so that a server with none
   // leaves no handler behind. Fewer than asked for still serve.
   for (auto& loop : impl->loops) {

@@ -71,16 +71,18 @@ struct Server::Impl {
   // accepted into, so the thread that answers a request is the one that
   // reads the next: at one client no other thread is woken per request
   // (two I/O threads sharing one io_context woke each other for every
-  // request, 0.04 ms a request on this VM; docs/benchmarks.md).
+  // request, 0.04-0.07 ms a request on this VM; docs/benchmarks.md).
   struct Loop {
+    // Before the context: the sessions its destruction destroys still
+    // count themselves out.
+    std::atomic<std::size_t> connections{0};  // sessions on this loop
+    std::atomic<bool> committing{false};      // its thread commits here (appends.cc)
     net::io_context context{1};
     // Keeps run() going while nothing is pending on a socket: an append
     // waiting for its commit has no asio operation outstanding, and once
     // the acceptor closes (stop) the thread would return with its answer
     // still to be posted. Reset by stop() after the requests in flight.
     net::executor_work_guard<net::io_context::executor_type> work = net::make_work_guard(context);
-    std::atomic<std::size_t> connections{0};  // sessions on this loop
-    std::atomic<bool> committing{false};      // its thread commits here (appends.cc)
   };
   // The connections' loops, options.io_threads of them; the first
   // `serving_loops` have a thread (set before the first accept).

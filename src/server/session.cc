@@ -688,6 +688,8 @@ void Server::Impl::accept() {
   // a commit since).
   acceptor.async_accept([this](beast::error_code ec, tcp::socket accepted) {
     if (!acceptor.is_open()) return;
+    // (Every loop's reactor exists: Server::start made it, so this socket
+    // needs no descriptor of its own.)
     Loop& loop = pick_loop();
     StrandSocket socket(net::make_strand(loop.context));
     if (!ec) {
