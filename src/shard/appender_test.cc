@@ -342,8 +342,9 @@ TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
     std::vector<CommitToken> tokens;
     for (int i = 0; i < 500; ++i) {
       tokens.push_back(*sender.enqueue_with_token(record(i)));
-      if (i % 10 == 9)
+      if (i % 10 == 9) {
         ASSERT_TRUE(tokens.back().wait()) << tokens.back().wait().error().to_string();
+      }
     }
     for (const CommitToken& token : tokens)
       ASSERT_TRUE(token.wait()) << token.wait().error().to_string();

@@ -615,7 +615,9 @@ TEST_F(MergeRunTest, BlocksAreChargedToTheReadsMemory) {
       if (!*update) break;
       ++rows;
       // The huge block is held while its update is the current one.
-      if ((*update)->key == "m") EXPECT_GE(pool->used(), huge.size());
+      if ((*update)->key == "m") {
+        EXPECT_GE(pool->used(), huge.size());
+      }
     }
     EXPECT_EQ(rows, 41u);
     EXPECT_GE(pool->stats().peak_used, huge.size());

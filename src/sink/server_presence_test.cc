@@ -78,7 +78,9 @@ TEST(ServerPresence, ServersSeeOneAnotherWhileTheyWrite) {
   ASSERT_TRUE(seen);
   ASSERT_EQ(seen->size(), 2u);
   for (const auto& s : *seen) {
-    if (s.owner == "a") EXPECT_EQ(s.sinks, 1u);
+    if (s.owner == "a") {
+      EXPECT_EQ(s.sinks, 1u);
+    }
   }
   // b stops writing: not live past kPresenceLiveFor, still in the record.
   const std::uint64_t later = kNow + 1'000 + kPresenceLiveFor.count() + 1;
