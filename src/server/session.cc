@@ -69,6 +69,20 @@ void refuse_connection(StrandSocket socket, std::size_t limit) {
   });
 }
 
+// Moves an accepted connection's descriptor into `to`: false when it is
+// lost on the way (its peer gone, say), closed then.
+bool move_connection(tcp::socket& accepted, StrandSocket& to) {
+  beast::error_code ec;
+  const auto protocol = accepted.local_endpoint(ec).protocol();
+  if (ec) return false;
+  // On failure `accepted` still holds the descriptor, and closes it.
+  const auto handle = accepted.release(ec);
+  if (ec) return false;
+  to.assign(protocol, handle, ec);
+  if (ec) ::close(handle);
+  return !ec;
+}
+
 }  // namespace
 
 void ChunkDelete::operator()(char* chunk) const {
@@ -688,26 +702,6 @@ void Server::Impl::accept() {
   // a commit since).
   acceptor.async_accept([this](beast::error_code ec, tcp::socket accepted) {
     if (!acceptor.is_open()) return;
-    // (Every loop's reactor exists: Server::start made it, so this socket
-    // needs no descriptor of its own.)
-    Loop& loop = pick_loop();
-    StrandSocket socket(net::make_strand(loop.context));
-    if (!ec) {
-      const auto protocol = accepted.local_endpoint(ec).protocol();
-      if (!ec) {
-        // On failure `accepted` still holds the descriptor, and closes it.
-        const auto handle = accepted.release(ec);
-        if (!ec) {
-          socket.assign(protocol, handle, ec);
-          if (ec) ::close(handle);
-        }
-      }
-      if (ec) {
-        // The connection is lost (its peer gone, say), not the acceptor.
-        accept();
-        return;
-      }
-    }
     if (ec) {
       const bool first = !accept_retry;
       if (first) accept_retry.emplace(kAcceptRetry);
@@ -724,11 +718,17 @@ void Server::Impl::accept() {
       return;
     }
     accept_retry.reset();
-    const std::size_t limit = options.max_connections;
-    if (limit > 0 && connections.load() >= limit) {
-      refuse_connection(std::move(socket), limit);
-    } else {
-      std::make_shared<Session>(std::move(socket), this, &loop)->start();
+    // (Every loop's reactor exists: Server::start made it, so this socket
+    // needs no descriptor of its own.)
+    Loop& loop = pick_loop();
+    StrandSocket socket(net::make_strand(loop.context));
+    if (move_connection(accepted, socket)) {
+      const std::size_t limit = options.max_connections;
+      if (limit > 0 && connections.load() >= limit) {
+        refuse_connection(std::move(socket), limit);
+      } else {
+        std::make_shared<Session>(std::move(socket), this, &loop)->start();
+      }
     }
     accept();
   });
