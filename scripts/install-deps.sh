@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libzstd-dev libxxhash-dev libsqlite3-dev librdkafka-dev libboost-dev
+  libjemalloc-dev  # the tidemark binary's allocator (CMakeLists.txt, TIDEMARK_JEMALLOC)
   libgtest-dev curl wrk
   libpq-dev libcurl4-openssl-dev libssl-dev
   postgresql

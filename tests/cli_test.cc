@@ -576,6 +576,22 @@ TEST_F(CliTest, ReadingCommandsNeverCreateTheDataDirectory) {
   EXPECT_EQ(tidemark(data + "shard list").out, "s\n");
 }
 
+// --version names the binary's allocator as the allocator itself reports
+// it. With jemalloc, its pages must go back to the kernel when freed (no
+// decay): the memory caps of the bounded-memory scenarios depend on it,
+// and a malloc_conf that did not take would leave jemalloc's 10 s default.
+TEST_F(CliTest, VersionNamesTheAllocator) {
+  Outcome version = tidemark("--version");
+  ASSERT_EQ(version.status, 0);
+#ifdef TIDEMARK_JEMALLOC
+  EXPECT_NE(version.out.find("\nallocator: jemalloc 5."), std::string::npos) << version.out;
+  EXPECT_NE(version.out.find("(dirty_decay_ms 0, muzzy_decay_ms 0)"), std::string::npos)
+      << version.out;
+#else
+  EXPECT_NE(version.out.find("\nallocator: glibc malloc"), std::string::npos) << version.out;
+#endif
+}
+
 // help, --help on every command and --version answer on stdout with exit
 // 0, run nothing and create nothing; an unknown command's help is exit 2.
 TEST_F(CliTest, EveryCommandExplainsItself) {

@@ -31,7 +31,9 @@
 // the date, for scripts/plots.py.
 //
 // Memory: per client thread a fixed latency histogram (kBuckets counters);
-// the systems' own.
+// the systems' own. The process's allocator is the tidemark binary's
+// (jemalloc, where the build links it), so RocksDB and SQLite in this
+// process run on it too.
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
@@ -68,6 +70,14 @@
 #include "tidemark/client.h"
 #include "util/json.h"
 #include "util/process_identity.h"
+
+#ifdef TIDEMARK_JEMALLOC
+// As the tidemark binary (src/cli/main.cc): jemalloc, its freed pages
+// returned at once, for the Appender and the in-process peers alike.
+extern "C" {
+const char* malloc_conf = "dirty_decay_ms:0,muzzy_decay_ms:0";
+}
+#endif
 
 extern char** environ;
 

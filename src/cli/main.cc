@@ -11,6 +11,22 @@
 #include "cli/cli.h"
 #include "tidemark/version.h"
 
+#ifdef TIDEMARK_JEMALLOC
+// The binary's allocator is jemalloc (CMakeLists.txt, TIDEMARK_JEMALLOC),
+// which reads this at its start; MALLOC_CONF in the environment overrides
+// it. A freed page goes back to the kernel at once (no decay), so RSS
+// follows what the heap holds, as the memory caps need: with jemalloc's
+// default of 10 s, the bounded-memory scenarios' servers went past their
+// 128 MiB caps (up to 143.5 MiB, OOM-killed), and with 0 each stayed under
+// (docs/benchmarks.md, "The allocator").
+extern "C" {
+const char* malloc_conf = "dirty_decay_ms:0,muzzy_decay_ms:0";
+// jemalloc's control interface (jemalloc/jemalloc.h, whose declarations of
+// malloc and free would clash with glibc's).
+int mallctl(const char* name, void* old, std::size_t* old_size, void* value, std::size_t size);
+}
+#endif
+
 namespace {
 
 constexpr const char* kUsage =
@@ -50,6 +66,26 @@ s3:// URLs take credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY.
 Exit status: 0 ok, 1 error, 2 usage, 3 upper mismatch.
 )";
 
+#ifdef TIDEMARK_JEMALLOC
+// What --version says of the allocator: jemalloc's version and its decay
+// settings as jemalloc itself reports them (so a build where the setting
+// above did not take says so).
+std::string allocator_line() {
+  const char* version = nullptr;
+  ssize_t dirty = -2, muzzy = -2;
+  std::size_t size = sizeof version;
+  mallctl("version", &version, &size, nullptr, 0);
+  size = sizeof dirty;
+  mallctl("opt.dirty_decay_ms", &dirty, &size, nullptr, 0);
+  size = sizeof muzzy;
+  mallctl("opt.muzzy_decay_ms", &muzzy, &size, nullptr, 0);
+  return std::string("allocator: jemalloc ") + (version ? version : "?") + " (dirty_decay_ms " +
+         std::to_string(dirty) + ", muzzy_decay_ms " + std::to_string(muzzy) + ")";
+}
+
+void tune_malloc() {}
+#else
+// Built without jemalloc (the sanitizers' builds, or -DTIDEMARK_JEMALLOC=OFF):
 // glibc's malloc keeps what is freed for reuse, and by default that keeps
 // huge records from the kernel: an allocation of at least M_MMAP_THRESHOLD
 // is mmap'd and goes back on free, but each such free raises the threshold
@@ -68,6 +104,11 @@ void tune_malloc() {
   mallopt(M_MMAP_THRESHOLD, 8 << 20);
   mallopt(M_ARENA_MAX, 2);
 }
+
+std::string allocator_line() {
+  return "allocator: glibc malloc (M_MMAP_THRESHOLD 8 MiB, M_ARENA_MAX 2)";
+}
+#endif
 
 }  // namespace
 
@@ -138,7 +179,7 @@ int main(int argc, char** argv) {
   std::string command = rest.front();
   rest.erase(rest.begin());
   if (command == "--version" || command == "version") {
-    std::printf("tidemark %s\n", tidemark::version());
+    std::printf("tidemark %s\n%s\n", tidemark::version(), allocator_line().c_str());
     return kExitOk;
   }
   if (command == "help") {
