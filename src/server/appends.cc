@@ -12,7 +12,7 @@
 //     commits them.
 // The answer waits for the commit (server.h states the contract).
 //
-// Thread-safety: runs on the session's strand; an explicit append's parsing
+// Thread-safety: runs on the session's loop; an explicit append's parsing
 // and commit run on a worker (never two at once for one session), and its
 // shard's commits are one at a time (SharedWriter::mu).
 //
@@ -566,7 +566,7 @@ void Session::finish_managed() {
   const auto started = enqueued_at_.value_or(Clock::now());
   if (auto outcome = last_token_->poll()) {
     // Committed by this thread as it enqueued (enqueue_group): answered
-    // here, with no hop through the strand's queue.
+    // here, with no hop through the loop's queue.
     server_->metrics.commit_latency().observe(
         std::chrono::duration<double>(Clock::now() - started).count());
     return answer_managed(*outcome);

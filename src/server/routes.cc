@@ -4,7 +4,7 @@
 // /metrics, /healthz and the console). Appends (appends.cc) and streams
 // (streams.cc) are routed here and handled there.
 //
-// Thread-safety: runs on the session's strand; what blocks (consensus and
+// Thread-safety: runs on the session's loop; what blocks (consensus and
 // blob calls, the sinks) runs on a worker through blocking().
 //
 // Memory: a non-append body is read whole, at most

@@ -45,7 +45,7 @@ Server::Impl::Impl(std::shared_ptr<Client> c, ServerOptions o)
     : client(std::move(c)),
       options(std::move(o)),
       loops(make_loops(options.io_threads)),
-      acceptor(net::make_strand(accept_loop.context)),
+      acceptor(accept_loop.context.get_executor()),
       workers(options.workers),
       root(MemoryPool::create("server", options.memory_limit)),
       requests(root->child("requests", options.memory_limit / 4)),
@@ -139,7 +139,7 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<Client> client,
   // cannot catch it.
   for (auto& loop : impl->loops) {
     try {
-      StrandSocket first(net::make_strand(loop->context));
+      LoopSocket first(loop->context.get_executor());
     } catch (const boost::system::system_error& error) {
       return determinate(std::string("cannot start the server's event loops: ") + error.what());
     }
@@ -188,7 +188,7 @@ std::uint16_t Server::port() const {
 void Server::stop(std::chrono::milliseconds grace) {
   Impl& impl = *impl_;
   if (impl.stopping.exchange(true)) return;
-  // The acceptor lives on its own strand: close it there.
+  // The acceptor lives on its own loop: close it there.
   net::post(impl.acceptor.get_executor(), [&impl] {
     beast::error_code ec;
     impl.acceptor.close(ec);

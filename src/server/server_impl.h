@@ -17,7 +17,7 @@
 // Thread-safety: the atomics and the members that are safe for concurrent
 // use (shards, sinks, metrics, the pools) are used from every thread; the
 // rest is set in Server::start before the I/O threads start, or used by
-// the acceptor's strand alone, or by Server::stop.
+// the acceptor's loop alone, or by Server::stop.
 #pragma once
 
 #include <atomic>
@@ -118,7 +118,7 @@ struct Server::Impl {
                                             std::chrono::milliseconds(1000),
                                             std::numeric_limits<int>::max(),
                                             {}};
-  std::optional<Backoff> accept_retry;  // used by the acceptor's strand only
+  std::optional<Backoff> accept_retry;  // used by the acceptor's loop only
   std::optional<net::steady_timer> accept_timer;
   std::atomic<bool> stopping{false};
   // Listen streams waiting for a change between fills: stop() wakes them,

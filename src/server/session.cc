@@ -3,7 +3,7 @@
 // answering, the connection's time limit and closing; and the accept loop
 // that starts sessions (Server::Impl::accept).
 //
-// Thread-safety: a session's methods run on its strand; the chunk cache is
+// Thread-safety: a session's methods run on its loop; the chunk cache is
 // per thread.
 //
 // Memory: per connection its header buffer and, while a body is read, one
@@ -54,8 +54,8 @@ constexpr std::chrono::seconds kEvictIdleHolderAfter{2};
 constexpr std::chrono::seconds kHoldingWait{5};
 
 // One connection over max_connections: told so and closed.
-void refuse_connection(StrandSocket socket, std::size_t limit) {
-  auto stream = std::make_shared<StrandSocket>(std::move(socket));
+void refuse_connection(LoopSocket socket, std::size_t limit) {
+  auto stream = std::make_shared<LoopSocket>(std::move(socket));
   const std::string body = "{\"error\":\"the server has " + std::to_string(limit) +
                            " connections open, its limit: try again later\"}\n";
   auto answer = std::make_shared<std::string>(
@@ -71,7 +71,7 @@ void refuse_connection(StrandSocket socket, std::size_t limit) {
 
 // Moves an accepted connection's descriptor into `to`: false when it is
 // lost on the way (its peer gone, say), closed then.
-bool move_connection(tcp::socket& accepted, StrandSocket& to) {
+bool move_connection(tcp::socket& accepted, LoopSocket& to) {
   beast::error_code ec;
   const auto protocol = accepted.local_endpoint(ec).protocol();
   if (ec) return false;
@@ -102,7 +102,7 @@ Chunk new_chunk(std::size_t size) {
   return Chunk(new char[size], ChunkDelete{size});
 }
 
-Session::Session(StrandSocket socket, Server::Impl* server, Server::Impl::Loop* loop)
+Session::Session(LoopSocket socket, Server::Impl* server, Server::Impl::Loop* loop)
     : socket_(std::move(socket)), io_timer_(socket_.get_executor()), server_(server), loop_(loop) {
   server_->connections.fetch_add(1);
   loop_->connections.fetch_add(1);
@@ -653,7 +653,7 @@ void Session::end_request() {
 // it fires, closes the socket if the operation pending is past its
 // deadline, and otherwise sleeps until the current one. (Beast's
 // basic_stream armed and cancelled a timer per operation: two changes
-// to the timer queue and a cancelled handler run through the strand for
+// to the timer queue and a cancelled handler run through the loop for
 // every read and write.) Waits on the client's pace have their own timer
 // (begin_client_wait).
 void Session::begin_io(Clock::duration limit) {
@@ -721,7 +721,7 @@ void Server::Impl::accept() {
     // (Every loop's reactor exists: Server::start made it, so this socket
     // needs no descriptor of its own.)
     Loop& loop = pick_loop();
-    StrandSocket socket(net::make_strand(loop.context));
+    LoopSocket socket(loop.context.get_executor());
     if (move_connection(accepted, socket)) {
       const std::size_t limit = options.max_connections;
       if (limit > 0 && connections.load() >= limit) {

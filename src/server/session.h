@@ -8,9 +8,9 @@
 //   appends.cc   POST .../append, managed and explicit
 //   streams.cc   snapshot and listen, streamed as NDJSON chunks
 //
-// Thread-safety: a session runs on its connection's strand; work that
-// blocks runs on the server's workers (blocking()) and posts its result
-// back to the strand, which starts nothing else on the session meanwhile
+// Thread-safety: a session runs on its connection's loop (one thread);
+// work that blocks runs on the server's workers (blocking()) and posts its
+// result back to the loop, which starts nothing else on the session meanwhile
 // (an explicit append's lines are parsed there, a stream's chunk filled).
 // A handler holds the session (shared_from_this) for as long as it is
 // queued, so a session ends when its last one does.
@@ -44,9 +44,14 @@
 
 namespace tidemark {
 
-using Strand = net::strand<net::io_context::executor_type>;
-using StrandSocket = tcp::socket::rebind_executor<Strand>::other;
-using StrandTimer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Strand>;
+// A connection's executor: its loop's io_context, which one thread runs
+// (Server::Impl::Loop), so a session's handlers never run at once. That
+// is what a strand would guarantee; a strand also took a lock and queued
+// every operation (without it, 5-15% less server CPU per record at 100
+// and 1,000 clients: docs/benchmarks.md, "Eleventh step").
+using LoopExecutor = net::io_context::executor_type;
+using LoopSocket = tcp::socket::rebind_executor<LoopExecutor>::other;
+using LoopTimer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, LoopExecutor>;
 
 // A body is read through a buffer at least this small.
 inline constexpr std::uint64_t kSmallChunkBytes = 4 << 10;
@@ -72,7 +77,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // (A shared_ptr here would be a cycle: server -> io_context -> queued
   // handler -> session -> server, and nothing would ever be freed.)
   // REQUIRES: `socket` runs on `loop`, which outlives the session.
-  Session(StrandSocket socket, Server::Impl* server, Server::Impl::Loop* loop);
+  Session(LoopSocket socket, Server::Impl* server, Server::Impl::Loop* loop);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -199,16 +204,16 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_stream();
   void watch_peer();
   // A listen stream's listener may have something new: fill the next
-  // chunk now rather than at the fallback timer (on the strand).
+  // chunk now rather than at the fallback timer (on the loop).
   void wake_stream();
   enum class Peer : std::uint8_t { kQuiet, kSent, kGone };
   Peer peek_peer();
 
   // --- the connection ------------------------------------------------------
-  // A concrete strand, not asio's type-erased executor: copying that one
+  // A concrete executor, not asio's type-erased one: copying that one
   // costs an allocation or reference counts on every operation.
-  StrandSocket socket_;
-  StrandTimer io_timer_;
+  LoopSocket socket_;
+  LoopTimer io_timer_;
   bool io_timer_armed_ = false;
   bool io_pending_ = false;
   std::uint64_t io_timer_arms_ = 0;
@@ -226,7 +231,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // every kListenFallback (every 50 ms without wakes).
   bool stream_wakes_ = false;
   bool stream_woken_ = false;
-  std::optional<StrandTimer> stream_timer_;
+  std::optional<LoopTimer> stream_timer_;
   bool stream_waiting_ = false;  // registered in server_->waiting_streams
 
   // --- the request ---------------------------------------------------------

@@ -1,13 +1,13 @@
 // Session's streams (session.h): GET .../snapshot and .../listen, written as
 // NDJSON with chunked transfer. A worker fills one chunk from the snapshot
-// cursor or the listener's poll(), the strand writes it, and only then is
+// cursor or the listener's poll(), the loop writes it, and only then is
 // the next one filled, so a slow reader holds back only its own stream. A
 // stream that ends early says so in its last line, with the query that
 // resumes it (StreamPosition). While a stream runs, the connection is
 // watched for its client leaving (watch_peer).
 //
 // Thread-safety: the fill runs on a worker, the writes on the session's
-// strand, never at once (the next chunk is filled once the last is
+// loop, never at once (the next chunk is filled once the last is
 // written); a StreamPosition is shared by both, under its mutex.
 //
 // Memory: one chunk of about Server::kStreamChunkBytes per stream (a row
@@ -315,7 +315,7 @@ void Session::listen() {
           }
         }
         auto source = opened->listener;
-        // Woken by the listener's change subscription (on this strand),
+        // Woken by the listener's change subscription (on this loop),
         // the stream fills its next chunk at once.
         self->stream_wakes_ = source->set_wake([weak = std::weak_ptr<Session>(self)] {
           if (auto session = weak.lock()) session->post_wake();
