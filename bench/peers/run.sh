@@ -87,8 +87,12 @@ trap stop EXIT
 trap "exit 130" INT
 trap "exit 143" TERM
 
+# The ports are below Linux's ephemeral range (32768-60999 by default):
+# one inside it can be held by a client socket of some other program,
+# which a connect probe does not see and which makes the bind fail
+# (PostgreSQL at 56432 did, once, right after the test suite).
 # PostgreSQL: its own cluster, durable per commit (the defaults, stated).
-pg_port=$(free_port 56432)
+pg_port=$(free_port 26432)
 "${as_pg[@]}" "$pg_bin/initdb" -D "$work/pg" -U peers --auth=trust >"$work/initdb.log" 2>&1 ||
   { cat "$work/initdb.log" >&2; exit 1; }
 "${as_pg[@]}" "$pg_bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w -t 60 \
@@ -97,7 +101,7 @@ pg_port=$(free_port 56432)
   { cat "$work/pg.log" >&2; exit 1; }
 
 # Redis: append-only file synced before each command is answered.
-redis_port=$(free_port 56379)
+redis_port=$(free_port 26379)
 mkdir -p "$work/redis"
 chmod 777 "$work/redis"
 redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work/redis" --save "" \
