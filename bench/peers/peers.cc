@@ -68,14 +68,15 @@
 
 #include "tidemark/appender.h"
 #include "tidemark/client.h"
+#include "util/jemalloc_conf.h"
 #include "util/json.h"
 #include "util/process_identity.h"
 
 #ifdef TIDEMARK_JEMALLOC
-// As the tidemark binary (src/cli/main.cc): jemalloc, its freed pages
-// returned at once, for the Appender and the in-process peers alike.
+// As the tidemark binary (src/cli/main.cc): jemalloc with its settings,
+// for the Appender and the in-process peers alike.
 extern "C" {
-const char* malloc_conf = "dirty_decay_ms:0,muzzy_decay_ms:0";
+const char* malloc_conf = tidemark::kJemallocConf;
 }
 #endif
 

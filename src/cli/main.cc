@@ -10,17 +10,13 @@
 
 #include "cli/cli.h"
 #include "tidemark/version.h"
+#include "util/jemalloc_conf.h"
 
 #ifdef TIDEMARK_JEMALLOC
-// The binary's allocator is jemalloc (CMakeLists.txt, TIDEMARK_JEMALLOC),
-// which reads this at its start; MALLOC_CONF in the environment overrides
-// it. A freed page goes back to the kernel at once (no decay), so RSS
-// follows what the heap holds, as the memory caps need: with jemalloc's
-// default of 10 s, the bounded-memory scenarios' servers went past their
-// 128 MiB caps (up to 143.5 MiB, OOM-killed), and with 0 each stayed under
-// (docs/benchmarks.md, "The allocator").
+// The binary's allocator is jemalloc, which reads this at its start
+// (util/jemalloc_conf.h says why these settings).
 extern "C" {
-const char* malloc_conf = "dirty_decay_ms:0,muzzy_decay_ms:0";
+const char* malloc_conf = tidemark::kJemallocConf;
 // jemalloc's control interface (jemalloc/jemalloc.h, whose declarations of
 // malloc and free would clash with glibc's).
 int mallctl(const char* name, void* old, std::size_t* old_size, void* value, std::size_t size);
