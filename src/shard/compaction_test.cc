@@ -94,7 +94,7 @@ TEST(SpineTest, TenThousandAppendsLeaveLogarithmicallyManyBatches) {
     const std::size_t batches = simulate_spine(sizes, &rewritten);
     // Sizes at least double from the newest batch back, plus a tail of
     // small batches waiting for a merge wide enough.
-    const double bound = std::log(10'000.0) / std::log(2.0) + 2 + kSpineMinMergeBatches;
+    const double bound = std::log2(10'000.0) + 2 + kSpineMinMergeBatches;
     EXPECT_LE(batches, static_cast<std::size_t>(bound)) << "batch size " << size;
     // Each byte is rewritten O(log n) times, not O(n), and under log2(n)
     // (about 13): the merges that grew the oldest batch by only 1.5x
