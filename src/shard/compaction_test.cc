@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -154,6 +156,44 @@ TEST(SpineTest, WideLooseBatchesAreMergedBeforeTheWriteStall) {
   std::size_t left = 0;
   for (std::size_t i = 0; i < request->begin; ++i) left += state.batches[i].parts.size();
   EXPECT_LE(left + 1, kSpineMaxReadInputs / 2);
+}
+
+// While the compactor merges the oldest batches, the batches appended
+// meanwhile form a spine of their own: next_merge from `first` never
+// reaches below it, and asks for what that spine alone needs.
+TEST(SpineTest, AMergeInFlightLeavesTheTailItsOwnSpine) {
+  ShardState state;
+  state.name = "s";
+  for (Time t = 0; t < kSpineMinMergeBatches; ++t) {
+    state.batches.push_back(batch_of_size(t, t + 1, 100));
+  }
+  // The whole spine: one merge of all of them (wide enough).
+  auto whole = next_merge(state);
+  ASSERT_TRUE(whole);
+  EXPECT_EQ(whole->begin, 0u);
+  // The merge in flight took the first three: the five above are too
+  // few and too small for a merge of their own.
+  const std::size_t first = first_batch_from(state, Frontier::at(3));
+  ASSERT_EQ(first, 3u);
+  EXPECT_FALSE(next_merge(state, kNoInlineDrain, first));
+  for (Time t = kSpineMinMergeBatches; t < kSpineMinMergeBatches + 3; ++t) {
+    state.batches.push_back(batch_of_size(t, t + 1, 100));
+  }
+  auto tail = next_merge(state, kNoInlineDrain, first);
+  ASSERT_TRUE(tail);
+  EXPECT_EQ(tail->begin, first);
+  EXPECT_EQ(tail->end, state.batches.size());
+  EXPECT_EQ(next_merge(state)->begin, 0u);
+  // The bound on read inputs counts every batch, but merges above `first`.
+  for (Time t = kSpineMinMergeBatches + 3; read_inputs(state) <= kSpineMaxReadInputs; ++t) {
+    state.batches.push_back(batch_of_size(t, t + 1, 1 << 20));
+  }
+  auto bounded = next_merge(state, kNoInlineDrain, first);
+  ASSERT_TRUE(bounded);
+  EXPECT_GE(bounded->begin, first);
+  EXPECT_EQ(first_batch_from(state, Frontier::at(1'000'000)), state.batches.size());
+  EXPECT_EQ(first_batch_from(state, Frontier::at(0)), 0u);
+  EXPECT_FALSE(next_merge(state, kNoInlineDrain, state.batches.size()));
 }
 
 TEST(SpineTest, IrregularSizesStayInShape) {
@@ -1012,6 +1052,158 @@ TEST_F(CompactionTest, InlineTailMergesStayWithinTheirPayloadBound) {
   constexpr int kPerAppend = kInlineTailMergePayloadBytes / kValue / kSpineMinMergeBatches + 1;
   EXPECT_EQ(merges_of(kValue, kPerAppend, kSpineMinMergeBatches), 0);
   ASSERT_TRUE(referenced().empty()) << "the large values were not inline: no test";
+}
+
+// An append's inline tail merge leaves the compactor's merge in flight
+// alone and merges the inline batches above it. Before, the merge due
+// from the oldest batch (in the blob store) stopped every inline tail
+// merge until the compactor had landed it.
+TEST_F(CompactionTest, InlineTailMergesAboveTheCompactorsMergeInFlight) {
+  const std::uint64_t inline_max = options_.inline_part_max_bytes;
+  blob_parts_only();
+  const Time kEach = kSpineMinMergeBatches;
+  for (Time t = 0; t < kEach; ++t) append_at(t, {Update{"b" + std::to_string(t), "v", t, 1}});
+  options_.inline_part_max_bytes = inline_max;
+  reopen();
+  for (Time t = kEach; t < 2 * kEach; ++t) {
+    append_at(t, {Update{"i" + std::to_string(t), "v", t, 1}});
+  }
+  ShardContext context;
+  context.name = "s";
+  context.location = Location{blob_, consensus_};
+  context.options = options_;
+  context.machine = std::make_shared<ShardMachine>("s", consensus_, blob_);
+  context.read_blob = blob_;
+  auto state = *context.machine->fetch();
+  ASSERT_EQ(state->batches.size(), 2 * kEach);
+  ASSERT_FALSE(state->batches[0].parts.begin()->is_inline());
+  ASSERT_TRUE(state->batches[kEach].parts.begin()->is_inline());
+
+  ShardState alone = *state;
+  EXPECT_EQ(merge_inline_tail(context, alone, wall_clock_millis()), 0)
+      << "the merge due starts in the blob store: not an inline one";
+
+  // The compactor merges the blob batches: the inline ones above merge.
+  context.begin_merge(state->batches[kEach - 1].desc.upper);
+  ShardState merged = *state;
+  EXPECT_GE(merge_inline_tail(context, merged, wall_clock_millis()), 1);
+  context.end_merge();
+  ASSERT_LT(merged.batches.size(), state->batches.size());
+  for (std::size_t b = 0; b < kEach; ++b) {
+    EXPECT_EQ(merged.batches[b], state->batches[b]) << "the merge in flight lost input " << b;
+  }
+  auto out = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+    s = merged;
+    s.seqno = state->seqno;
+    return TransitionResult::kWrite;
+  });
+  ASSERT_TRUE(out) << out.error().to_string();
+  expect_snapshots_match(*shard_);
+}
+
+// A Blob whose ranged reads of `held` keys wait until released.
+class HeldReadsBlob final : public ForwardingBlob {
+ public:
+  using ForwardingBlob::ForwardingBlob;
+  Result<std::string> get_range(std::string_view key, std::uint64_t offset,
+                                std::uint64_t length) override {
+    {
+      std::unique_lock lock(mu_);
+      if (held_.contains(std::string(key))) {
+        ++waiting_;
+        cv_.notify_all();
+        cv_.wait(lock, [&] { return released_; });
+      }
+    }
+    return ForwardingBlob::get_range(key, offset, length);
+  }
+  void hold(std::set<std::string> keys) {
+    std::lock_guard lock(mu_);
+    held_ = std::move(keys);
+  }
+  // True once a read waits, within `timeout`.
+  bool wait_for_a_held_read(std::chrono::seconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return waiting_ > 0; });
+  }
+  void release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> held_;
+  int waiting_ = 0;
+  bool released_ = false;
+};
+
+// While the background compactor's merge is held (its reads wait), the
+// batches appended meanwhile are merged beside it by a tail pass, and
+// appends that wait for compaction as the appender does (the write stall)
+// find it caught up. Before, nothing merged them until the held merge
+// landed: one input more with every append, until the stall's wait gave
+// up after kStallMaxWait. Blob parts only, so that no inline tail merge
+// helps.
+TEST_F(CompactionTest, ATailPassMergesWhileTheCompactorsMergeIsHeld) {
+  blob_parts_only();
+  const Time kHeld = kSpineMinMergeBatches;
+  for (Time t = 0; t < kHeld; ++t) append_at(t, {Update{"h" + std::to_string(t), "v", t, 1}});
+  const std::set<std::string> held_keys = referenced();
+  auto held = std::make_shared<HeldReadsBlob>(blob_);
+  held->hold(held_keys);
+  struct Release {
+    HeldReadsBlob& blob;
+    ~Release() { blob.release(); }
+  } release_at_the_end{*held};
+  ClientOptions background = options_;
+  background.background_compaction = true;
+  writer_.reset();
+  shard_.reset();
+  client_ = *Client::open(Location{held, consensus_}, background);
+  shard_ = *client_->open_shard("s");
+  writer_ = std::move(*shard_->open_writer());
+  // This append's commit wakes the compactor; its merge takes every batch.
+  append_at(kHeld, {Update{"h" + std::to_string(kHeld), "v", kHeld, 1}});
+  ASSERT_TRUE(held->wait_for_a_held_read(std::chrono::seconds(30)))
+      << "the compactor never started its merge";
+
+  const auto inputs_now = [&] {
+    auto state = ShardMachine("s", consensus_, blob_).fetch();
+    EXPECT_TRUE(state) << state.error().to_string();
+    return state ? read_inputs(**state) : 0;
+  };
+  // Enough appends to pass the stall's bound three times over.
+  const Time kAppends = 3 * kStallReadInputs;
+  std::size_t most = 0;
+  for (Time t = kHeld + 1; t < kHeld + 1 + kAppends; ++t) {
+    (void)writer_->wait_for_compaction();
+    // The wait ends once a read merges at most kStallReadInputs inputs, or
+    // gives up after kStallMaxWait without progress.
+    ASSERT_LE(inputs_now(), kStallReadInputs)
+        << "the wait before append " << t << " gave up: nothing merged the tail";
+    append_at(t, {Update{"k" + std::to_string(t), "v", t, 1}});
+    most = std::max(most, inputs_now());
+  }
+  EXPECT_LE(most, kStallReadInputs + 1);
+  for (const std::string& key : held_keys) {
+    EXPECT_TRUE(referenced().contains(key)) << "a held input was merged away: " << key;
+  }
+
+  held->release();
+  // The held merge lands (or is redone), and the spine settles.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    auto state = *ShardMachine("s", consensus_, blob_).fetch();
+    bool still_held = false;
+    for (const std::string& key : held_keys) still_held = still_held || referenced().contains(key);
+    if (!next_merge(*state) && !still_held) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "compaction never settled";
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  expect_snapshots_match(*shard_);
 }
 
 // A Blob whose ranged reads take 20 ms each while `slow`, counting them.

@@ -163,13 +163,28 @@ std::uint64_t total_bytes(std::span<const HollowBatch> batches) {
   return bytes;
 }
 
+// Where a pass looks for merges: the whole spine, or (a tail pass) only
+// above the merge this process's compactor has in flight (nothing once it
+// has none).
+std::optional<std::size_t> first_batch(const ShardContext& context, const ShardState& state,
+                                       bool tail) {
+  if (!tail) return 0;
+  const std::optional<Frontier> through = context.merging_through();
+  if (!through) return std::nullopt;
+  return first_batch_from(state, *through);
+}
+
 // One merge, if the spine needs one. False when it is in shape, or when
 // this merge was the pass's last (`last`, or the spine in shape after it):
-// its commit removed the pass's writer.
-Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
+// its commit removed the pass's writer. A `tail` pass merges above the
+// compactor's merge in flight only (ShardContext::begin_merge).
+Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last, bool tail,
                         CompactionReport& report, const std::function<bool()>& stop) {
   TM_ASSIGN(StatePtr state, context.machine->fetch());
-  const std::optional<MergeRequest> request = next_merge(*state, context.inline_drain_bytes());
+  const std::optional<std::size_t> first = first_batch(context, *state, tail);
+  if (!first) return false;
+  const std::optional<MergeRequest> request =
+      next_merge(*state, context.inline_drain_bytes(), *first);
   if (!request) return false;
   const std::span<const HollowBatch> requested(state->batches.data() + request->begin,
                                                request->end - request->begin);
@@ -177,6 +192,9 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   const std::vector<HollowBatch> inputs(
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.begin),
       requested.begin() + static_cast<std::ptrdiff_t>(fitted.end));
+  // A tail pass holds the open blocks of small inputs only (beside the
+  // running pass's merge): larger ones are the running pass's next.
+  if (tail && total_bytes(inputs) > kTailMergeMaxBytes) return false;
   const auto [desc, advance_to] = merge_shape(*state, inputs);
 
   // Inline inputs only, while the state's inline parts are below the drain
@@ -194,12 +212,20 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   // below the version the merge reads.
   auto register_and_retry = [&]() -> Result<bool> {
     TM_TRY(writer.open());
-    return merge_once(context, writer, last, report, stop);
+    return merge_once(context, writer, last, tail, report, stop);
   };
   if (!unregistered && !writer.registered()) return register_and_retry();
   const InlineOutput inline_output = unregistered  ? InlineOutput::kOnly
                                      : keep_inline ? InlineOutput::kWhenSmall
                                                    : InlineOutput::kNever;
+  // Meanwhile appends and a tail pass merge above these inputs only.
+  struct MergeInFlight {
+    ShardContext* context;
+    ~MergeInFlight() {
+      if (context != nullptr) context->end_merge();
+    }
+  } in_flight{tail ? nullptr : &context};
+  if (!tail) context.begin_merge(inputs.back().desc.upper);
   RunWriter out(
       context, writer.id(), desc, [&] { return writer.keep_alive(); }, inline_output);
   if (auto merged = merge_into(context, merge_runs(inputs), advance_to, out, "a compaction", stop);
@@ -217,7 +243,8 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last,
   auto applied = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
     TM_ASSIGN(outcome, apply_compaction(s, unregistered ? "" : writer.id(), inputs, output, now));
     if (outcome != CompactionOutcome::kApplied) return TransitionResult::kUnchanged;
-    leaving = last || !next_merge(s, context.inline_drain_bytes());
+    const std::optional<std::size_t> next_first = first_batch(context, s, tail);
+    leaving = last || !next_first || !next_merge(s, context.inline_drain_bytes(), *next_first);
     if (!writer.registered()) return TransitionResult::kWrite;
     if (leaving) {
       writer.leave(s, now);
@@ -285,8 +312,12 @@ Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
 
 int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t now_ms) {
   int merges = 0;
+  // Above the compactor's merge in flight, if any (ShardContext::begin_merge).
+  const std::optional<Frontier> through = context.merging_through();
   while (inline_bytes(state) < context.inline_drain_bytes()) {
-    const std::optional<MergeRequest> request = next_merge(state, context.inline_drain_bytes());
+    const std::size_t first = through ? first_batch_from(state, *through) : 0;
+    const std::optional<MergeRequest> request =
+        next_merge(state, context.inline_drain_bytes(), first);
     if (!request) break;
     // Copies: apply_compaction finds them in the state it changes.
     const std::vector<HollowBatch> inputs(
@@ -313,16 +344,32 @@ int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t no
   return merges;
 }
 
-Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
+namespace {
+
+Result<CompactionReport> compact(ShardContext& context, bool tail,
+                                 const std::function<bool()>& stop) {
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
-  if (!next_merge(*state, context.inline_drain_bytes())) return report;
+  const std::optional<std::size_t> first = first_batch(context, *state, tail);
+  if (!first || !next_merge(*state, context.inline_drain_bytes(), *first)) return report;
   PassWriter writer(context);  // registers when a merge may write to blob
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
-    TM_ASSIGN(bool merged, merge_once(context, writer, i + 1 == kMaxMergesPerPass, report, stop));
+    TM_ASSIGN(bool merged,
+              merge_once(context, writer, i + 1 == kMaxMergesPerPass, tail, report, stop));
     if (!merged) break;
   }
   return report;
+}
+
+}  // namespace
+
+Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
+  return compact(context, /*tail=*/false, stop);
+}
+
+Result<CompactionReport> compact_shard_tail(ShardContext& context,
+                                            const std::function<bool()>& stop) {
+  return compact(context, /*tail=*/true, stop);
 }
 
 ShardContext::ShardContext() = default;
@@ -342,9 +389,12 @@ std::function<bool()> ShardContext::stop_reads() const {
 
 void ShardContext::request_compaction(const ShardState& state) {
   if (!compactor || !next_merge(state, inline_drain_bytes())) return;
+  const std::optional<Frontier> through = merging_through();
+  const bool tail_due =
+      through && next_merge(state, inline_drain_bytes(), first_batch_from(state, *through));
   DeferCompactionRequests* scope = DeferCompactionRequests::current();
-  if (scope && scope->defer(this)) return;
-  compactor->request();
+  if (scope && scope->defer(this, tail_due)) return;
+  compactor->request(tail_due);
 }
 
 namespace {
@@ -357,16 +407,17 @@ DeferCompactionRequests::DeferCompactionRequests() : outer_(innermost_deferral) 
 
 DeferCompactionRequests::~DeferCompactionRequests() {
   innermost_deferral = outer_;
-  if (pending_) pending_->compactor->request();
+  if (pending_) pending_->compactor->request(pending_tail_);
 }
 
 DeferCompactionRequests* DeferCompactionRequests::current() {
   return innermost_deferral;
 }
 
-bool DeferCompactionRequests::defer(ShardContext* context) {
+bool DeferCompactionRequests::defer(ShardContext* context, bool tail_due) {
   if (pending_ && pending_ != context) return false;
   pending_ = context;
+  pending_tail_ = pending_tail_ || tail_due;
   return true;
 }
 
@@ -377,6 +428,8 @@ struct BackgroundCompactor::Shared {
   bool requested = false;           // GUARDED_BY(mu)
   bool queued = false;              // GUARDED_BY(mu): a pass is queued or running
   bool running = false;             // GUARDED_BY(mu)
+  bool tail_queued = false;         // GUARDED_BY(mu): a tail pass is queued or running
+  bool tail_running = false;        // GUARDED_BY(mu)
   bool stopping = false;            // GUARDED_BY(mu)
   std::uint64_t last_gc_ms = 0;     // GUARDED_BY(mu)
   std::optional<Error> last_error;  // GUARDED_BY(mu)
@@ -391,6 +444,36 @@ struct BackgroundCompactor::Shared {
       shared->queued = false;
       shared->last_error = submitted.error();
     }
+  }
+
+  // Queues a tail pass. REQUIRES: mu held, !tail_queued.
+  static void queue_tail_locked(const std::shared_ptr<Shared>& shared) {
+    shared->tail_queued = true;
+    if (!WorkPool::compaction().submit([shared] { tail_pass(shared); })) {
+      shared->tail_queued = false;  // the main pass gets to the tail later
+    }
+  }
+
+  // Merges above the main pass's merge in flight while it runs
+  // (compact_shard_tail); no garbage collection, no pass queued after it.
+  static void tail_pass(const std::shared_ptr<Shared>& shared) {
+    std::unique_lock lock(shared->mu);
+    if (shared->stopping) {
+      shared->tail_queued = false;
+      return;
+    }
+    shared->tail_running = true;
+    lock.unlock();
+    const auto stop = [raw = shared.get()] {
+      std::lock_guard stop_lock(raw->mu);
+      return raw->stopping;
+    };
+    auto compacted = compact_shard_tail(*shared->context, stop);
+    lock.lock();
+    if (!compacted) shared->last_error = compacted.error();
+    shared->tail_running = false;
+    shared->tail_queued = false;
+    shared->idle.notify_all();
   }
 
   static void pass(const std::shared_ptr<Shared>& shared) {
@@ -443,14 +526,18 @@ BackgroundCompactor::BackgroundCompactor(ShardContext* context)
 BackgroundCompactor::~BackgroundCompactor() {
   std::unique_lock lock(shared_->mu);
   shared_->stopping = true;
-  shared_->idle.wait(lock, [&] { return !shared_->running; });
+  shared_->idle.wait(lock, [&] { return !shared_->running && !shared_->tail_running; });
 }
 
-void BackgroundCompactor::request() {
+void BackgroundCompactor::request(bool tail_due) {
   std::lock_guard lock(shared_->mu);
   if (shared_->stopping) return;
   shared_->requested = true;
-  if (!shared_->queued) Shared::queue_locked(shared_);
+  if (!shared_->queued) {
+    Shared::queue_locked(shared_);
+  } else if (tail_due && shared_->running && !shared_->tail_queued) {
+    Shared::queue_tail_locked(shared_);
+  }
 }
 
 std::optional<Error> BackgroundCompactor::last_error() {

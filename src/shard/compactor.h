@@ -47,7 +47,10 @@
 // request first); a pass compacts (at most kMaxMergesPerPass merges, so
 // shards take turns), then collects garbage at most once a second, and
 // queues another if a request came meanwhile. At most one pass of a shard
-// is queued or running at a time.
+// is queued or running at a time, and beside it at most one tail pass
+// (compact_shard_tail), queued by a request that finds a merge due above
+// the pass's merge in flight. Each holds a pool thread: the process's
+// compaction memory stays within one merge's bound per pool thread.
 //
 // Thread-safety: compact_shard may run concurrently with itself and with
 // collect_garbage (gc.h) in any number of threads and processes; lost races
@@ -84,6 +87,19 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 [[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
                                                      const std::function<bool()>& stop = {});
 
+// As compact_shard, but only while this process's compactor has a merge in
+// flight (ShardContext::begin_merge), and only above it, as a spine of its
+// own: the batches appends add meanwhile, which would otherwise wait for
+// that merge (50-180 ms for tens of MB under 100 clients) and pass the
+// write stall's bound. Ends once that merge ends, when no merge is due
+// there, or at a merge whose inputs are over kTailMergeMaxBytes encoded,
+// which it leaves to the running pass: so beside the running merge it
+// holds at most that much in open blocks, and the part it writes. Lost
+// races with the running pass cost work only.
+inline constexpr std::uint64_t kTailMergeMaxBytes = 8 << 20;
+[[nodiscard]] Result<CompactionReport> compact_shard_tail(ShardContext& context,
+                                                          const std::function<bool()>& stop = {});
+
 // Does, within `state`, the merges next_merge asks for while their inputs
 // are all inline parts that together fit one inline part
 // (ShardContext::inline_merge_max_bytes) and the state's inline parts are
@@ -92,7 +108,11 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 // writes nothing outside the state: an append whose commit makes such a
 // merge due carries it in that same commit, rather than the compactor
 // committing it a moment later on its own (a second sync, and a lost
-// compare-and-set for whichever append comes next). Memory: inputs of at
+// compare-and-set for whichever append comes next). While this process's
+// compactor runs a merge (ShardContext::begin_merge), it looks only at the
+// batches above that merge's inputs, as a spine of their own: the tail
+// keeps merging while the compactor is busy with a large merge, and the
+// compactor's inputs stay whole. Memory: inputs of at
 // most one inline part's worth encoded and kInlineTailMergePayloadBytes
 // decoded (a few KiB can hold far more of a value that compresses well:
 // such merges are the compactor's, within its block budget), and the
@@ -111,7 +131,10 @@ class BackgroundCompactor {
   BackgroundCompactor& operator=(const BackgroundCompactor&) = delete;
 
   // Queues a pass unless one is queued or running (which then runs again).
-  void request();
+  // With `tail_due` (a merge is due above the running pass's merge in
+  // flight: ShardContext::begin_merge), also a tail pass beside it, unless
+  // one is queued or running.
+  void request(bool tail_due = false);
 
   // The last error of a background pass, for tests and metrics.
   std::optional<Error> last_error();

@@ -6,12 +6,15 @@
 // pass under options.read_retry; a closing shard ends those retries.
 //
 // Thread-safety: immutable after construction except the machine, which is
-// itself thread-safe, and `closing`.
+// itself thread-safe, `closing`, and the compactor's merge in flight
+// (guarded by its own mutex).
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "shard/machine.h"
@@ -62,10 +65,34 @@ struct ShardContext {
   // appends spilled to files.)
   std::uint64_t inline_merge_max_bytes() const { return options.inline_part_max_bytes; }
 
+  // The merge this process's compactor is running, told by the upper of
+  // its newest input: the batches below it are that merge's inputs. An
+  // append's inline tail merge (merge_inline_tail) and a tail pass
+  // (compact_shard_tail) merge only above it, so the compactor's inputs
+  // stay whole for its compare-and-set. Before, nothing merged the
+  // batches appended while a merge of tens of MB ran (50-180 ms): each
+  // commit added one, reads passed kStallReadInputs and appends stalled.
+  void begin_merge(Frontier through) {
+    std::lock_guard lock(merging_mu_);
+    merging_through_ = through;
+  }
+  void end_merge() {
+    std::lock_guard lock(merging_mu_);
+    merging_through_.reset();
+  }
+  std::optional<Frontier> merging_through() const {
+    std::lock_guard lock(merging_mu_);
+    return merging_through_;
+  }
+
   // The latest state, retrying failures that may pass (options.read_retry).
   [[nodiscard]] Result<StatePtr> fetch_for_read();
   // Asked by the read path's retries: true once the shard is closing.
   std::function<bool()> stop_reads() const;
+
+ private:
+  mutable std::mutex merging_mu_;
+  std::optional<Frontier> merging_through_;
 };
 
 // While one lives on a thread, a merge that request_compaction finds due
@@ -85,13 +112,15 @@ class DeferCompactionRequests {
 
   // The innermost scope on this thread, or null.
   static DeferCompactionRequests* current();
-  // Notes `context` for the scope's end; false when another context is
-  // pending (the caller requests at once).
-  bool defer(ShardContext* context);
+  // Notes `context` for the scope's end (with a tail pass when `tail_due`:
+  // BackgroundCompactor::request); false when another context is pending
+  // (the caller requests at once).
+  bool defer(ShardContext* context, bool tail_due = false);
 
  private:
   DeferCompactionRequests* outer_;
   ShardContext* pending_ = nullptr;
+  bool pending_tail_ = false;
 };
 
 }  // namespace tidemark

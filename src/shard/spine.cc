@@ -24,24 +24,26 @@ std::size_t read_inputs(const ShardState& state) {
   return inputs;
 }
 
-std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t inline_drain_bytes) {
+std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t inline_drain_bytes,
+                                       std::size_t first) {
   const auto& batches = state.batches;
+  if (first >= batches.size()) return std::nullopt;
   if (inline_drain_bytes != kNoInlineDrain && inline_bytes(state) >= inline_drain_bytes) {
     // From the oldest batch holding an inline part: everything after it.
-    for (std::size_t i = 0; i < batches.size(); ++i) {
+    for (std::size_t i = first; i < batches.size(); ++i) {
       if (std::any_of(batches[i].parts.begin(), batches[i].parts.end(),
                       [](const PartRef& p) { return p.is_inline(); })) {
         return MergeRequest{i, batches.size()};
       }
     }
   }
-  if (batches.size() < 2) return std::nullopt;
+  if (batches.size() - first < 2) return std::nullopt;
   // suffix[i] = total size of batches[i..].
   std::vector<std::uint64_t> suffix(batches.size() + 1, 0);
-  for (std::size_t i = batches.size(); i-- > 0;) {
+  for (std::size_t i = batches.size(); i-- > first;) {
     suffix[i] = suffix[i + 1] + batches[i].payload_bytes();
   }
-  for (std::size_t i = 0; i + 1 < batches.size(); ++i) {
+  for (std::size_t i = first; i + 1 < batches.size(); ++i) {
     const bool due = batches[i].payload_bytes() <= kSpineGrowth * suffix[i + 1];
     const bool worth_it =
         suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
@@ -52,10 +54,19 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
   const std::size_t inputs = read_inputs(state);
   if (inputs > kSpineMaxReadInputs) {
     std::size_t i = batches.size(), tail = 0;
-    while (i > 0 && inputs - tail + 1 > kSpineMaxReadInputs / 2) tail += batch_inputs(batches[--i]);
+    while (i > first && inputs - tail + 1 > kSpineMaxReadInputs / 2) {
+      tail += batch_inputs(batches[--i]);
+    }
     if (batches.size() - i >= 2 || tail > 1) return MergeRequest{i, batches.size()};
   }
   return std::nullopt;
+}
+
+std::size_t first_batch_from(const ShardState& state, Frontier lower) {
+  const auto& batches = state.batches;
+  const auto it = std::find_if(batches.begin(), batches.end(),
+                               [&](const HollowBatch& batch) { return batch.desc.lower >= lower; });
+  return static_cast<std::size_t>(it - batches.begin());
 }
 
 Result<CompactionOutcome> apply_compaction(ShardState& state, std::string_view writer_id,

@@ -87,9 +87,18 @@ struct MergeRequest {
 // `inline_drain_bytes`, the oldest batch holding one and every batch after
 // it instead (a merge writes its output to the blob store), even when that
 // is a single batch.
+//
+// With `first`, the spine from batches[first] on only, as if the batches
+// before it were not there (they are a merge in flight: see
+// ShardContext::begin_merge); the bound on read inputs still counts them.
 inline constexpr std::uint64_t kNoInlineDrain = UINT64_MAX;
 std::optional<MergeRequest> next_merge(const ShardState& state,
-                                       std::uint64_t inline_drain_bytes = kNoInlineDrain);
+                                       std::uint64_t inline_drain_bytes = kNoInlineDrain,
+                                       std::size_t first = 0);
+
+// The index of the first batch at or above `lower` (batches.size() when
+// none is): the first that a merge of inputs below `lower` did not take.
+std::size_t first_batch_from(const ShardState& state, Frontier lower);
 
 enum class CompactionOutcome : std::uint8_t {
   kApplied,         // the inputs were replaced by the output
