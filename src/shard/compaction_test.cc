@@ -267,6 +267,27 @@ class CompactionTest : public ::testing::Test {
     writer_ = std::move(*shard_->open_writer());
   }
 
+  // A context on the shard with options_ and no compactor, for merges run
+  // by hand (merge_inline_tail) on a state then written with replace_state.
+  std::unique_ptr<ShardContext> by_hand_context() {
+    auto context = std::make_unique<ShardContext>();
+    context->name = "s";
+    context->location = Location{blob_, consensus_};
+    context->options = options_;
+    context->machine = std::make_shared<ShardMachine>("s", consensus_, blob_);
+    context->read_blob = blob_;
+    return context;
+  }
+  // Writes `state` over the version `read` it was derived from.
+  static Result<StatePtr> replace_state(ShardMachine& machine, const ShardState& state,
+                                        SeqNo read) {
+    return machine.apply([&](ShardState& s) -> Result<TransitionResult> {
+      s = state;
+      s.seqno = read;
+      return TransitionResult::kWrite;
+    });
+  }
+
   // Body of the RollupsAndTruncation / FullVersionsAndTruncation tests.
   void rollups_and_truncation_follow_the_oldest_reader();
 
@@ -1007,12 +1028,8 @@ TEST_F(CompactionTest, InlineTailMergesStayWithinTheirPayloadBound) {
   options_.part_target_bytes = 64 << 10;
   options_.block_bytes = 64 << 10;
   reopen();
-  ShardContext context;
-  context.name = "s";
-  context.location = Location{blob_, consensus_};
-  context.options = options_;
-  context.machine = std::make_shared<ShardMachine>("s", consensus_, blob_);
-  context.read_blob = blob_;
+  std::unique_ptr<ShardContext> owned = by_hand_context();
+  ShardContext& context = *owned;
   // kSpineMinMergeBatches appends of `per_append` updates each.
   const auto merges_of = [&](std::size_t value_bytes, int per_append, Time from) {
     for (Time t = from; t < from + kSpineMinMergeBatches; ++t) {
@@ -1036,11 +1053,7 @@ TEST_F(CompactionTest, InlineTailMergesStayWithinTheirPayloadBound) {
     EXPECT_LE(encoded, options_.inline_part_max_bytes);
     const int merges = merge_inline_tail(context, merged, wall_clock_millis());
     // What it merged reads as before.
-    auto out = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-      s = merged;
-      s.seqno = state->seqno;
-      return TransitionResult::kWrite;
-    });
+    auto out = replace_state(*context.machine, merged, state->seqno);
     EXPECT_TRUE(out) << out.error().to_string();
     expect_snapshots_match(*shard_);
     return merges;
@@ -1068,12 +1081,8 @@ TEST_F(CompactionTest, InlineTailMergesAboveTheCompactorsMergeInFlight) {
   for (Time t = kEach; t < 2 * kEach; ++t) {
     append_at(t, {Update{"i" + std::to_string(t), "v", t, 1}});
   }
-  ShardContext context;
-  context.name = "s";
-  context.location = Location{blob_, consensus_};
-  context.options = options_;
-  context.machine = std::make_shared<ShardMachine>("s", consensus_, blob_);
-  context.read_blob = blob_;
+  std::unique_ptr<ShardContext> owned = by_hand_context();
+  ShardContext& context = *owned;
   auto state = *context.machine->fetch();
   ASSERT_EQ(state->batches.size(), 2 * kEach);
   ASSERT_FALSE(state->batches[0].parts.begin()->is_inline());
@@ -1092,11 +1101,7 @@ TEST_F(CompactionTest, InlineTailMergesAboveTheCompactorsMergeInFlight) {
   for (std::size_t b = 0; b < kEach; ++b) {
     EXPECT_EQ(merged.batches[b], state->batches[b]) << "the merge in flight lost input " << b;
   }
-  auto out = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
-    s = merged;
-    s.seqno = state->seqno;
-    return TransitionResult::kWrite;
-  });
+  auto out = replace_state(*context.machine, merged, state->seqno);
   ASSERT_TRUE(out) << out.error().to_string();
   expect_snapshots_match(*shard_);
 }

@@ -169,9 +169,7 @@ std::uint64_t total_bytes(std::span<const HollowBatch> batches) {
 std::optional<std::size_t> first_batch(const ShardContext& context, const ShardState& state,
                                        bool tail) {
   if (!tail) return 0;
-  const std::optional<Frontier> through = context.merging_through();
-  if (!through) return std::nullopt;
-  return first_batch_from(state, *through);
+  return context.first_above_merge(state);
 }
 
 // One merge, if the spine needs one. False when it is in shape, or when
@@ -312,10 +310,9 @@ Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
 
 int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t now_ms) {
   int merges = 0;
-  // Above the compactor's merge in flight, if any (ShardContext::begin_merge).
-  const std::optional<Frontier> through = context.merging_through();
   while (inline_bytes(state) < context.inline_drain_bytes()) {
-    const std::size_t first = through ? first_batch_from(state, *through) : 0;
+    // Above the compactor's merge in flight, if any (ShardContext::begin_merge).
+    const std::size_t first = context.first_above_merge(state).value_or(0);
     const std::optional<MergeRequest> request =
         next_merge(state, context.inline_drain_bytes(), first);
     if (!request) break;
@@ -383,15 +380,20 @@ Result<StatePtr> ShardContext::fetch_for_read() {
       options.read_retry, [&] { return machine->fetch(); }, stop_reads());
 }
 
+std::optional<std::size_t> ShardContext::first_above_merge(const ShardState& state) const {
+  std::lock_guard lock(merging_mu_);
+  if (!merging_through_) return std::nullopt;
+  return first_batch_from(state, *merging_through_);
+}
+
 std::function<bool()> ShardContext::stop_reads() const {
   return [flag = closing] { return flag->load(); };
 }
 
 void ShardContext::request_compaction(const ShardState& state) {
   if (!compactor || !next_merge(state, inline_drain_bytes())) return;
-  const std::optional<Frontier> through = merging_through();
-  const bool tail_due =
-      through && next_merge(state, inline_drain_bytes(), first_batch_from(state, *through));
+  const std::optional<std::size_t> first = first_above_merge(state);
+  const bool tail_due = first && next_merge(state, inline_drain_bytes(), *first);
   DeferCompactionRequests* scope = DeferCompactionRequests::current();
   if (scope && scope->defer(this, tail_due)) return;
   compactor->request(tail_due);
@@ -446,6 +448,15 @@ struct BackgroundCompactor::Shared {
     }
   }
 
+  // True once the compactor is stopping: what a pass checks between (and
+  // within) its merges.
+  static std::function<bool()> stopping_check(const std::shared_ptr<Shared>& shared) {
+    return [raw = shared.get()] {
+      std::lock_guard stop_lock(raw->mu);
+      return raw->stopping;
+    };
+  }
+
   // Queues a tail pass. REQUIRES: mu held, !tail_queued.
   static void queue_tail_locked(const std::shared_ptr<Shared>& shared) {
     shared->tail_queued = true;
@@ -464,11 +475,7 @@ struct BackgroundCompactor::Shared {
     }
     shared->tail_running = true;
     lock.unlock();
-    const auto stop = [raw = shared.get()] {
-      std::lock_guard stop_lock(raw->mu);
-      return raw->stopping;
-    };
-    auto compacted = compact_shard_tail(*shared->context, stop);
+    auto compacted = compact_shard_tail(*shared->context, stopping_check(shared));
     lock.lock();
     if (!compacted) shared->last_error = compacted.error();
     shared->tail_running = false;
@@ -485,10 +492,7 @@ struct BackgroundCompactor::Shared {
     shared->requested = false;
     shared->running = true;
     lock.unlock();
-    const auto stop = [raw = shared.get()] {
-      std::lock_guard stop_lock(raw->mu);
-      return raw->stopping;
-    };
+    const std::function<bool()> stop = stopping_check(shared);
     ShardContext& context = *shared->context;
     auto compacted = compact_shard(context, stop);
     std::optional<Error> error;

@@ -80,10 +80,9 @@ struct ShardContext {
     std::lock_guard lock(merging_mu_);
     merging_through_.reset();
   }
-  std::optional<Frontier> merging_through() const {
-    std::lock_guard lock(merging_mu_);
-    return merging_through_;
-  }
+  // The index in `state` of the first batch above that merge's inputs
+  // (first_batch_from, spine.h); nullopt when no merge is in flight.
+  std::optional<std::size_t> first_above_merge(const ShardState& state) const;
 
   // The latest state, retrying failures that may pass (options.read_retry).
   [[nodiscard]] Result<StatePtr> fetch_for_read();
