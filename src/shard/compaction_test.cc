@@ -1056,17 +1056,7 @@ TEST_F(CompactionTest, RequestsInADeferralScopeWakeTheCompactorAtItsEnd) {
 // appends costs one consensus write each, no pass ever commits, and the
 // spine stays in shape (no merge is left due).
 TEST_F(CompactionTest, SmallInlineMergesRideInTheAppendsCommits) {
-  class CountWrites final : public ForwardingConsensus {
-   public:
-    using ForwardingConsensus::ForwardingConsensus;
-    std::atomic<int> writes{0};
-    Result<CasOutcome> compare_and_set(std::string_view key, std::optional<SeqNo> expected,
-                                       VersionedData next) override {
-      ++writes;
-      return ForwardingConsensus::compare_and_set(key, expected, std::move(next));
-    }
-  };
-  auto counting = std::make_shared<CountWrites>(consensus_);
+  auto counting = std::make_shared<CountingWrites>(consensus_);
   ClientOptions background = options_;
   background.background_compaction = true;
   writer_.reset();
