@@ -34,6 +34,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -77,6 +78,14 @@ class BatchBuilder {
   // REQUIRES: every added time < upper; else InvalidUsage and the parts are
   // deleted.
   [[nodiscard]] Result<Batch> finish(Frontier upper);
+
+  // As finish(), but only when it needs no I/O: the batch is one part that
+  // travels inline (ClientOptions::inline_part_max_bytes), or none. Then
+  // the batch, encoded on this thread. Otherwise std::nullopt, and finish()
+  // with the same upper, on any thread, does the rest (the part stays
+  // encoded in between: it is not encoded twice). For a thread that must
+  // not wait for the blob store.
+  [[nodiscard]] Result<std::optional<Batch>> finish_inline(Frontier upper);
 
   std::uint64_t added() const;
 

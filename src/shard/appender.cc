@@ -10,7 +10,8 @@
 // compare_and_append. Records stay charged to the appender's pool (one
 // lease for the queue, one per batch) until that commit is durable and
 // their memory freed; then the charge is released and the tokens resolved,
-// in that order. A small batch (kBuildHereMaxBytes) is built on the builder's own
+// in that order. A small batch (kBuildHereMaxBytes), or one whose part
+// travels inline (up to kEncodeHereMaxBytes), is built on the builder's own
 // thread, and the builder runs the committer there too when it is idle
 // (SerialTask::run_here): one thread hop from the request to its commit
 // instead of three. A sender set to commit here (AppendSender::
@@ -49,6 +50,15 @@ constexpr std::size_t kMaxBuiltBatches = 16;
 // default), so its build does no I/O and costs less than the hop. (With
 // inline parts turned off it uploads one small part from there.)
 constexpr std::uint64_t kBuildHereMaxBytes = 4096;
+// A larger batch of up to this many bytes of keys and values is encoded on
+// the builder's thread too (BatchBuilder::finish_inline), and its part
+// goes to the batch builds pool only when it must be written to the blob
+// store. Updates that compress well travel inline from far larger batches
+// than 4 KiB: under 100 clients' appends of one 100-byte record each the
+// batches took about 9 KB, and the hop to the pool and the wake back cost
+// a cycle of the committer 100-150 us of its 790 (in process: 8-9% more
+// records/s; at 1,000 clients, with batches of about 66 KB, 5-6%).
+constexpr std::uint64_t kEncodeHereMaxBytes = 256 << 10;
 // Failures remembered for canaries (the most recent).
 constexpr std::size_t kMaxRememberedFailures = 64;
 // The appender whose builder (and committer) a producer's thread is running
@@ -447,24 +457,12 @@ struct Appender::Impl {
       batch->lease = std::move(lease);
       batch->time = take_time(0);
       Built* raw = batch.get();
-      const bool small = bytes <= kBuildHereMaxBytes;
-      if (small) {
-        // Built here, then committed here if it is alone and the committer
-        // idle: a request on an idle appender wakes one thread, not three.
-        std::promise<Status> built_here;
-        built_here.set_value(build(*raw));
-        batch->upload = built_here.get_future();
-      } else {
-        // On the batch builds pool: a build waits for its parts' uploads
-        // (blob_io()), which an appenders-pool thread must not.
-        batch->upload =
-            submit_or_inline(WorkPool::batch_builds(), [this, raw] { return build(*raw); });
-      }
+      const bool built_here = start_build(*raw, bytes);
       {
         std::lock_guard lock(mu);
         built.push_back(std::move(batch));
       }
-      if (small && alone) {
+      if (built_here && alone) {
         // Nothing else to cut or commit: committing here delays no other
         // batch (with more queued, the builder goes on cutting while the
         // committer's thread commits).
@@ -474,6 +472,57 @@ struct Appender::Impl {
         committer->notify();
       }
     }
+  }
+
+  // Starts `batch`'s build (batch.upload): here when it needs no I/O, or
+  // is small (kBuildHereMaxBytes, kEncodeHereMaxBytes); otherwise on the
+  // batch builds pool: a build waits for its parts' uploads (blob_io()),
+  // which an appenders-pool thread must not. Returns whether it was built
+  // here: then it is committed here too if it is alone and the committer
+  // idle (a request on an idle appender wakes one thread, not three).
+  bool start_build(Built& batch, std::uint64_t bytes) {
+    auto done_here = [&](Status status) {
+      std::promise<Status> built;
+      built.set_value(std::move(status));
+      batch.upload = built.get_future();
+      return true;
+    };
+    if (bytes <= kBuildHereMaxBytes) return done_here(build(batch));
+    Built* raw = &batch;
+    if (bytes <= kEncodeHereMaxBytes) {
+      BatchBuilder builder = writer->builder(Frontier::at(batch.time));
+      Status added;
+      for (const Record& r : batch.records) {
+        added = builder.add(r.key, r.value, batch.time, r.diff);
+        if (!added) break;
+      }
+      auto finished = added ? builder.finish_inline(Frontier::at(batch.time + 1))
+                            : Result<std::optional<Batch>>(std::unexpected(added.error()));
+      if (finished && *finished) {
+        batch.batch = std::move(**finished);
+        return done_here({});
+      }
+      if (!finished && !is_retryable(finished.error())) {
+        return done_here(std::unexpected(finished.error()));
+      }
+      if (finished) {
+        // Its part must be written to the blob store: the pool does that.
+        batch.upload = submit_or_inline(WorkPool::batch_builds(),
+                                        [this, raw, builder = std::move(builder)]() mutable {
+                                          auto stored = builder.finish(Frontier::at(raw->time + 1));
+                                          if (stored) {
+                                            raw->batch = std::move(*stored);
+                                            return Status{};
+                                          }
+                                          if (!is_retryable(stored.error()))
+                                            return Status(std::unexpected(stored.error()));
+                                          return build(*raw);  // again from its records, retried
+                                        });
+        return false;
+      }
+    }
+    batch.upload = submit_or_inline(WorkPool::batch_builds(), [this, raw] { return build(*raw); });
+    return false;
   }
 
   // The next batch time: monotonic, at least `at_least` and the clock.

@@ -362,6 +362,53 @@ TEST_F(AppenderTest, InjectedFaultsAreRetriedAndCommitExactlyOnce) {
   }
 }
 
+// Issue 19: a batch of up to kEncodeHereMaxBytes is encoded on the
+// builder's thread, and only a part too large to travel inline goes to the
+// batch builds pool to be written (BatchBuilder::finish_inline, then
+// finish()). Groups of 40 records of 300 bytes that do not compress make
+// batches of about 12 KB, none inline: each is stored by the pool, through
+// injected blob failures, and every record commits exactly once.
+TEST_F(AppenderTest, BatchesEncodedOnTheBuildersThreadAreStoredByThePool) {
+  FaultConfig faults;
+  faults.determinate_rate = 0.2;
+  faults.seed = 5;
+  blob_->set_config(faults);
+  AppenderOptions options;
+  options.retry.max_attempts = 51;
+  auto appender = open(options);
+  AppendSender sender = appender->sender();
+  std::uint32_t x = 99;
+  std::vector<CommitToken> tokens;
+  for (int group = 0; group < 10; ++group) {
+    std::vector<AppendRecord> records;
+    for (int i = 0; i < 40; ++i) {
+      std::string value(300, ' ');
+      for (char& c : value) {  // bytes at random: incompressible
+        x = x * 1103515245u + 12345u;
+        c = static_cast<char>('a' + (x >> 24) % 26);
+      }
+      records.push_back(AppendRecord{"\"g" + std::to_string(group * 40 + i) + "\"", value, 1});
+    }
+    auto token = sender.enqueue_group(records);
+    ASSERT_TRUE(token) << token.error().to_string();
+    tokens.push_back(*token);
+  }
+  for (const CommitToken& token : tokens) {
+    ASSERT_TRUE(token.wait()) << token.wait().error().to_string();
+  }
+  blob_->set_config({});
+  EXPECT_GT(blob_->injected_determinate(), 0u) << "the pool's writes met no failure";
+  std::size_t objects = 0;
+  ASSERT_TRUE(
+      blob_->list(shard_part_prefix("s"), [&](std::string_view, std::uint64_t) { ++objects; }));
+  EXPECT_GT(objects, 0u) << "parts too large for inline are written to the blob store";
+  auto all = contents();
+  ASSERT_EQ(all.size(), 400u);
+  for (const auto& [kv, diff] : all) EXPECT_EQ(diff, 1) << kv.first;
+  appender->close();
+  EXPECT_EQ(appender->pool()->used(), 0u);
+}
+
 TEST_F(AppenderTest, FatalErrorFailsEveryPendingTokenAndCloses) {
   AppenderOptions options;
   options.retry.max_attempts = 3;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "part/part.h"
 #include "shard/context.h"
@@ -50,11 +51,17 @@ struct PartBuffer {
   }
 };
 
-// Sorts, consolidates and encodes one part, then writes it to Blob, or
-// keeps it inline when it is small (ClientOptions::inline_part_max_bytes).
-Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
-                           const std::string& writer_id, PartBuffer buffer,
-                           Description inline_desc) {
+// One part, sorted, consolidated and encoded, not yet stored. An empty
+// `ref.key`: everything cancelled out.
+struct EncodedPart {
+  PartRef ref;
+  std::string bytes;
+};
+
+// Sorts, consolidates and encodes one part.
+Result<EncodedPart> encode_part(const std::shared_ptr<ShardContext>& context,
+                                const std::string& writer_id, PartBuffer buffer,
+                                Description inline_desc) {
   std::sort(buffer.entries.begin(), buffer.entries.end(),
             [&](const PartBuffer::Entry& a, const PartBuffer::Entry& b) {
               return compare_key_value_time(buffer.key(a), buffer.value(a), a.time, buffer.key(b),
@@ -82,22 +89,40 @@ Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
   // columns): free the buffer before encoding, not after the upload. (Moved
   // out: assigning an empty string would keep the arena's allocation.)
   { const PartBuffer spent = std::move(buffer); }
-  if (writer.count() == 0) return PartRef{};  // everything cancelled out
-  TM_ASSIGN(std::string encoded, writer.finish());
-  PartRef ref;
-  ref.key = part_key(context->name, writer_id);
-  ref.size = encoded.size();
-  ref.count = writer.stats().count;
-  ref.bytes = writer.stats().bytes;
-  ref.time_min = writer.stats().time_min;
-  ref.time_max = writer.stats().time_max;
-  if (encoded.size() <= context->options.inline_part_max_bytes) {
-    ref.data = std::make_shared<const std::string>(std::move(encoded));
-    return ref;
+  if (writer.count() == 0) return EncodedPart{};  // everything cancelled out
+  EncodedPart part;
+  TM_ASSIGN(part.bytes, writer.finish());
+  part.ref.key = part_key(context->name, writer_id);
+  part.ref.size = part.bytes.size();
+  part.ref.count = writer.stats().count;
+  part.ref.bytes = writer.stats().bytes;
+  part.ref.time_min = writer.stats().time_min;
+  part.ref.time_max = writer.stats().time_max;
+  return part;
+}
+
+bool stays_inline(const ShardContext& context, const EncodedPart& part) {
+  return part.bytes.size() <= context.options.inline_part_max_bytes;
+}
+
+// Keeps an encoded part inline when it is small
+// (ClientOptions::inline_part_max_bytes), or writes it to Blob.
+Result<PartRef> store_part(const std::shared_ptr<ShardContext>& context, EncodedPart part) {
+  if (part.ref.key.empty()) return PartRef{};
+  if (stays_inline(*context, part)) {
+    part.ref.data = std::make_shared<const std::string>(std::move(part.bytes));
+    return std::move(part.ref);
   }
   TM_TRY(with_retries(context->options.write_retry,
-                      [&] { return context->location.blob->set(ref.key, encoded); }));
-  return ref;
+                      [&] { return context->location.blob->set(part.ref.key, part.bytes); }));
+  return std::move(part.ref);
+}
+
+Result<PartRef> write_part(const std::shared_ptr<ShardContext>& context,
+                           const std::string& writer_id, PartBuffer buffer,
+                           Description inline_desc) {
+  TM_ASSIGN(EncodedPart part, encode_part(context, writer_id, std::move(buffer), inline_desc));
+  return store_part(context, std::move(part));
 }
 
 }  // namespace
@@ -113,6 +138,27 @@ struct BatchBuilder::State {
   std::uint64_t added = 0;
   Time max_time = 0;
   bool finished = false;
+  // The one part finish_inline() encoded and left for finish() to store,
+  // and the upper it was encoded for.
+  std::optional<EncodedPart> encoded;
+  Frontier encoded_upper;
+
+  // Whether `upper` can end the batch.
+  Status check_upper(Frontier upper) const {
+    if (upper < lower) {
+      return std::unexpected(
+          Error{ErrorKind::kInvalidUsage,
+                "batch upper " + upper.to_string() + " is below its lower " + lower.to_string(),
+                std::nullopt, std::nullopt});
+    }
+    if (added > 0 && !upper.is_past(max_time)) {
+      return std::unexpected(Error{ErrorKind::kInvalidUsage,
+                                   "update at time " + std::to_string(max_time) +
+                                       " is not below the batch upper " + upper.to_string(),
+                                   std::nullopt, std::nullopt});
+    }
+    return {};
+  }
 
   // Waits for the oldest upload; records its part or its error.
   void collect_oldest() {
@@ -251,33 +297,38 @@ Result<Batch> BatchBuilder::finish(Frontier upper) {
     s.finished = true;
     return std::unexpected(std::move(error));
   };
-  if (s.failed) return fail(*s.failed);
-  if (upper < s.lower) {
-    return fail(
-        Error{ErrorKind::kInvalidUsage,
-              "batch upper " + upper.to_string() + " is below its lower " + s.lower.to_string(),
-              std::nullopt, std::nullopt});
-  }
-  if (s.added > 0 && !upper.is_past(s.max_time)) {
-    return fail(Error{ErrorKind::kInvalidUsage,
-                      "update at time " + std::to_string(s.max_time) +
-                          " is not below the batch upper " + upper.to_string(),
-                      std::nullopt, std::nullopt});
-  }
-  if (!s.buffer.entries.empty()) {
-    const Description desc{s.lower, upper, Frontier::at(0)};
-    if (s.uploads.empty()) {
-      // The only part: written on this thread (a thread per small batch
-      // cost more than the upload itself).
-      auto part = write_part(s.context, s.writer_id, std::move(s.buffer), desc);
-      s.buffer = PartBuffer{};
-      if (!part) {
-        s.failed = part.error();
-      } else if (!part->key.empty()) {
-        s.parts.push_back(std::move(*part));
+  if (s.encoded) {
+    // Checked by finish_inline().
+    if (upper != s.encoded_upper) {
+      return fail(invalid_usage("a batch finish_inline() encoded for upper " +
+                                s.encoded_upper.to_string() + " cannot end at " + upper.to_string())
+                      .error());
+    }
+    auto part = store_part(s.context, std::move(*s.encoded));
+    s.encoded.reset();
+    if (!part) {
+      s.failed = part.error();
+    } else if (!part->key.empty()) {
+      s.parts.push_back(std::move(*part));
+    }
+  } else {
+    if (s.failed) return fail(*s.failed);
+    if (auto checked = s.check_upper(upper); !checked) return fail(checked.error());
+    if (!s.buffer.entries.empty()) {
+      const Description desc{s.lower, upper, Frontier::at(0)};
+      if (s.uploads.empty()) {
+        // The only part: written on this thread (a thread per small batch
+        // cost more than the upload itself).
+        auto part = write_part(s.context, s.writer_id, std::move(s.buffer), desc);
+        s.buffer = PartBuffer{};
+        if (!part) {
+          s.failed = part.error();
+        } else if (!part->key.empty()) {
+          s.parts.push_back(std::move(*part));
+        }
+      } else {
+        s.start_upload(desc);
       }
-    } else {
-      s.start_upload(desc);
     }
   }
   while (!s.uploads.empty()) s.collect_oldest();
@@ -293,6 +344,28 @@ Result<Batch> BatchBuilder::finish(Frontier upper) {
   }
   s.finished = true;
   return Batch(s.context->location.blob, s.context->name, desc, std::move(s.parts), ordered);
+}
+
+Result<std::optional<Batch>> BatchBuilder::finish_inline(Frontier upper) {
+  State& s = *state_;
+  if (s.finished || s.encoded) return invalid_usage("batch builder is already finished");
+  // Several parts: some are uploading or uploaded already.
+  if (!s.uploads.empty() || !s.parts.empty()) return std::optional<Batch>();
+  // A failure, a bad upper or no updates: finish() settles it with no I/O
+  // (there is no part to delete or to write).
+  if (s.failed || !s.check_upper(upper) || s.buffer.entries.empty()) return finish(upper);
+  auto part = encode_part(s.context, s.writer_id, std::move(s.buffer),
+                          Description{s.lower, upper, Frontier::at(0)});
+  s.buffer = PartBuffer{};
+  if (!part) {
+    s.failed = part.error();
+    return finish(upper);
+  }
+  const bool no_io = part->ref.key.empty() || stays_inline(*s.context, *part);
+  s.encoded = std::move(*part);
+  s.encoded_upper = upper;
+  if (no_io) return finish(upper);
+  return std::optional<Batch>();
 }
 
 }  // namespace tidemark

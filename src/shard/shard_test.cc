@@ -986,6 +986,69 @@ TEST_F(ShardTest, SmallAppendsTravelInlineWithNoBlobObject) {
   EXPECT_EQ(*read_snapshot(*fresh, 5), model_at(all, 5));
 }
 
+// Issue 19: an appender's builder may encode a batch on its own thread only
+// if that does no I/O (BatchBuilder::finish_inline): a batch of one inline
+// part comes back finished, with nothing written; any other is left, its
+// part encoded, for finish() to write, which must be given the same upper.
+TEST_F(ShardTest, FinishInlineDoesNoIoAndLeavesTheUploadToFinish) {
+  std::vector<Update> all = numbered(3, 0, "small-");
+  BatchBuilder small = writer_->builder(Frontier::at(0));
+  for (const Update& u : all) ASSERT_TRUE(small.add(u.key, u.value, u.time, u.diff));
+  auto finished = small.finish_inline(Frontier::at(1));
+  ASSERT_TRUE(finished) << finished.error().to_string();
+  ASSERT_TRUE(finished->has_value());
+  ASSERT_EQ((*finished)->parts().size(), 1u);
+  EXPECT_TRUE((*finished)->parts()[0].is_inline());
+  EXPECT_EQ(part_objects(), 0u);
+  EXPECT_FALSE(small.finish_inline(Frontier::at(1))) << "already finished";
+  std::vector<Batch> batches;
+  batches.push_back(std::move(**finished));
+  ASSERT_TRUE(append(batches, 0, 1));
+
+  // One part (under part_target_bytes) too large for inline: 4,000 bytes
+  // at random. Nothing is written until finish().
+  std::string noise(4000, ' ');
+  std::uint32_t x = 12345;
+  for (char& c : noise) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 24);
+  }
+  const std::vector<Update> many{Update{"big", noise, 1, 1}};
+  BatchBuilder big = writer_->builder(Frontier::at(1));
+  for (const Update& u : many) ASSERT_TRUE(big.add(u.key, u.value, u.time, u.diff));
+  auto left = big.finish_inline(Frontier::at(2));
+  ASSERT_TRUE(left) << left.error().to_string();
+  EXPECT_FALSE(left->has_value());
+  EXPECT_EQ(part_objects(), 0u) << "finish_inline wrote to the blob store";
+  auto stored = big.finish(Frontier::at(2));
+  ASSERT_TRUE(stored) << stored.error().to_string();
+  ASSERT_EQ(stored->parts().size(), 1u);
+  EXPECT_FALSE(stored->parts()[0].is_inline());
+  EXPECT_EQ(part_objects(), 1u);
+  batches.clear();
+  batches.push_back(std::move(*stored));
+  ASSERT_TRUE(append(batches, 1, 2));
+  all.insert(all.end(), many.begin(), many.end());
+  EXPECT_EQ(*read_snapshot(*shard_, 1), model_at(all, 1));
+
+  // finish() after finish_inline() must end where it was encoded for.
+  BatchBuilder other = writer_->builder(Frontier::at(2));
+  for (const Update& u : many) ASSERT_TRUE(other.add(u.key, u.value, 2, u.diff));
+  left = other.finish_inline(Frontier::at(3));
+  ASSERT_TRUE(left && !left->has_value());
+  auto wrong = other.finish(Frontier::at(4));
+  ASSERT_FALSE(wrong);
+  EXPECT_TRUE(wrong.error().is(ErrorKind::kInvalidUsage)) << wrong.error().to_string();
+  EXPECT_EQ(part_objects(), 1u);
+
+  // A bad upper fails as finish() does, with nothing written.
+  BatchBuilder bad = writer_->builder(Frontier::at(3));
+  ASSERT_TRUE(bad.add("k", "v", 5, 1));
+  auto refused = bad.finish_inline(Frontier::at(5));
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(ErrorKind::kInvalidUsage)) << refused.error().to_string();
+}
+
 // The state holds at most inline_state_max_bytes of inline parts: an append
 // that would pass it writes its parts to the blob store first. Compaction
 // moves inline parts out once they reach half of it, and nothing is lost or
