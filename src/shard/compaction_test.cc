@@ -929,10 +929,9 @@ TEST_F(CompactionTest, ManySmallInlineInputsMergeWithoutRegistering) {
     return out;
   };
   auto encoded = [&] {
+    const StatePtr state = *ShardMachine("s", consensus_, blob_).fetch();
     std::uint64_t total = 0;
-    for (const HollowBatch& b : (*ShardMachine("s", consensus_, blob_).fetch())->batches) {
-      total += b.bytes();
-    }
+    for (const HollowBatch& b : state->batches) total += b.bytes();
     return total;
   };
 
