@@ -40,7 +40,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -357,40 +356,16 @@ struct WakeFigures {
 class ServeChild {
  public:
   static Result<std::unique_ptr<ServeChild>> start(const std::filesystem::path& dir) {
-    int out[2], in[2];
-    if (pipe(out) != 0) return determinate("pipe failed");
-    if (pipe(in) != 0) {
-      close(out[0]);
-      close(out[1]);
-      return determinate("pipe failed");
-    }
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    posix_spawn_file_actions_addclose(&actions, in[1]);
-    std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    std::vector<std::string> words = {self, "bench", kListenChild, dir.string(), "serve"};
-    std::vector<char*> argv;
-    for (std::string& word : words) argv.push_back(word.data());
-    argv.push_back(nullptr);
+    TM_ASSIGN(const BenchChild spawned,
+              spawn_bench_child(kListenChild, {dir.string(), "serve"}, /*with_stdin=*/true));
     auto child = std::make_unique<ServeChild>();
-    const int spawned =
-        posix_spawn(&child->pid_, self.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(out[1]);
-    close(in[0]);
-    child->stdin_ = in[1];
-    if (spawned != 0) {
-      close(out[0]);
-      child->pid_ = -1;
-      return determinate("cannot start `tidemark bench listen-child DIR serve`");
-    }
+    child->pid_ = spawned.pid;
+    child->stdin_ = spawned.stdin_fd;
+    const int out = spawned.stdout_fd;
     std::string line;
     char c;
-    while (read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-    close(out[0]);
+    while (read(out, &c, 1) == 1 && c != '\n') line.push_back(c);
+    close(out);
     auto port = parse_decimal(line, 1, 65535);
     if (!port) return determinate("the server child printed \"" + line + "\", not its port");
     child->port_ = static_cast<std::uint16_t>(*port);

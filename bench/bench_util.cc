@@ -11,6 +11,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "util/try.h"
+
 extern char** environ;
 
 namespace tidemark::cli {
@@ -98,38 +100,58 @@ Result<BenchPlace> bench_place(const std::optional<std::string>& blob,
   return place;
 }
 
-Result<std::string> run_bench_child(std::string_view mode, const std::vector<std::string>& args) {
-  int out[2];
-  if (pipe(out) != 0) return determinate("pipe failed");
+Result<BenchChild> spawn_bench_child(std::string_view mode, const std::vector<std::string>& args,
+                                     bool with_stdin) {
+  const std::string what = "`tidemark bench " + std::string(mode) + "`";
+  int out[2], in[2] = {-1, -1};
+  if (pipe(out) != 0) return determinate("cannot start " + what + ": pipe failed");
+  if (with_stdin && pipe(in) != 0) {
+    close(out[0]);
+    close(out[1]);
+    return determinate("cannot start " + what + ": pipe failed");
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   posix_spawn_file_actions_addclose(&actions, out[0]);
+  if (with_stdin) {
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_addclose(&actions, in[1]);
+  }
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string mode_arg(mode);
-  std::vector<std::string> words = {self, "bench", mode_arg};
+  std::vector<std::string> words = {self, "bench", std::string(mode)};
   words.insert(words.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& word : words) argv.push_back(word.data());
   argv.push_back(nullptr);
-  pid_t pid;
-  int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), environ);
+  BenchChild child;
+  const int spawned =
+      posix_spawn(&child.pid, self.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(out[1]);
+  if (with_stdin) close(in[0]);
   if (spawned != 0) {
     close(out[0]);
-    return determinate("cannot start `tidemark bench " + mode_arg + "`");
+    if (with_stdin) close(in[1]);
+    return determinate("cannot start " + what);
   }
+  child.stdout_fd = out[0];
+  child.stdin_fd = in[1];
+  return child;
+}
+
+Result<std::string> run_bench_child(std::string_view mode, const std::vector<std::string>& args) {
+  TM_ASSIGN(const BenchChild child, spawn_bench_child(mode, args));
   std::string text;
   char buffer[256];
-  for (ssize_t n; (n = read(out[0], buffer, sizeof buffer)) > 0;) {
+  for (ssize_t n; (n = read(child.stdout_fd, buffer, sizeof buffer)) > 0;) {
     text.append(buffer, static_cast<std::size_t>(n));
   }
-  close(out[0]);
+  close(child.stdout_fd);
   int status = 0;
-  waitpid(pid, &status, 0);
+  waitpid(child.pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return determinate("`tidemark bench " + mode_arg + "` failed");
+    return determinate("`tidemark bench " + std::string(mode) + "` failed");
   }
   return text;
 }

@@ -8,6 +8,8 @@
 // RSS, which exec carries over.
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -98,6 +100,19 @@ struct BenchPlace {
 [[nodiscard]] Result<BenchPlace> bench_place(const std::optional<std::string>& blob,
                                              const std::optional<std::string>& consensus,
                                              const std::filesystem::path& dir);
+
+// A child `tidemark bench MODE ARGS...` of this binary, started: its pid,
+// the read end of a pipe from its standard output, and with `with_stdin`
+// the write end of a pipe to its standard input (else -1). The caller
+// closes both and waits for the pid.
+struct BenchChild {
+  pid_t pid = -1;
+  int stdout_fd = -1;
+  int stdin_fd = -1;
+};
+[[nodiscard]] Result<BenchChild> spawn_bench_child(std::string_view mode,
+                                                   const std::vector<std::string>& args,
+                                                   bool with_stdin = false);
 
 // Runs `tidemark bench MODE ARGS...` and returns its standard output; an
 // error if it could not start or did not exit with status 0.
