@@ -270,10 +270,21 @@ class TidemarkHttp final : public System {
 
 // --- Tidemark's Appender in this process.
 
+// Commits here (AppendSender::set_commit_here) while it is the only
+// writer, as tidemark serve does for a lone append: an idle appender's
+// batch is then built and committed on the producer's own thread, with no
+// hop to the pool and back. With more writers it never does (the server
+// does not either: under load, committing one record alone on the
+// producer's thread takes the next commit's batch apart).
 class EmbeddedWriter final : public Writer {
  public:
-  explicit EmbeddedWriter(tidemark::AppendSender sender) : sender_(std::move(sender)) {}
+  EmbeddedWriter(tidemark::AppendSender sender, std::shared_ptr<std::atomic<int>> writers)
+      : sender_(std::move(sender)), writers_(std::move(writers)) {
+    writers_->fetch_add(1);
+  }
+  ~EmbeddedWriter() override { writers_->fetch_sub(1); }
   void write(const Record& record) override {
+    sender_.set_commit_here(writers_->load(std::memory_order_relaxed) == 1);
     for (;;) {
       auto token = sender_.enqueue_with_token(tidemark::AppendRecord{record.key, record.value, 1});
       if (!token) {
@@ -291,6 +302,7 @@ class EmbeddedWriter final : public Writer {
 
  private:
   tidemark::AppendSender sender_;
+  std::shared_ptr<std::atomic<int>> writers_;  // EmbeddedWriters open
 };
 
 class TidemarkEmbedded final : public System {
@@ -318,16 +330,18 @@ class TidemarkEmbedded final : public System {
   }
   std::string name() const override { return "tidemark-embedded"; }
   std::string check_durability() override {
-    return "Appender, embedded default (as tidemark serve)";
+    return "Appender, embedded default (as tidemark serve; a lone writer commits on its own "
+           "thread, AppendSender::set_commit_here)";
   }
   std::unique_ptr<Writer> connect() override {
-    return std::make_unique<EmbeddedWriter>(appender_->sender());
+    return std::make_unique<EmbeddedWriter>(appender_->sender(), writers_);
   }
   std::vector<pid_t> sync_pids() override { return {0}; }
 
  private:
   std::shared_ptr<tidemark::Client> client_;
   std::shared_ptr<tidemark::Appender> appender_;
+  std::shared_ptr<std::atomic<int>> writers_ = std::make_shared<std::atomic<int>>(0);
 };
 
 // --- PostgreSQL: INSERT per transaction.
