@@ -31,6 +31,11 @@
 //                      that round trip; with blob latency alone it is the
 //                      issue's "N / 200 ms"
 //   batches per commit batches committed / compare_and_append calls
+//   commit call        each compare_and_append that succeeded, p50/p99 over
+//                      the last seconds before the deadline
+//                      (AppenderStats::commit_call), and the whole run's
+//                      write stall (stall_ms: the committer waiting for
+//                      compaction)
 //   peak pool use      the appender's pool, sampled every 1 ms, and the
 //                      pool's own peak_used; shown against the capacity and
 //                      "capacity + one enqueue call" (capacity plus one
@@ -112,6 +117,10 @@ struct Figures {
   std::optional<std::uint64_t> capacity;  // nullopt: unlimited (records mode)
   std::uint64_t record_charge = 0;
   std::uint64_t pool_waits = 0;
+  // The compare_and_append calls of the last seconds before the deadline
+  // (AppenderStats::commit_call), and the whole run's write stall.
+  double call_p50_ms = 0, call_p99_ms = 0;
+  std::uint64_t stall_ms = 0;
   std::uint64_t snapshot_rows = 0;
   std::int64_t snapshot_diffs = 0;
 };
@@ -386,6 +395,9 @@ Result<Figures> run(const Options& o, const BenchPlace& place) {
   f.peak_sampled = peak_sampled.load();
   f.peak_stats = final_stats.pool.peak_used;
   f.pool_waits = final_stats.pool.waits;
+  f.call_p50_ms = at_deadline.commit_call.p50_micros / 1000.0;
+  f.call_p99_ms = at_deadline.commit_call.p99_micros / 1000.0;
+  f.stall_ms = final_stats.stall_ms;
 
   appender.reset();
   shard.reset();
@@ -417,7 +429,8 @@ void print(const Options& o, const BenchPlace& place, const Figures& f) {
         "\"fraction_of_ideal\":%s,\"latency_p50_ms\":%.1f,\"latency_p90_ms\":%.1f,"
         "\"latency_p99_ms\":%.1f,\"window_commits\":%llu,\"window_batches\":%llu,"
         "\"batches_per_commit\":%.2f,\"commits\":%llu,\"batches\":%llu,\"mismatches\":%llu,"
-        "\"retimed_batches\":%llu,\"records_committed\":%llu,\"failed\":%llu,"
+        "\"retimed_batches\":%llu,\"commit_call_p50_ms\":%.3f,\"commit_call_p99_ms\":%.3f,"
+        "\"stall_ms\":%llu,\"records_committed\":%llu,\"failed\":%llu,"
         "\"pool_peak_sampled_bytes\":%llu,\"pool_peak_used_bytes\":%llu,"
         "\"pool_capacity_bytes\":%s,\"record_charge_bytes\":%llu,"
         "\"capacity_plus_one_enqueue_bytes\":%s,\"pool_waits\":%llu,\"snapshot_rows\":%llu,"
@@ -430,7 +443,8 @@ void print(const Options& o, const BenchPlace& place, const Figures& f) {
         static_cast<unsigned long long>(f.window_batches), batches_per_commit,
         static_cast<unsigned long long>(f.commits), static_cast<unsigned long long>(f.batches),
         static_cast<unsigned long long>(f.mismatches),
-        static_cast<unsigned long long>(f.retimed_batches),
+        static_cast<unsigned long long>(f.retimed_batches), f.call_p50_ms, f.call_p99_ms,
+        static_cast<unsigned long long>(f.stall_ms),
         static_cast<unsigned long long>(f.committed_tokens),
         static_cast<unsigned long long>(f.failed), static_cast<unsigned long long>(f.peak_sampled),
         static_cast<unsigned long long>(f.peak_stats), json_number(f.capacity).c_str(),
@@ -463,6 +477,8 @@ void print(const Options& o, const BenchPlace& place, const Figures& f) {
       batches_per_commit, static_cast<unsigned long long>(f.window_batches),
       static_cast<unsigned long long>(f.window_commits), static_cast<unsigned long long>(f.batches),
       static_cast<unsigned long long>(f.commits));
+  std::printf("commit call         p50 %.3f ms  p99 %.3f ms; write stall %llu ms\n", f.call_p50_ms,
+              f.call_p99_ms, static_cast<unsigned long long>(f.stall_ms));
   if (f.capacity) {
     std::printf(
         "peak pool use       %llu bytes sampled, %llu peak_used; capacity %llu, capacity + one "
