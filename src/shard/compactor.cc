@@ -54,8 +54,9 @@ bool try_unregistered(std::uint64_t total, std::size_t count, std::uint64_t part
 // miss or delete), so a pass of those costs one write per merge.
 class PassWriter {
  public:
-  explicit PassWriter(ShardContext& context)
+  PassWriter(ShardContext& context, PassCommits commits)
       : context_(context),
+        commits_(commits),
         id_("c" + random_id()),
         reader_id_("r-" + id_),
         lease_ms_(static_cast<std::uint64_t>(context.options.writer_lease.count())) {}
@@ -71,14 +72,19 @@ class PassWriter {
     });
   }
 
+  // Commits `transition` for the pass: a registration or a merge.
+  Result<StatePtr> commit(const Transition& transition) {
+    if (commits_ == PassCommits::kRideAppends) return context_.machine->apply_riding(transition);
+    return context_.machine->apply(transition);
+  }
+
   const std::string& id() const { return id_; }
   bool registered() const { return registered_; }
 
   Status open() {
     if (lease_ms_ == 0) return invalid_usage("a writer lease must be positive");
     const std::uint64_t now = wall_clock_millis();
-    TM_ASSIGN(StatePtr state,
-              context_.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+    TM_ASSIGN(StatePtr state, commit([&](ShardState& s) -> Result<TransitionResult> {
                 register_writer(s, id_, now + lease_ms_, now, context_.options.owner);
                 register_reader(s, reader_id_, false, now + lease_ms_, now, context_.options.owner);
                 return TransitionResult::kWrite;
@@ -137,6 +143,7 @@ class PassWriter {
   }
 
   ShardContext& context_;
+  const PassCommits commits_;
   const std::string id_;
   const std::string reader_id_;
   const std::uint64_t lease_ms_;
@@ -256,7 +263,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last, bo
   CompactionOutcome outcome = CompactionOutcome::kInputsGone;
   bool leaving = false;
   const std::uint64_t now = wall_clock_millis();
-  auto applied = context.machine->apply([&](ShardState& s) -> Result<TransitionResult> {
+  auto applied = writer.commit([&](ShardState& s) -> Result<TransitionResult> {
     TM_ASSIGN(outcome, apply_compaction(s, unregistered ? "" : writer.id(), inputs, output, now));
     if (outcome != CompactionOutcome::kApplied) return TransitionResult::kUnchanged;
     const std::optional<std::size_t> next_first = first_batch(context, s, tail);
@@ -362,12 +369,12 @@ int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t no
 namespace {
 
 Result<CompactionReport> compact(ShardContext& context, bool tail,
-                                 const std::function<bool()>& stop) {
+                                 const std::function<bool()>& stop, PassCommits commits) {
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<std::size_t> first = first_batch(context, *state, tail);
   if (!first || !next_merge(*state, context.inline_drain_bytes(), *first)) return report;
-  PassWriter writer(context);  // registers when a merge may write to blob
+  PassWriter writer(context, commits);  // registers when a merge may write to blob
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
     TM_ASSIGN(bool merged,
               merge_once(context, writer, i + 1 == kMaxMergesPerPass, tail, report, stop));
@@ -378,13 +385,15 @@ Result<CompactionReport> compact(ShardContext& context, bool tail,
 
 }  // namespace
 
-Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop) {
-  return compact(context, /*tail=*/false, stop);
+Result<CompactionReport> compact_shard(ShardContext& context, const std::function<bool()>& stop,
+                                       PassCommits commits) {
+  return compact(context, /*tail=*/false, stop, commits);
 }
 
 Result<CompactionReport> compact_shard_tail(ShardContext& context,
-                                            const std::function<bool()>& stop) {
-  return compact(context, /*tail=*/true, stop);
+                                            const std::function<bool()>& stop,
+                                            PassCommits commits) {
+  return compact(context, /*tail=*/true, stop, commits);
 }
 
 ShardContext::ShardContext() = default;
@@ -493,7 +502,8 @@ struct BackgroundCompactor::Shared {
     }
     shared->tail_running = true;
     lock.unlock();
-    auto compacted = compact_shard_tail(*shared->context, stopping_check(shared));
+    auto compacted =
+        compact_shard_tail(*shared->context, stopping_check(shared), PassCommits::kRideAppends);
     lock.lock();
     if (!compacted) shared->last_error = compacted.error();
     shared->tail_running = false;
@@ -512,7 +522,7 @@ struct BackgroundCompactor::Shared {
     lock.unlock();
     const std::function<bool()> stop = stopping_check(shared);
     ShardContext& context = *shared->context;
-    auto compacted = compact_shard(context, stop);
+    auto compacted = compact_shard(context, stop, PassCommits::kRideAppends);
     std::optional<Error> error;
     if (!compacted) error = compacted.error();
     const std::uint64_t now = wall_clock_millis();

@@ -81,11 +81,21 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 [[nodiscard]] Result<MergeRequest> fit_merge(Blob& blob, std::span<const HollowBatch> inputs,
                                              std::uint64_t budget = kMergeBlockBudgetBytes);
 
+// How a pass commits its registration and its merges: each in a consensus
+// write of its own, or (the background compactor's passes) riding in the
+// appends' commits while appends commit in this process
+// (ShardMachine::apply_riding): no write, no sync and no lost race of their
+// own for the next append, at the cost of waiting for it (at most
+// kRideWait a commit). A caller that compacts between its own appends
+// (Shard::compact) must not wait for them.
+enum class PassCommits : std::uint8_t { kOwn, kRideAppends };
+
 // `stop` (when given) is checked between merges, while a merge opens its
 // inputs and every 4096 updates it merges: once it returns true the merge
 // in flight is abandoned (what it wrote is deleted) and the pass ends.
 [[nodiscard]] Result<CompactionReport> compact_shard(ShardContext& context,
-                                                     const std::function<bool()>& stop = {});
+                                                     const std::function<bool()>& stop = {},
+                                                     PassCommits commits = PassCommits::kOwn);
 
 // As compact_shard, but only while this process's compactor has a merge in
 // flight (ShardContext::begin_merge), and only above it, as a spine of its
@@ -98,7 +108,8 @@ inline constexpr std::uint64_t kMergeBlockBudgetBytes = 32 << 20;
 // races with the running pass cost work only.
 inline constexpr std::uint64_t kTailMergeMaxBytes = 8 << 20;
 [[nodiscard]] Result<CompactionReport> compact_shard_tail(ShardContext& context,
-                                                          const std::function<bool()>& stop = {});
+                                                          const std::function<bool()>& stop = {},
+                                                          PassCommits commits = PassCommits::kOwn);
 
 // Does, within `state`, the merges next_merge asks for while their inputs
 // are all inline parts that together fit one inline part

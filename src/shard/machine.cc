@@ -1,6 +1,8 @@
 #include "shard/machine.h"
 
+#include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "shard/change_watch.h"
 #include "tidemark/retry.h"
@@ -20,7 +22,88 @@ constexpr RetryPolicy kIndeterminateRetry{
 constexpr RetryPolicy kRollupUploadRetry{
     std::chrono::milliseconds(10), std::chrono::milliseconds(100), 5, {}};
 
+std::int64_t steady_nanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 }  // namespace
+
+struct ShardMachine::Rider {
+  explicit Rider(const Transition* t) : transition(t) {}
+  enum class Stage : std::uint8_t { kQueued, kAboard, kCommitted, kReleased };
+  const Transition* transition;
+  Stage stage = Stage::kQueued;  // GUARDED_BY(riders_mu_)
+  bool in_doubt = false;         // released after an indeterminate carrying write
+  StatePtr committed;            // once kCommitted
+};
+
+// The riders one carrying apply has aboard: boarded after its own
+// transition, committed with its write or released (to apply themselves)
+// when that write fails, when the apply retries, or when it returns.
+class ShardMachine::Carried {
+ public:
+  explicit Carried(ShardMachine* machine) : machine_(machine) {}
+  ~Carried() { release(); }
+  Carried(const Carried&) = delete;
+  Carried& operator=(const Carried&) = delete;
+
+  // Runs the queued riders' transitions on `state`, after the carrier's
+  // own; one that fails or changes nothing is rolled back and released.
+  void board(ShardState& state) {
+    std::vector<Rider*> queued;
+    {
+      std::lock_guard lock(machine_->riders_mu_);
+      queued.assign(machine_->riders_.begin(), machine_->riders_.end());
+      machine_->riders_.clear();
+      for (Rider* rider : queued) rider->stage = Rider::Stage::kAboard;
+    }
+    std::vector<Rider*> refused;
+    for (Rider* rider : queued) {
+      ShardState before = state;
+      auto result = (*rider->transition)(state);
+      if (result && *result == TransitionResult::kWrite) {
+        aboard_.push_back(rider);
+      } else {
+        state = std::move(before);
+        refused.push_back(rider);
+      }
+    }
+    settle(refused, nullptr, false);
+  }
+  // The write carrying them may have landed: a released rider is in doubt.
+  void doubt() { in_doubt_ = !aboard_.empty(); }
+  void commit(const StatePtr& state) {
+    machine_->riders_carried_.fetch_add(aboard_.size(), std::memory_order_relaxed);
+    settle(aboard_, state, false);
+  }
+  void release() { settle(aboard_, nullptr, in_doubt_); }
+
+ private:
+  void settle(std::vector<Rider*>& riders, const StatePtr& committed, bool in_doubt) {
+    if (riders.empty()) return;
+    {
+      std::lock_guard lock(machine_->riders_mu_);
+      for (Rider* rider : riders) {
+        if (committed) {
+          rider->stage = Rider::Stage::kCommitted;
+          rider->committed = committed;
+        } else {
+          rider->stage = Rider::Stage::kReleased;
+          rider->in_doubt = in_doubt;
+        }
+      }
+    }
+    riders.clear();
+    if (&riders == &aboard_) in_doubt_ = false;
+    machine_->riders_cv_.notify_all();
+  }
+
+  ShardMachine* const machine_;
+  std::vector<Rider*> aboard_;
+  bool in_doubt_ = false;
+};
 
 ShardMachine::ShardMachine(std::string shard, std::shared_ptr<Consensus> consensus,
                            std::shared_ptr<Blob> blob, std::uint64_t inline_rollup_max_bytes)
@@ -163,10 +246,47 @@ Result<StatePtr> ShardMachine::cached() {
   return fetch();
 }
 
-Result<StatePtr> ShardMachine::apply(const Transition& transition) {
+Result<StatePtr> ShardMachine::apply(const Transition& transition, Carry carry) {
+  if (carry == Carry::kRiders) carrier_seen_ns_.store(steady_nanos(), std::memory_order_relaxed);
+  return apply_impl(transition, carry, false);
+}
+
+Result<StatePtr> ShardMachine::apply_riding(const Transition& transition) {
+  const std::int64_t since = steady_nanos() - carrier_seen_ns_.load(std::memory_order_relaxed);
+  if (since > std::chrono::nanoseconds(kRideWindow).count()) {
+    return apply_impl(transition, Carry::kNo, false);
+  }
+  Rider rider(&transition);
+  std::unique_lock lock(riders_mu_);
+  riders_.push_back(&rider);
+  auto settled = [&] {
+    return rider.stage == Rider::Stage::kCommitted || rider.stage == Rider::Stage::kReleased;
+  };
+  if (!riders_cv_.wait_for(lock, kRideWait, settled)) {
+    if (rider.stage == Rider::Stage::kQueued) {
+      riders_.erase(std::find(riders_.begin(), riders_.end(), &rider));
+      rider.stage = Rider::Stage::kReleased;
+    } else {
+      riders_cv_.wait(lock, settled);  // aboard: its carrier's attempt settles it
+    }
+  }
+  if (rider.stage == Rider::Stage::kCommitted) return rider.committed;
+  const bool in_doubt = rider.in_doubt;
+  lock.unlock();
+  return apply_impl(transition, Carry::kNo, in_doubt);
+}
+
+std::size_t ShardMachine::riders_waiting() {
+  std::lock_guard lock(riders_mu_);
+  return riders_.size();
+}
+
+Result<StatePtr> ShardMachine::apply_impl(const Transition& transition, Carry carry,
+                                          bool in_doubt) {
   // Once a write may have landed, no later failure is definite: report
   // every infrastructure error from then on as indeterminate.
-  bool uncertain = false;
+  bool uncertain = in_doubt;
+  Carried carried(this);
   auto infrastructure_error = [&](Error error) {
     if (uncertain && !error.is(ErrorKind::kIndeterminate)) {
       error =
@@ -197,6 +317,7 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
     } else if (*result == TransitionResult::kUnchanged) {
       return current;
     } else {
+      if (carry == Carry::kRiders) carried.board(*next);
       next->seqno = current->seqno + 1;
       RollupRef rollup{current->rollup, current->rollup_id};
       // A diff, unless this is the shard's first version or the chain is
@@ -230,6 +351,7 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       if (cas && *cas == CasOutcome::kCommitted) {
         StatePtr committed = std::move(next);
         remember(committed);
+        carried.commit(committed);
         return committed;
       }
       if (!cas && !cas.error().is(ErrorKind::kIndeterminate)) {
@@ -237,6 +359,7 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
       }
       if (!cas) {
         uncertain = true;
+        carried.doubt();
         if (!indeterminate_backoff) indeterminate_backoff.emplace(kIndeterminateRetry);
         if (!indeterminate_backoff->next()) return std::unexpected(cas.error());
         // Only our own bytes at our seqno prove the write landed; anything
@@ -245,10 +368,13 @@ Result<StatePtr> ShardMachine::apply(const Transition& transition) {
         if (head && *head && (*head)->seqno == next->seqno && (*head)->data == encoded) {
           StatePtr committed = std::move(next);
           remember(committed);
+          carried.commit(committed);
           return committed;
         }
       }
     }
+    // The riders aboard apply themselves; the next attempt boards anew.
+    carried.release();
     auto latest = fetch();
     if (!latest) return infrastructure_error(latest.error());
     current = std::move(*latest);

@@ -19,11 +19,31 @@
 // re-run once on a freshly fetched one, so a stale cache never produces a
 // spurious error such as UpperMismatch.
 //
-// Thread-safety: safe for concurrent use; the cached state is guarded by a
-// mutex and no lock is held across I/O.
+// Riders: background work whose commit may wait (compaction's merges)
+// hands its transition to apply_riding(). While appends commit in this
+// process (apply(..., Carry::kRiders) within the last kRideWindow), it
+// waits for the next such commit, which runs it after its own transition
+// and writes both in its one consensus write: no write and no sync of its
+// own, and no lost compare-and-set for the append that comes next. A rider
+// that fails or changes nothing there, or whose carrying write fails, is
+// rolled back out of that write and applies itself, as apply() would; so
+// does one that waited kRideWait in vain. A rider released after an
+// indeterminate carrying write starts its own apply in doubt (its later
+// definite errors are reported as indeterminate), like a retry of apply().
+// So a rider's transition must tolerate being run again on a state its
+// earlier run may have reached (apply() asks the same of every transition
+// after an indeterminate write).
+//
+// Thread-safety: safe for concurrent use; the cached state and the riders'
+// queue are guarded by mutexes and no lock is held across I/O. A rider's
+// transition runs on the carrying apply's thread while its own caller
+// waits.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -46,6 +66,15 @@ using Transition = std::function<Result<TransitionResult>(ShardState& state)>;
 // States are shared, immutable once published: readers hold them without
 // copying, and the cache swaps pointers.
 using StatePtr = std::shared_ptr<const ShardState>;
+
+// Whether an apply carries the riders queued meanwhile (see above).
+enum class Carry : std::uint8_t { kNo, kRiders };
+
+// How recently a carrying apply must have run for a rider to wait for the
+// next, and how long it waits. Under 1,000 clients the Appender commits
+// about every 9 ms; an idle shard's compaction does not wait at all.
+inline constexpr std::chrono::milliseconds kRideWindow{25};
+inline constexpr std::chrono::milliseconds kRideWait{25};
 
 class ShardMachine {
  public:
@@ -82,8 +111,18 @@ class ShardMachine {
   [[nodiscard]] Result<StatePtr> latest_known() { return cached(); }
 
   // Commits `transition` and returns the state it produced (or found, when
-  // the transition left it unchanged).
-  [[nodiscard]] Result<StatePtr> apply(const Transition& transition);
+  // the transition left it unchanged). With Carry::kRiders (appends), a
+  // write also carries the riders queued meanwhile.
+  [[nodiscard]] Result<StatePtr> apply(const Transition& transition, Carry carry = Carry::kNo);
+
+  // As apply(), riding the next carrying apply when one is likely soon
+  // (see above). For work whose commit may wait up to kRideWait.
+  [[nodiscard]] Result<StatePtr> apply_riding(const Transition& transition);
+
+  // Riders carried by a write that landed, and riders queued now waiting
+  // for a carrier: for tests and figures.
+  std::uint64_t riders_carried() const { return riders_carried_.load(std::memory_order_relaxed); }
+  std::size_t riders_waiting();
 
   // The full state at `rollup`: the blob rollup, or the consensus version
   // at that seqno when it is a full state. NotFound when neither exists
@@ -91,6 +130,12 @@ class ShardMachine {
   [[nodiscard]] Result<ShardState> load_rollup(const RollupRef& rollup);
 
  private:
+  struct Rider;
+  class Carried;
+  // apply(); `in_doubt`: an earlier write of this transition may have
+  // landed (a rider released after an indeterminate carrying write).
+  [[nodiscard]] Result<StatePtr> apply_impl(const Transition& transition, Carry carry,
+                                            bool in_doubt);
   // fetch() without the incarnation check.
   [[nodiscard]] Result<StatePtr> fetch_any();
   // The cached state, fetching it if there is none yet.
@@ -114,6 +159,13 @@ class ShardMachine {
   mutable std::atomic<bool> refused_{false};
   std::mutex mu_;
   StatePtr cache_;  // GUARDED_BY(mu_)
+
+  std::mutex riders_mu_;
+  std::condition_variable riders_cv_;  // a rider was committed or released
+  std::deque<Rider*> riders_;          // GUARDED_BY(riders_mu_): queued, not yet carried
+  // Steady-clock nanoseconds when a carrying apply last started.
+  std::atomic<std::int64_t> carrier_seen_ns_{0};
+  std::atomic<std::uint64_t> riders_carried_{0};
 };
 
 }  // namespace tidemark

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <random>
 #include <thread>
 
@@ -19,10 +20,12 @@
 #include "shard/machine.h"
 #include "shard/merge.h"
 #include "shard/state.h"
+#include "shard/transitions.h"
 #include "testing/shard_util.h"
 #include "tidemark/client.h"
 #include "tidemark/read.h"
 #include "tidemark/write.h"
+#include "util/clock.h"
 
 namespace tidemark {
 namespace {
@@ -2092,6 +2095,186 @@ TEST_F(FaultyReadsTest, AReadGivesUpAtItsDeadline) {
   EXPECT_NE(snapshot.error().message.find("gave up after"), std::string::npos)
       << snapshot.error().message;
   EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5));
+}
+
+// --- ShardMachine's riders (machine.h) ---------------------------------------
+// Background transitions committed in the next carrying apply's write,
+// rolled back out of it when they fail, and applying themselves when it
+// fails or never comes.
+
+// Registers writer `id`: one visible, idempotent change per transition.
+Transition add_writer(std::string id) {
+  return [id = std::move(id)](ShardState& s) -> Result<TransitionResult> {
+    const std::uint64_t now = wall_clock_millis();
+    register_writer(s, id, now + 600'000, now, "test");
+    return TransitionResult::kWrite;
+  };
+}
+
+class MachineRidersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    consensus_ = std::make_shared<ApplyThenFail>(std::make_shared<MemConsensus>());
+    blob_ = std::make_shared<MemBlob>();
+    machine_ = std::make_unique<ShardMachine>("orders", consensus_, blob_);
+    // A carrying apply just ran: riders wait for the next.
+    ASSERT_TRUE(machine_->apply(add_writer("first"), Carry::kRiders));
+  }
+
+  // Starts apply_riding(transition) on a thread of its own, and returns
+  // once it waits in the queue.
+  std::future<Result<StatePtr>> ride(Transition transition) {
+    auto ridden = std::async(std::launch::async, [this, transition = std::move(transition)] {
+      return machine_->apply_riding(transition);
+    });
+    while (machine_->riders_waiting() == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return ridden;
+  }
+
+  StatePtr head() {
+    ShardMachine reader("orders", consensus_, blob_);
+    auto state = reader.fetch();
+    EXPECT_TRUE(state);
+    return state ? *state : nullptr;
+  }
+
+  std::shared_ptr<ApplyThenFail> consensus_;
+  std::shared_ptr<MemBlob> blob_;
+  std::unique_ptr<ShardMachine> machine_;
+};
+
+TEST_F(MachineRidersTest, ARiderIsCommittedInTheNextCarryingWrite) {
+  auto ridden = ride(add_writer("rider"));
+  const int before = consensus_->cas_calls;
+  auto carried = machine_->apply(add_writer("carrier"), Carry::kRiders);
+  ASSERT_TRUE(carried);
+  auto rider = ridden.get();
+  ASSERT_TRUE(rider) << rider.error().to_string();
+  // One consensus write for both, and the rider sees the state it landed in.
+  EXPECT_EQ(consensus_->cas_calls - before, 1);
+  EXPECT_EQ((*rider)->seqno, (*carried)->seqno);
+  EXPECT_EQ(machine_->riders_carried(), 1u);
+  StatePtr state = head();
+  EXPECT_TRUE(state->writers.contains("carrier"));
+  EXPECT_TRUE(state->writers.contains("rider"));
+}
+
+TEST_F(MachineRidersTest, AFailingRiderIsRolledBackAndGetsItsOwnError) {
+  std::atomic<int> runs{0};
+  auto ridden = ride([&](ShardState& s) -> Result<TransitionResult> {
+    ++runs;
+    register_writer(s, "half-done", wall_clock_millis() + 600'000, wall_clock_millis(), "test");
+    return make_error(ErrorKind::kInvalidUsage, "test: this rider fails");
+  });
+  ASSERT_TRUE(machine_->apply(add_writer("carrier"), Carry::kRiders));
+  auto rider = ridden.get();
+  ASSERT_FALSE(rider);
+  EXPECT_EQ(rider.error().kind, ErrorKind::kInvalidUsage);
+  EXPECT_GE(runs.load(), 2);  // in the carrier, then on its own
+  EXPECT_EQ(machine_->riders_carried(), 0u);
+  StatePtr state = head();
+  EXPECT_TRUE(state->writers.contains("carrier"));
+  EXPECT_FALSE(state->writers.contains("half-done"));  // its change was rolled back
+}
+
+TEST_F(MachineRidersTest, ARiderThatChangesNothingIsNotWrittenForIt) {
+  auto ridden =
+      ride([](ShardState&) -> Result<TransitionResult> { return TransitionResult::kUnchanged; });
+  const int before = consensus_->cas_calls;
+  ASSERT_TRUE(machine_->apply(add_writer("carrier"), Carry::kRiders));
+  auto rider = ridden.get();
+  ASSERT_TRUE(rider);
+  EXPECT_EQ(consensus_->cas_calls - before, 1);  // the carrier's write only
+  EXPECT_EQ(machine_->riders_carried(), 0u);
+}
+
+// The carrier's cached state is stale: its write loses the race, the rider
+// applies itself, and both changes land once.
+TEST_F(MachineRidersTest, ARiderWhoseCarrierLosesARaceAppliesItself) {
+  ShardMachine other("orders", consensus_, blob_);
+  ASSERT_TRUE(other.apply(add_writer("elsewhere")));
+  auto ridden = ride(add_writer("rider"));
+  ASSERT_TRUE(machine_->apply(add_writer("carrier"), Carry::kRiders));
+  auto rider = ridden.get();
+  ASSERT_TRUE(rider) << rider.error().to_string();
+  StatePtr state = head();
+  for (const char* id : {"first", "elsewhere", "carrier", "rider"}) {
+    EXPECT_TRUE(state->writers.contains(id)) << id;
+  }
+}
+
+// A rider aboard a write whose outcome is unknown applies itself in doubt:
+// a definite refusal afterwards (its writer is gone) may mean that write
+// landed, so it is reported as indeterminate, as apply() reports its own.
+TEST_F(MachineRidersTest, ARiderReleasedAfterAnIndeterminateWriteIsInDoubt) {
+  std::atomic<int> runs{0};
+  auto ridden = ride([&](ShardState& s) -> Result<TransitionResult> {
+    if (runs++ == 0) {
+      register_writer(s, "rider", wall_clock_millis() + 600'000, wall_clock_millis(), "test");
+      return TransitionResult::kWrite;
+    }
+    return make_error(ErrorKind::kLeaseExpired, "test: the rider's writer is gone");
+  });
+  consensus_->fail_without_applying = 1;  // the write carrying the rider
+  ASSERT_TRUE(machine_->apply(add_writer("carrier"), Carry::kRiders));
+  auto rider = ridden.get();
+  ASSERT_FALSE(rider);
+  EXPECT_EQ(rider.error().kind, ErrorKind::kIndeterminate) << rider.error().to_string();
+  EXPECT_TRUE(head()->writers.contains("carrier"));
+}
+
+TEST_F(MachineRidersTest, ARiderWithNoCarrierAppliesItself) {
+  const auto started = std::chrono::steady_clock::now();
+  const int before = consensus_->cas_calls;
+  auto rider = machine_->apply_riding(add_writer("rider"));
+  ASSERT_TRUE(rider);
+  // It waited for the carrier that ran just before it, in vain.
+  EXPECT_GE(std::chrono::steady_clock::now() - started, kRideWait);
+  EXPECT_EQ(consensus_->cas_calls - before, 1);
+  EXPECT_TRUE(head()->writers.contains("rider"));
+  // No carrier within kRideWindow: the next rider does not queue at all.
+  std::this_thread::sleep_for(kRideWindow);
+  auto alone =
+      std::async(std::launch::async, [&] { return machine_->apply_riding(add_writer("alone")); });
+  ASSERT_TRUE(alone.get());
+  EXPECT_EQ(machine_->riders_carried(), 0u);
+  EXPECT_TRUE(head()->writers.contains("alone"));
+}
+
+// Carriers and riders on many threads: every change lands, each rider
+// either carried or on its own.
+TEST_F(MachineRidersTest, ConcurrentCarriersAndRidersLoseNothing) {
+  constexpr int kThreads = 4, kEach = 50;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        if (!machine_->apply(add_writer("c" + std::to_string(t) + "-" + std::to_string(i)),
+                             Carry::kRiders)) {
+          ++failures;
+        }
+      }
+    });
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        if (!machine_->apply_riding(
+                add_writer("r" + std::to_string(t) + "-" + std::to_string(i)))) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  StatePtr state = head();
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kEach; ++i) {
+      EXPECT_TRUE(state->writers.contains("c" + std::to_string(t) + "-" + std::to_string(i)));
+      EXPECT_TRUE(state->writers.contains("r" + std::to_string(t) + "-" + std::to_string(i)));
+    }
+  }
 }
 
 }  // namespace

@@ -197,18 +197,20 @@ Status WriteHandle::compare_and_append(std::span<Batch> batches, Frontier expect
   Backoff backoff(options.write_retry);
   Result<StatePtr> applied;
   for (;;) {
-    applied = context_->machine->apply([&](ShardState& state) -> Result<TransitionResult> {
-      TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
-      if (outcome != AppendOutcome::kApplied) return TransitionResult::kUnchanged;
-      if (carries_inline && inline_bytes(state) > options.inline_state_max_bytes) {
-        no_room = true;
-        return make_error(ErrorKind::kFull, "no room for inline parts in the shard's state");
-      }
-      // Where compaction runs, the small merges this append makes due ride
-      // in its commit (compactor.h).
-      if (context_->compactor) (void)merge_inline_tail(*context_, state, wall_clock_millis());
-      return TransitionResult::kWrite;
-    });
+    applied = context_->machine->apply(
+        [&](ShardState& state) -> Result<TransitionResult> {
+          TM_ASSIGN(AppendOutcome outcome, apply_append(state, request));
+          if (outcome != AppendOutcome::kApplied) return TransitionResult::kUnchanged;
+          if (carries_inline && inline_bytes(state) > options.inline_state_max_bytes) {
+            no_room = true;
+            return make_error(ErrorKind::kFull, "no room for inline parts in the shard's state");
+          }
+          // Where compaction runs, the small merges this append makes due ride
+          // in its commit (compactor.h).
+          if (context_->compactor) (void)merge_inline_tail(*context_, state, wall_clock_millis());
+          return TransitionResult::kWrite;
+        },
+        Carry::kRiders);
     if (no_room) {
       // Nothing was written: this state did not hold the append.
       no_room = false;
