@@ -38,6 +38,10 @@
 // queue are guarded by mutexes and no lock is held across I/O. A rider's
 // transition runs on the carrying apply's thread while its own caller
 // waits.
+//
+// Memory: the riders' queue holds a pointer per waiting caller (at most
+// one per compaction pool thread); a carrier holds, besides its state, one
+// copy of it at a time: the state before the rider whose transition runs.
 #pragma once
 
 #include <atomic>
