@@ -438,8 +438,13 @@ Status MergeCursor::leave_part(Input& input) {
   const std::size_t done_index = run.next_part - 1;
   const UpdateView last = *input.head;  // valid while `done` lives
   std::unique_ptr<PartReader> done = std::move(input.reader);
+  // Its block's bytes go with it, not to the next part: that one may be
+  // deferred (or there may be none), and the merge goes on to other inputs
+  // meanwhile.
+  std::optional<Lease> done_block = take_block(input);
   if (auto opened = open_next_part(input); !opened) {
     input.reader = std::move(done);  // a retry starts over
+    if (done_block) hold_block(input, std::move(*done_block));
     return opened;
   }
   input.head.reset();
@@ -481,10 +486,15 @@ void MergeCursor::hold_block(Input& input, Lease lease) {
   input.block_memory = std::move(lease);
 }
 
-void MergeCursor::release_block(Input& input) {
-  if (!input.block_memory) return;
-  if (budget_) budget_->add_merge_blocks(-static_cast<std::int64_t>(input.block_memory->size()));
+std::optional<Lease> MergeCursor::take_block(Input& input) {
+  std::optional<Lease> lease = std::move(input.block_memory);
   input.block_memory.reset();
+  if (lease && budget_) budget_->add_merge_blocks(-static_cast<std::int64_t>(lease->size()));
+  return lease;
+}
+
+void MergeCursor::release_block(Input& input) {
+  take_block(input);
 }
 
 Status MergeCursor::charge_next_block(Input& input) {
@@ -542,6 +552,7 @@ Status MergeCursor::advance(Input& input) {
       }
       if (!input.reader) {
         input.head.reset();
+        release_block(input);  // the input has ended
         return {};
       }
     }

@@ -158,6 +158,8 @@ class MergeCursor {
   // what the merge's blocks hold.
   void hold_block(Input& input, Lease lease);
   void release_block(Input& input);
+  // Moves input.block_memory out, as release_block, to the caller.
+  std::optional<Lease> take_block(Input& input);
   // Marks an input with a reader whose next block is over kDeferBlockBytes as
   // deferred, its head the bound (key_min, "", 0); false when it loads now.
   static bool defer(Input& input);
