@@ -60,6 +60,15 @@ struct ClientOptions {
   // or object); a larger one is first written to the blob store. 0: always
   // the blob store.
   std::uint64_t inline_rollup_max_bytes = 1 << 20;
+  // Compaction merges a batch with the batches after it once they hold
+  // (spine_fanout - 1) times its data, like a counter in this base: a
+  // shard of n similar appends keeps about (spine_fanout - 1) log(n) /
+  // log(spine_fanout) batches, and each byte is rewritten about
+  // log(n) / log(spine_fanout) times. Higher: less merge work, more
+  // batches for a whole-shard read to merge (each holds one open block
+  // while it reads). 2 merges the most and keeps the fewest batches. Taken
+  // within [2, 64].
+  std::uint64_t spine_fanout = 4;
   // Listen orders each batch's updates by time within this buffer. A
   // batch whose updates span several times and do not fit it is sorted
   // externally: runs of this size are written to scratch files and merged

@@ -207,8 +207,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last, bo
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<std::size_t> first = first_batch(context, *state, tail);
   if (!first) return false;
-  const std::optional<MergeRequest> request =
-      next_merge(*state, context.inline_drain_bytes(), *first);
+  const std::optional<MergeRequest> request = next_merge(*state, context.spine_rules(), *first);
   if (!request) return false;
   const std::span<const HollowBatch> requested(state->batches.data() + request->begin,
                                                request->end - request->begin);
@@ -267,7 +266,7 @@ Result<bool> merge_once(ShardContext& context, PassWriter& writer, bool last, bo
     TM_ASSIGN(outcome, apply_compaction(s, unregistered ? "" : writer.id(), inputs, output, now));
     if (outcome != CompactionOutcome::kApplied) return TransitionResult::kUnchanged;
     const std::optional<std::size_t> next_first = first_batch(context, s, tail);
-    leaving = last || !next_first || !next_merge(s, context.inline_drain_bytes(), *next_first);
+    leaving = last || !next_first || !next_merge(s, context.spine_rules(), *next_first);
     if (!writer.registered()) return TransitionResult::kWrite;
     if (leaving) {
       writer.leave(s, now);
@@ -338,8 +337,7 @@ int merge_inline_tail(ShardContext& context, ShardState& state, std::uint64_t no
   while (inline_bytes(state) < context.inline_drain_bytes()) {
     // Above the compactor's merge in flight, if any (ShardContext::begin_merge).
     const std::size_t first = context.first_above_merge(state).value_or(0);
-    const std::optional<MergeRequest> request =
-        next_merge(state, context.inline_drain_bytes(), first);
+    const std::optional<MergeRequest> request = next_merge(state, context.spine_rules(), first);
     if (!request) break;
     // Copies: apply_compaction finds them in the state it changes.
     const std::vector<HollowBatch> inputs(
@@ -373,7 +371,7 @@ Result<CompactionReport> compact(ShardContext& context, bool tail,
   CompactionReport report;
   TM_ASSIGN(StatePtr state, context.machine->fetch());
   const std::optional<std::size_t> first = first_batch(context, *state, tail);
-  if (!first || !next_merge(*state, context.inline_drain_bytes(), *first)) return report;
+  if (!first || !next_merge(*state, context.spine_rules(), *first)) return report;
   PassWriter writer(context, commits);  // registers when a merge may write to blob
   for (int i = 0; i < kMaxMergesPerPass && !(stop && stop()); ++i) {
     TM_ASSIGN(bool merged,
@@ -418,9 +416,9 @@ std::function<bool()> ShardContext::stop_reads() const {
 }
 
 void ShardContext::request_compaction(const ShardState& state) {
-  if (!compactor || !next_merge(state, inline_drain_bytes())) return;
+  if (!compactor || !next_merge(state, spine_rules())) return;
   const std::optional<std::size_t> first = first_above_merge(state);
-  const bool tail_due = first && next_merge(state, inline_drain_bytes(), *first);
+  const bool tail_due = first && next_merge(state, spine_rules(), *first);
   DeferCompactionRequests* scope = DeferCompactionRequests::current();
   if (scope && scope->defer(this, tail_due)) return;
   compactor->request(tail_due);

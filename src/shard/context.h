@@ -18,6 +18,7 @@
 #include <string>
 
 #include "shard/machine.h"
+#include "shard/spine.h"
 #include "shard/state.h"
 #include "tidemark/client.h"
 #include "tidemark/location.h"
@@ -58,6 +59,8 @@ struct ShardContext {
   // When compaction moves inline parts into blob parts: once the state
   // holds half of what appends may fill it with.
   std::uint64_t inline_drain_bytes() const { return options.inline_state_max_bytes / 2; }
+  // What next_merge goes by for this shard.
+  SpineRules spine_rules() const { return {options.spine_fanout, inline_drain_bytes()}; }
   // The largest merge output of inline inputs that stays inline: one
   // inline part, as an append's. (An eighth of inline_state_max_bytes was
   // tried, with merges waiting for 32 inline batches: fewer commits at one

@@ -89,6 +89,7 @@ RandomConfig draw_random_config(std::uint64_t seed) {
   client.inline_state_max_bytes = draw.log_uniform(12, 20);                        // 4 KiB .. 1 MiB
   client.inline_rollup_max_bytes =
       draw.chance(0.25) ? 0 : draw.log_uniform(10, 22);  // 1 KiB .. 4 MiB
+  client.spine_fanout = draw.uniform(2, 8);
   return config;
 }
 
@@ -100,7 +101,7 @@ std::string RandomConfig::describe() const {
       "listen_buffer_bytes=%llu listen_poll_ms=%lld background_compaction=%s "
       "appender_queue_bytes=%llu batch_max_bytes=%llu batch_max_records=%zu batch_appends=%s "
       "batch_linger_ms=%lld inline_part_max_bytes=%llu inline_state_max_bytes=%llu "
-      "inline_rollup_max_bytes=%llu",
+      "inline_rollup_max_bytes=%llu spine_fanout=%llu",
       static_cast<unsigned long long>(seed),
       static_cast<unsigned long long>(client.part_target_bytes), client.block_bytes,
       client.max_uploads_in_flight, client.zstd_level,
@@ -112,7 +113,8 @@ std::string RandomConfig::describe() const {
       appender.batch_appends ? "on" : "off", static_cast<long long>(appender.batch_linger.count()),
       static_cast<unsigned long long>(client.inline_part_max_bytes),
       static_cast<unsigned long long>(client.inline_state_max_bytes),
-      static_cast<unsigned long long>(client.inline_rollup_max_bytes));
+      static_cast<unsigned long long>(client.inline_rollup_max_bytes),
+      static_cast<unsigned long long>(client.spine_fanout));
   return line + describe_faults("blob", blob_faults) +
          describe_faults("consensus", consensus_faults);
 }

@@ -24,8 +24,10 @@ std::size_t read_inputs(const ShardState& state) {
   return inputs;
 }
 
-std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t inline_drain_bytes,
+std::optional<MergeRequest> next_merge(const ShardState& state, const SpineRules& rules,
                                        std::size_t first) {
+  const std::uint64_t inline_drain_bytes = rules.inline_drain_bytes;
+  const std::uint64_t fanout = std::clamp<std::uint64_t>(rules.fanout, 2, kSpineMaxFanout);
   const auto& batches = state.batches;
   if (first >= batches.size()) return std::nullopt;
   if (inline_drain_bytes != kNoInlineDrain && inline_bytes(state) >= inline_drain_bytes) {
@@ -44,7 +46,7 @@ std::optional<MergeRequest> next_merge(const ShardState& state, std::uint64_t in
     suffix[i] = suffix[i + 1] + batches[i].payload_bytes();
   }
   for (std::size_t i = first; i + 1 < batches.size(); ++i) {
-    const bool due = batches[i].payload_bytes() <= kSpineGrowth * suffix[i + 1];
+    const bool due = (fanout - 1) * batches[i].payload_bytes() <= suffix[i + 1];
     const bool worth_it =
         suffix[i] >= kSpineMinMergeBytes || batches.size() - i >= kSpineMinMergeBatches;
     if (due && worth_it) return MergeRequest{i, batches.size()};

@@ -23,21 +23,26 @@ namespace tidemark {
 std::size_t read_inputs(const ShardState& state);
 
 // Batches are kept in geometric size classes: a merge is due when some
-// batch b[i] is at most kSpineGrowth times the total size of the batches
-// after it; it takes b[i] and every batch after it. Once merged, sizes at
-// least double from the newest batch back, so n appends of similar size
-// leave O(log n) batches, and each byte is rewritten O(log n) times.
+// batch b[i] is at most 1 / (fanout - 1) of the total size of the batches
+// after it; it takes b[i] and every batch after it. Like a counter in base
+// fanout (kSpineFanout unless ClientOptions::spine_fanout says otherwise): the data after a batch
+// grows to (kSpineFanout - 1) times its size before the two merge, so n appends of similar size
+// leave at most about (kSpineFanout - 1) log_fanout(n) batches, and each byte is rewritten about
+// log_fanout(n) times.
 //
-// The growth trades rewrites against batches. With 2, sizes tripled, but
-// the oldest batch was merged again once the data after it reached half
-// its size: each merge grew it by only 1.5x, and a byte was rewritten
-// about log1.5(n) times. With 1 it waits for the data after it to match
-// it, like a binary counter: about log2(n) rewrites, a third fewer. Under
-// 100 clients' one-record appends of 100 bytes, compaction was 17% of the
-// server's CPU, and its merges into the blob store decoded 770-850 bytes
-// of payload per record appended; with 1, 530-600. A whole-shard read
-// merges a few more batches (about log2(n) against log3(n)), which a
-// 10 M-update snapshot does not feel.
+// The fanout trades rewrites against batches, so merge work against what
+// a whole-shard read merges:
+//   - until issue #19's twelfth step a batch merged once the data after
+//     it reached half its size (a fanout of 1.5): each merge grew the
+//     oldest batch by only 1.5x, and a byte was rewritten about
+//     log1.5(n) times;
+//   - 2 (a binary counter; until the seventeenth step): log2(n) rewrites;
+//   - 4: log4(n), half of that, for at most about three batches per size
+//     class. Under 100 clients' one-record appends of 100 bytes, compaction
+//     was 14-17% of the server's CPU, most of it merges into the blob store;
+//     the spine's simulation of 10,000 equal appends (compaction_test.cc)
+//     rewrites a byte 4.5-4.6 times instead of 5.7-6.7, and leaves 7-8
+//     batches instead of 5.
 //
 // Sizes are uncompressed payload bytes (HollowBatch::payload_bytes), what
 // a merge decodes and encodes again. Encoded sizes misled it: a part of
@@ -52,7 +57,10 @@ std::size_t read_inputs(const ShardState& state);
 // Without this, a stream of tiny appends merged its tail on nearly every
 // append (each merge a part write, a CaS and later a delete). So the spine
 // holds at most kSpineMinMergeBatches - 1 extra small batches at its tail.
-inline constexpr std::uint64_t kSpineGrowth = 1;
+inline constexpr std::uint64_t kSpineFanout = 4;
+// ClientOptions::spine_fanout is clamped to [2, kSpineMaxFanout].
+inline constexpr std::uint64_t kSpineMaxFanout = 64;
+static_assert(kSpineFanout >= 2 && kSpineFanout <= kSpineMaxFanout);
 inline constexpr std::uint64_t kSpineMinMergeBytes = 256 << 10;
 inline constexpr std::size_t kSpineMinMergeBatches = 8;
 // Whatever the sizes and widths, a spine whose whole-shard read would merge
@@ -80,20 +88,27 @@ struct MergeRequest {
   std::size_t end = 0;
 };
 
+// What next_merge goes by besides the state: the fanout
+// (ClientOptions::spine_fanout, clamped to [2, kSpineMaxFanout]), and the
+// inline bytes at which the state's inline parts are moved into the blob
+// store (kNoInlineDrain: never for that reason).
+inline constexpr std::uint64_t kNoInlineDrain = UINT64_MAX;
+struct SpineRules {
+  std::uint64_t fanout = kSpineFanout;
+  std::uint64_t inline_drain_bytes = kNoInlineDrain;
+};
+
 // The merge the spine needs next: the oldest batch that breaks the size
 // rule (and whose run is wide or big enough), with every batch after it,
 // or the tail kSpineMaxReadInputs asks for. nullopt when the spine is in
-// shape. Once the state's inline parts reach
-// `inline_drain_bytes`, the oldest batch holding one and every batch after
-// it instead (a merge writes its output to the blob store), even when that
-// is a single batch.
+// shape. Once the state's inline parts reach `rules.inline_drain_bytes`,
+// the oldest batch holding one and every batch after it instead (a merge
+// writes its output to the blob store), even when that is a single batch.
 //
 // With `first`, the spine from batches[first] on only, as if the batches
 // before it were not there (they are a merge in flight: see
 // ShardContext::begin_merge); the bound on read inputs still counts them.
-inline constexpr std::uint64_t kNoInlineDrain = UINT64_MAX;
-std::optional<MergeRequest> next_merge(const ShardState& state,
-                                       std::uint64_t inline_drain_bytes = kNoInlineDrain,
+std::optional<MergeRequest> next_merge(const ShardState& state, const SpineRules& rules = {},
                                        std::size_t first = 0);
 
 // The index of the first batch at or above `lower` (batches.size() when
