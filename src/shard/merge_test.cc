@@ -169,6 +169,17 @@ class MergeRunTest : public ::testing::Test {
     return ref;
   }
 
+  // An ordered run of huge parts, one per key (in order), as compaction
+  // cuts them.
+  PartRun huge_run(const std::string& name, const std::vector<std::string>& keys,
+                   std::vector<Update>& expected, std::map<std::string, std::string>& huge) {
+    std::vector<PartRef> run;
+    for (const std::string& key : keys) {
+      run.push_back(write_huge_part(name + key, key, 'v', 1, expected, huge));
+    }
+    return PartRun{run, true};
+  }
+
   // Merges `runs` into `expected` (sorted here), checking after every update
   // that the reads over kDeferBlockBytes so far are exactly one per part of
   // `huge` whose key the merge has reached: none at open.
@@ -553,15 +564,8 @@ TEST_F(MergeRunTest, LoadsAHugePartOfARunOnlyWhenTheMergeReachesIt) {
   // hold a huge block each.
   std::vector<Update> expected;
   std::map<std::string, std::string> huge;
-  const auto run_of = [&](const std::string& name, const std::vector<std::string>& keys) {
-    std::vector<PartRef> run;
-    for (const std::string& key : keys) {
-      run.push_back(write_huge_part(name + key, key, 'v', 1, expected, huge));
-    }
-    return PartRun{run, true};
-  };
-  std::vector<PartRun> runs = {run_of("a", {"k0005", "k0030", "k0031"}),
-                               run_of("b", {"k0012", "k0040"})};
+  std::vector<PartRun> runs = {huge_run("a", {"k0005", "k0030", "k0031"}, expected, huge),
+                               huge_run("b", {"k0012", "k0040"}, expected, huge)};
   for (const Update& update : run_updates("k", 0, 45)) expected.push_back(update);
   runs.push_back(
       PartRun{{write_part("small", description(0, 10), run_updates("k", 0, 45))}, false});
@@ -1064,15 +1068,9 @@ TEST_F(ReadAheadTest, ACursorDestroyedWithFetchesInFlightIsSafe) {
 TEST_F(MergeRunTest, HugeRunsReadThroughAPoolOfTwoBlocks) {
   std::vector<Update> expected;
   std::map<std::string, std::string> huge;
-  const auto run_of = [&](const std::string& name, const std::vector<std::string>& keys) {
-    std::vector<PartRef> run;
-    for (const std::string& key : keys) {
-      run.push_back(write_huge_part(name + key, key, 'v', 1, expected, huge));
-    }
-    return PartRun{run, true};
-  };
-  std::vector<PartRun> runs = {run_of("a", {"r00", "r01", "r02", "r03"}),
-                               run_of("b", {"r04", "r05"}), run_of("c", {"r06"})};
+  std::vector<PartRun> runs = {huge_run("a", {"r00", "r01", "r02", "r03"}, expected, huge),
+                               huge_run("b", {"r04", "r05"}, expected, huge),
+                               huge_run("c", {"r06"}, expected, huge)};
   auto pool = MemoryPool::create("reads", (4 << 20) + (1 << 18));
   auto cursor =
       MergeCursor::open(blob_, runs, {}, {}, ReadMemory{pool, std::chrono::milliseconds(200)});
