@@ -1322,26 +1322,34 @@ TEST_F(CompactionTest, ATailPassMergesWhileTheCompactorsMergeIsHeld) {
   expect_snapshots_match(*shard_);
 }
 
-// A Blob whose ranged reads take 20 ms each while `slow`, counting them.
+// A Blob whose ranged reads take 20 ms each while `slow`, and wait while
+// `stopped`, counting them.
 class SlowReadsBlob final : public ForwardingBlob {
  public:
   using ForwardingBlob::ForwardingBlob;
   Result<std::string> get_range(std::string_view key, std::uint64_t offset,
                                 std::uint64_t length) override {
     ++ranged_reads;
+    while (stopped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return ForwardingBlob::get_range(key, offset, length);
   }
   std::atomic<bool> slow{false};
+  std::atomic<bool> stopped{false};
   std::atomic<int> ranged_reads{0};
 };
 
 TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
-  // Compaction slowed to 20 ms a read falls behind appends of one update
-  // each: without the stall the parts a read merges at once pile up; with
-  // it (what the appender does before each commit) they stay at the bound.
-  // Blob parts only: inline parts are merged without a ranged read, so the
-  // slow blob would not slow their compaction.
+  // Appends of one update each outrun a compactor that cannot read, until
+  // a read would merge more inputs than the stall allows. Then without the
+  // stall the inputs go on piling up; with it (what the appender does
+  // before each commit), and the compactor reading again at 20 ms a read,
+  // they stay at the bound. Reads are stopped rather than only slowed: how
+  // far a merely slow compactor falls behind depends on how fast the
+  // appends run, and under ThreadSanitizer they ran slowly enough that it
+  // kept up, and neither half tested anything. Blob parts only: inline
+  // parts are merged without a ranged read, so the blob would not hold
+  // their compaction.
   blob_parts_only();
   auto slow = std::make_shared<SlowReadsBlob>(blob_);
   slow->slow = true;
@@ -1354,7 +1362,9 @@ TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
     auto writer = *shard->open_writer();
     std::size_t most = 0;
     std::chrono::milliseconds waited{0};
+    slow->stopped = true;
     for (Time t = 0; t < 400; ++t) {
+      if (stall && most > kStallReadInputs) slow->stopped = false;
       if (stall) waited += writer->wait_for_compaction();
       std::vector<Update> one{Update{"k" + std::to_string(t % 97), "v", t, 1}};
       std::vector<Batch> batches;
@@ -1365,10 +1375,12 @@ TEST_F(CompactionTest, AppendsStallWhileCompactionFallsBehind) {
       if (state) most = std::max(most, read_inputs(**state));
     }
     if (stall) {
+      EXPECT_FALSE(slow->stopped) << "the inputs never reached the stall's bound";
       EXPECT_GT(waited.count(), 0);
     } else {
       // Far behind, a wait told to stop ends at once, not after kStallMaxWait.
       EXPECT_LT(writer->wait_for_compaction([] { return true; }), kStallMaxWait);
+      slow->stopped = false;
     }
     return most;
   };
