@@ -24,11 +24,12 @@ std::size_t read_inputs(const ShardState& state);
 
 // Batches are kept in geometric size classes: a merge is due when some
 // batch b[i] is at most 1 / (fanout - 1) of the total size of the batches
-// after it; it takes b[i] and every batch after it. Like a counter in base
-// fanout (kSpineFanout unless ClientOptions::spine_fanout says otherwise): the data after a batch
-// grows to (kSpineFanout - 1) times its size before the two merge, so n appends of similar size
-// leave at most about (kSpineFanout - 1) log_fanout(n) batches, and each byte is rewritten about
-// log_fanout(n) times.
+// after it; it takes b[i] and every batch after it. The fanout is
+// kSpineFanout unless ClientOptions::spine_fanout says otherwise. Like a
+// counter in base fanout, the data after a batch grows to (fanout - 1)
+// times its size before the two merge, so n appends of similar size leave
+// at most about (fanout - 1) log_fanout(n) batches, and each byte is
+// rewritten about log_fanout(n) times.
 //
 // The fanout trades rewrites against batches, so merge work against what
 // a whole-shard read merges:
