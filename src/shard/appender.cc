@@ -167,7 +167,20 @@ struct Appender::Impl {
     std::optional<std::uint64_t> last_seq;
     Time time = 0;
     std::optional<Batch> batch;
-    std::future<Status> upload;  // the batch's first build, running
+    // The batch's first build: its outcome when it was built where it was
+    // cut (kept plainly: a promise's set_value costs a futex wake even with
+    // no one waiting), else its run on the batch builds pool.
+    std::optional<Status> built_here;
+    std::future<Status> upload;
+
+    void wait_built() {
+      if (!built_here && upload.valid()) upload.wait();
+    }
+    bool is_built() const {
+      return built_here || upload.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    }
+    // REQUIRES: the build was started; called once.
+    Status take_built() { return built_here ? std::move(*built_here) : upload.get(); }
   };
   // A failed attempt, left for the next one to look at.
   struct Failed {
@@ -474,17 +487,16 @@ struct Appender::Impl {
     }
   }
 
-  // Starts `batch`'s build (batch.upload): here when it needs no I/O, or
-  // is small (kBuildHereMaxBytes, kEncodeHereMaxBytes); otherwise on the
-  // batch builds pool: a build waits for its parts' uploads (blob_io()),
-  // which an appenders-pool thread must not. Returns whether it was built
-  // here: then it is committed here too if it is alone and the committer
-  // idle (a request on an idle appender wakes one thread, not three).
+  // Starts `batch`'s build (batch.built_here or batch.upload): here when
+  // it needs no I/O, or is small (kBuildHereMaxBytes, kEncodeHereMaxBytes);
+  // otherwise on the batch builds pool: a build waits for its parts'
+  // uploads (blob_io()), which an appenders-pool thread must not. Returns
+  // whether it was built here: then it is committed here too if it is
+  // alone and the committer idle (a request on an idle appender wakes one
+  // thread, not three).
   bool start_build(Built& batch, std::uint64_t bytes) {
     auto done_here = [&](Status status) {
-      std::promise<Status> built;
-      built.set_value(std::move(status));
-      batch.upload = built.get_future();
+      batch.built_here = std::move(status);
       return true;
     };
     if (bytes <= kBuildHereMaxBytes) return done_here(build(batch));
@@ -620,12 +632,11 @@ struct Appender::Impl {
       // within kMaxLooseParts: the shard registers one commit's batches as
       // one batch, whose parts are loose (each a merge input of every read)
       // unless it is a single ordered batch, which commits alone.
-      taken.front()->upload.wait();
+      taken.front()->wait_built();
       if (options.batch_appends) {
         std::lock_guard lock(mu);
         std::size_t parts = loose_parts(*taken.front());
-        while (!built.empty() && built.front()->upload.wait_for(std::chrono::seconds(0)) ==
-                                     std::future_status::ready) {
+        while (!built.empty() && built.front()->is_built()) {
           parts += loose_parts(*built.front());
           if (parts > BatchBuilder::kMaxLooseParts) break;
           taken.push_back(std::move(built.front()));
@@ -635,7 +646,7 @@ struct Appender::Impl {
       if (!in_builder) builder->notify();  // room for the builder
       std::optional<Error> fatal_error;
       for (auto& batch : taken) {
-        Status uploaded = batch->upload.get();
+        Status uploaded = batch->take_built();
         if (!uploaded && uploaded.error().is(ErrorKind::kInvalidUsage)) {
           // A bad record (e.g. diffs that overflow together) fails its batch only.
           finish(*batch, std::unexpected(uploaded.error()));
@@ -665,7 +676,7 @@ struct Appender::Impl {
       rest.swap(built);
     }
     for (auto& batch : rest) {
-      if (batch->upload.valid()) batch->upload.wait();
+      batch->wait_built();
       finish(*batch, std::unexpected(closed_error().error()));
     }
     {
